@@ -1,0 +1,21 @@
+"""Fill a Spec from a Checkpoint, one concern per module.
+
+Each detector reads the checkpoint (config.json, tensor headers, modeling source)
+and sets spec fields with their Source. Nothing here executes checkpoint code.
+"""
+
+from __future__ import annotations
+
+from scaffold.checkpoint import Checkpoint
+from scaffold.detect import attention, identity, layout, mlp, norms, rope, sizes
+from scaffold.spec import Spec, validate_identifiers
+
+DETECTORS = (identity, sizes, layout, attention, rope, mlp, norms)
+
+
+def detect(ckpt: Checkpoint) -> Spec:
+    spec = Spec()
+    for detector in DETECTORS:
+        detector.detect(ckpt, spec)
+    validate_identifiers(spec, str(ckpt.config_file))
+    return spec

@@ -1,0 +1,53 @@
+"""Helpers shared by the detectors: reading config keys with their provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaffold.checkpoint import Checkpoint
+from scaffold.errors import CheckpointError
+from scaffold.spec import Source, Spec
+
+MISSING = object()
+
+
+def config_value(ckpt: Checkpoint, *keys: str) -> tuple[str | None, Any]:
+    """The first of `keys` present (and not null) in config.json, with its key."""
+    for key in keys:
+        if ckpt.config.get(key) is not None:
+            return key, ckpt.config[key]
+    return None, MISSING
+
+
+def set_from_config(
+    spec: Spec,
+    ckpt: Checkpoint,
+    field: str,
+    keys: tuple[str, ...],
+    kind: type | tuple[type, ...],
+    default: Any = MISSING,
+    runtime: bool = True,
+) -> Any:
+    """Set `field` from the first present config key, else `default`.
+
+    With runtime=True the generated model reads the value from its config
+    (`config.<key>`), so one port serves every size of the architecture.
+    """
+    key, value = config_value(ckpt, *keys)
+    if key is not None:
+        if not isinstance(value, kind) or isinstance(value, bool) and bool not in _tuple(kind):
+            raise CheckpointError(f"config key {key!r} must be {_names(kind)}, not {value!r}.", ckpt.config_file)
+        spec.set(field, value, Source("config", f"config.json {key}", f"config.{key}" if runtime else None))
+        return value
+    if default is MISSING:
+        raise CheckpointError(f"config.json has none of the keys {', '.join(keys)}.", ckpt.config_file)
+    spec.set(field, default, Source("default", f"no {' / '.join(keys)} in config.json"))
+    return default
+
+
+def _tuple(kind):
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _names(kind) -> str:
+    return " or ".join(k.__name__ for k in _tuple(kind))

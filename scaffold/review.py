@@ -1,0 +1,142 @@
+"""What a person reads: `scaffold inspect` output and REVIEW.md."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from scaffold import __version__
+from scaffold.spec import FIELDS
+
+if TYPE_CHECKING:
+    from scaffold.pipeline import Analysis
+
+VERIFY_MARKER = "<!-- scaffold verify results -->"
+
+
+def warnings(analysis: Analysis) -> list[str]:
+    spec, ckpt = analysis.spec, analysis.ckpt
+    out = []
+    rope = spec.source("rope_parameters")
+    if rope.kind == "code":
+        out.append(f"rope_theta is not in config.json; it was taken from the modeling code ({rope.detail}). "
+                   "vLLM would otherwise assume its own default.")
+    elif rope.kind == "default":
+        out.append("no rope parameters in config.json or the modeling source; the port assumes rope_theta "
+                   f"{spec.rope_parameters.get('rope_theta')}.")
+    tok = ckpt.tokenizer
+    if tok.vocab_size is None:
+        out.append("no tokenizer vocabulary could be read (no tokenizer.json or vocab.json).")
+    elif tok.vocab_size > spec.vocab_size:
+        out.append(f"the tokenizer has {tok.vocab_size} tokens but the embedding only {spec.vocab_size} rows: "
+                   "token ids past the embedding would index out of range.")
+    elif tok.vocab_size < spec.vocab_size:
+        out.append(f"the tokenizer has {tok.vocab_size} tokens and the embedding {spec.vocab_size} rows: "
+                   f"{spec.vocab_size - tok.vocab_size} padded rows that no token reaches (fine, but the "
+                   "model can still sample them).")
+    if tok.files and not tok.chat_template:
+        out.append("the tokenizer has no chat_template: /v1/chat/completions will not format conversations.")
+    if tok.files and tok.pad_token is None:
+        out.append("the tokenizer defines no pad token.")
+    if spec.dtype != "float32":
+        out.append(f"the checkpoint is stored in {spec.dtype}; vLLM serves it in {spec.dtype} unless --dtype says "
+                   "otherwise, and parity is checked in float32.")
+    if ckpt.sources:
+        out.append(f"the checkpoint ships its own code ({', '.join(ckpt.sources)}); it was read, never run, "
+                   "to generate this port.")
+    return out
+
+
+def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
+    spec = analysis.spec
+    return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS]
+
+
+def _shard(shard) -> str:
+    return "" if shard is None else repr(shard)
+
+
+def inspect_text(analysis: Analysis) -> str:
+    spec, ckpt = analysis.spec, analysis.ckpt
+    lines = [f"checkpoint  {ckpt.path}", f"shards      {len(ckpt.shards)} ({ckpt.index_file or 'no index'})",
+             f"tensors     {len(ckpt.tensors)}", "", "spec (value  <- source)"]
+    width = max(len(n) for n in FIELDS)
+    for name, value, source in spec_rows(analysis):
+        lines.append(f"  {name:<{width}}  {value}  <- {source}")
+    tok = ckpt.tokenizer
+    lines += ["", "vocabulary", f"  config vocab_size   {spec.vocab_size}",
+              f"  embedding rows      {ckpt.tensors['model.embed_tokens.weight'].shape[0]}",
+              f"  lm_head rows        {ckpt.tensors['lm_head.weight'].shape[0] if 'lm_head.weight' in ckpt.tensors else 'tied'}",
+              f"  tokenizer tokens    {tok.vocab_size if tok.vocab_size is not None else 'unknown'}"]
+    lines += ["", "weights (checkpoint tensor -> vLLM parameter [shard id])"]
+    w = max(len(r.checkpoint) for r in analysis.rows)
+    for r in analysis.rows:
+        target = r.param if r.param else f"(skipped: {r.note})"
+        shard = f" [{_shard(r.shard)}]" if r.shard is not None else ""
+        lines.append(f"  {r.checkpoint:<{w}}  {list(r.shape)!s:<14} -> {target}{shard}")
+    notes = warnings(analysis)
+    if notes:
+        lines += ["", "warnings"] + [f"  - {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def inspect_json(analysis: Analysis) -> dict:
+    spec, ckpt = analysis.spec, analysis.ckpt
+    return {
+        "checkpoint": str(ckpt.path),
+        "spec": {n: getattr(spec, n) for n in FIELDS},
+        "provenance": {n: str(spec.source(n)) for n in FIELDS},
+        "vocab": {
+            "config": spec.vocab_size,
+            "embedding_rows": ckpt.tensors["model.embed_tokens.weight"].shape[0],
+            "lm_head_rows": ckpt.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in ckpt.tensors else None,
+            "tokenizer": ckpt.tokenizer.vocab_size,
+        },
+        "weights": [
+            {"checkpoint": r.checkpoint, "shape": list(r.shape), "param": r.param, "shard": r.shard, "note": r.note}
+            for r in analysis.rows
+        ],
+        "warnings": warnings(analysis),
+    }
+
+
+def review_markdown(analysis: Analysis) -> str:
+    spec, ckpt = analysis.spec, analysis.ckpt
+    out = [
+        f"# Review: {spec.architecture} port",
+        "",
+        f"Generated by vllm-scaffold {__version__} from `{ckpt.path}`. Read this instead of the diff: it says what "
+        "the generator understood, where each value came from, and what it could not decide.",
+        "",
+        "## Spec",
+        "",
+        "| field | value | source |",
+        "| --- | --- | --- |",
+    ]
+    for name, value, source in spec_rows(analysis):
+        out.append(f"| {name} | `{value}` | {source} |")
+    out += [
+        "",
+        "## Decisions",
+        "",
+        f"- q/k/v: {spec.qkv_layout} in the checkpoint, loaded into one `QKVParallelLinear` as shards q, k, v "
+        f"({spec.num_heads * spec.head_dim} + {spec.num_kv_heads * spec.head_dim} + "
+        f"{spec.num_kv_heads * spec.head_dim} rows).",
+        f"- gate/up: loaded into one `MergedColumnParallelLinear` as shards 0 and 1 "
+        f"({spec.intermediate_size} rows each), activation `{spec.hidden_act}` fused with the multiply.",
+    ]
+    if spec.gate_extra_bias:
+        out.append(f"- `mlp.{spec.gate_extra_bias}` is added to the gate half of gate_up_proj's output before the "
+                   f"activation ({spec.source('gate_extra_bias').detail}); it is sharded like the gate rows.")
+    if spec.sliding_window:
+        out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
+                   "the other layers attend fully.")
+    out.append(f"- embeddings {'tied: lm_head is embed_tokens' if spec.tie_word_embeddings else 'untied'}.")
+    out += ["", "## Warnings", ""]
+    out += [f"- {w}" for w in warnings(analysis)] or ["- none"]
+    out += ["", "## Weights", "", "| checkpoint tensor | shape | vLLM parameter | shard |", "| --- | --- | --- | --- |"]
+    for r in analysis.rows:
+        target = f"`{r.param}`" if r.param else f"skipped: {r.note}"
+        out.append(f"| `{r.checkpoint}` | {list(r.shape)} | {target} | {_shard(r.shard)} |")
+    out += ["", "## Verify results", "", VERIFY_MARKER, "", "Not verified yet: run `scaffold verify` on this folder.", ""]
+    return "\n".join(out)

@@ -1,0 +1,42 @@
+"""The transformers reference, run in a process of its own.
+
+Usage: python -m scaffold.verify.hf_worker REQUEST.json
+
+Loads the original model in float32 with eager attention, decodes greedily from
+each prompt without a KV cache, then saves the log-probabilities of every
+position of prompt + continuation. Kept apart from vLLM: building vLLM's
+transformers backend rewrites transformers' classes in its process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(request_file: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    request = json.loads(open(request_file).read())
+    torch.manual_seed(0)
+    kwargs = dict(dtype=torch.float32, trust_remote_code=request["trust_remote_code"])
+    try:
+        model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], attn_implementation="eager", **kwargs)
+    except (ValueError, TypeError):  # remote code that does not take attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], **kwargs)
+    model.eval()
+    results = []
+    with torch.no_grad():
+        for prompt in request["prompts"]:
+            tokens = list(prompt)
+            for _ in range(request["new_tokens"]):
+                logits = model(torch.tensor([tokens])).logits[0, -1]
+                tokens.append(int(logits.argmax()))
+            logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
+            results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1)})
+    torch.save({"results": results, "model_class": type(model).__name__}, request["out"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,70 @@
+"""A generated port on disk: its spec, its checkpoint, and a private install of it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaffold.errors import ScaffoldError
+from scaffold.spec import FIELDS, Source, Spec
+
+SPEC_FILE = "scaffold_spec.toml"
+
+
+@dataclass
+class Port:
+    path: Path
+    spec: Spec
+    checkpoint: Path
+    trust_remote_code: bool
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / self.spec.package / "model.py"
+
+
+def load_port(path: str | Path, checkpoint: str | Path | None = None) -> Port:
+    path = Path(path).resolve()
+    spec_file = path / SPEC_FILE
+    if not spec_file.exists():
+        raise ScaffoldError(f"not a generated port: {SPEC_FILE} is missing.", path)
+    try:
+        data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ScaffoldError(f"{SPEC_FILE} is not valid TOML ({exc}).", spec_file) from None
+    spec = Spec()
+    for name, value in data.get("spec", {}).items():
+        if name in FIELDS:
+            setattr(spec, name, value)
+            spec.provenance[name] = Source("port", SPEC_FILE)
+    meta = data.get("port", {})
+    ckpt = Path(checkpoint or meta.get("checkpoint", ""))
+    if not (ckpt / "config.json").exists():
+        raise ScaffoldError(
+            f"the checkpoint {ckpt} is not there; pass --checkpoint to say where it is.", spec_file
+        )
+    return Port(path, spec, ckpt.resolve(), bool(meta.get("trust_remote_code", False)))
+
+
+def stage_install(port: Port) -> Path:
+    """pip-install the port into a private folder; the caller puts it on PYTHONPATH.
+
+    vLLM then finds the port through its entry point, exactly as after `pip install`,
+    and the code verified is the code in the port folder, not an older install.
+    """
+    stage = Path(tempfile.mkdtemp(prefix="scaffold-stage-"))
+    source = stage / "src"
+    shutil.copytree(port.path, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-compile", "--disable-pip-version-check", "--target", str(stage / "site"), str(source)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise ScaffoldError(f"the port does not install: {result.stderr.strip()[-2000:]}", port.path)
+    return stage / "site"

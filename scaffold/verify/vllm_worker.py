@@ -1,0 +1,70 @@
+"""The port inside a real vLLM engine, run in a process of its own.
+
+Usage: python -m scaffold.verify.vllm_worker REQUEST.json
+
+The parent sets PYTHONPATH to a staging folder where the port is installed and
+VLLM_PLUGINS to its entry point, so vLLM loads the port the way `vllm serve`
+would. Writes prompt and sample log-probabilities (top-k at every position),
+the greedy continuation, and the class vLLM instantiated.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def model_class(model) -> str:
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def main(request_file: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    request = json.loads(open(request_file).read())
+    tp = request["tensor_parallel_size"]
+    kwargs = {}
+    if tp > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+    llm = LLM(
+        model=request["checkpoint"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=request["max_model_len"],
+        tensor_parallel_size=tp,
+        seed=0,
+        max_logprobs=request["top_k"],
+        **kwargs,
+    )
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=request["new_tokens"],
+        prompt_logprobs=request["top_k"],
+        logprobs=request["top_k"],
+        detokenize=False,
+        ignore_eos=True,
+    )
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    results = []
+    for out in outputs:
+        sample = out.outputs[0]
+        results.append(
+            {
+                # prompt_logprobs[0] is None: nothing predicts the first token.
+                "prompt_logprobs": [
+                    {str(k): v.logprob for k, v in d.items()} for d in out.prompt_logprobs[1:]
+                ],
+                "tokens": list(out.prompt_token_ids) + list(sample.token_ids),
+                "sample_logprobs": [{str(k): v.logprob for k, v in d.items()} for d in sample.logprobs],
+            }
+        )
+    classes = llm.apply_model(model_class)
+    with open(request["out"], "w") as f:
+        json.dump({"results": results, "model_class": classes[0]}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
