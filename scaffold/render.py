@@ -157,6 +157,8 @@ def format_and_check(folder: Path) -> None:
     if not py_files:
         return
     ruff = [sys.executable, "-m", "ruff"]
+    subprocess.run([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
+                   capture_output=True, text=True)
     fmt = subprocess.run([*ruff, "format", "--quiet", "--no-cache", "--isolated", *py_files], capture_output=True, text=True)
     if fmt.returncode != 0:
         raise ScaffoldError(f"ruff could not format the generated code: {fmt.stderr.strip() or fmt.stdout.strip()}")
@@ -166,7 +168,7 @@ def format_and_check(folder: Path) -> None:
         except SyntaxError as exc:  # a generator bug, never the user's fault
             raise ScaffoldError(f"generated file {path} does not parse ({exc}); please report this.") from None
     lint = subprocess.run(
-        [*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "E9,F", *py_files],
+        [*ruff, "check", "--quiet", "--no-cache", "--isolated", *py_files],
         capture_output=True, text=True,
     )
     if lint.returncode != 0:

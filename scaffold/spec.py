@@ -136,6 +136,8 @@ class Spec:
                 raise SpecError(f"field {name!r} must be one of {CHOICES[name]}, not {value!r}.", origin)
             if isinstance(getattr(self, name), float) and isinstance(value, int):
                 value = float(value)
+            if value == getattr(self, name):
+                continue  # the detected value, with its detected source
             self.set(name, value, Source("override", origin))
         validate_identifiers(self, origin)
 

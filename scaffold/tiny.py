@@ -1,0 +1,69 @@
+"""Tiny random-weight checkpoints built from transformers, for tests and twins.
+
+`build_tiny("llama", out, architecture="MyLlamaForCausalLM")` writes a checkpoint
+whose `architectures` names a class vLLM does not have, so vLLM can only serve it
+through a generated port. Weights are random but deterministic, norm weights are
+non-trivial (1 + noise), biases are non-zero, and sizes keep head_dim >= 32 (the
+CPU attention backend rejects 16).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BASE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=256,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+
+
+def build_tiny(
+    model_type: str,
+    out: str | Path,
+    *,
+    architecture: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    seed: int = 0,
+    std: float = 0.08,
+    max_shard_size: str = "500KB",
+) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out)
+    config = AutoConfig.for_model(model_type, **{**BASE, **(overrides or {})})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1 and name.endswith("weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                param.copy_(std * torch.randn_like(param))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent if out.parent.exists() else None))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        if architecture:
+            cfg["architectures"] = [architecture]
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

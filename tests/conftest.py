@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny checkpoints built once per session, and helpers to run the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed CLI the way a user does."""
+    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scaffold")
+
+
+@pytest.fixture(scope="session")
+def tiny(workdir):
+    """tiny(model_type, architecture, **overrides) -> checkpoint path, built once per argument set."""
+    from scaffold.tiny import build_tiny
+
+    built: dict = {}
+
+    def make(model_type: str, architecture: str, **overrides) -> Path:
+        key = (model_type, architecture, tuple(sorted(overrides.items(), key=str)))
+        if key not in built:
+            built[key] = build_tiny(model_type, workdir / f"ckpt-{architecture}", architecture=architecture,
+                                    overrides=overrides)
+        return built[key]
+
+    return make
