@@ -9,9 +9,21 @@ from pathlib import Path
 
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect.identity import transformers_model_types
+from scaffold.errors import ScaffoldError
+from scaffold.mapping import weight_table
 from scaffold.verify.port import Port, load_port, stage_install
+from scaffold.verify.probes import FEEDS, localize, probes_for
 from scaffold.verify.report import Report
 from scaffold.verify.static import run_static
+
+
+def _error_line(message: str) -> str:
+    """The line of an engine failure that says what went wrong."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error:" in line or "Exception:" in line:
+            return line
+    return lines[-1] if lines else message
 
 
 def needs_remote_code(port: Port, ckpt) -> bool:
@@ -29,11 +41,16 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     say = progress or (lambda line: None)
+    from scaffold.backend import verify as backend  # a package serving the checkpoint through vLLM's backend
+
+    if backend.is_backend_port(port_dir):
+        return backend.run(port_dir, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
+                           tensor_parallel_size=tensor_parallel_size, static_only=static_only, progress=progress)
     port = load_port(port_dir, checkpoint)
     ckpt = read_checkpoint(port.checkpoint)
     report = Report(str(port.path), str(ckpt.path))
     say("static checks")
-    run_static(report, port, ckpt)
+    drift = run_static(report, port, ckpt)
     if static_only:
         report.add("parity", None, "not run (--static-only)")
         return report
@@ -52,10 +69,21 @@ def run(
         stage = stage_install(port)
         prompts = parity.prompts_for(ckpt, port.spec.vocab_size)
         max_len = min(port.spec.max_position, 256)
+        rows, _ = weight_table(port.spec, ckpt)
+        probes = probes_for(rows, port.spec.num_layers)
+        longest = max(prompts, key=len)
         say("transformers reference (own process)")
-        hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir)
+        hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, probe={
+            "prompt": longest, "points": [(p.label, p.hf_module, "first") for p in probes]})
         say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})")
-        vl = parity.vllm_run(ckpt.path, prompts, stage, port.spec.package, max_len, workdir, tensor_parallel_size)
+        try:
+            vl = parity.vllm_run(ckpt.path, prompts, stage, port.spec.package, max_len, workdir,
+                                 tensor_parallel_size, probe={
+                                     "prompt": longest,
+                                     "points": [(p.label, p.port_module, p.port_output) for p in probes]})
+        except ScaffoldError as exc:
+            report.add("port loads in vLLM", False, _error_line(exc.message))
+            return report
         result = parity.compare(hf, vl, prompts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -72,4 +100,29 @@ def run(
                f"identical over {len(result.prompts)} prompts")
     report.tables.append(result.table())
     report.parity = result
+    if not (ok and result.greedy_ok):
+        _localize(report, hf.get("probes", {}), vl.get("probes", {}), probes, drift)
     return report
+
+
+def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) -> None:
+    if not hf or not port:
+        report.add("divergence", None, "not localized: module outputs were not captured (tensor parallel run)")
+        return
+    errors, first = localize(hf, port, probes)
+    if first is None:
+        report.add("divergence", False, "every module output agrees to 1e-3; the difference is in sampling or "
+                                        "in positions past the probed prompt")
+        return
+    rel = dict(errors)[first.label]
+    feeds = FEEDS[first.kind]
+    suspects = [d for d in drift if d.split(":", 1)[0] in feeds]
+    cause = ("; likely cause: " + "; ".join(suspects)) if suspects else ""
+    report.add("divergence", False,
+               f"first diverging module: {first.label} (relative error {rel:.2e}); spec fields feeding it: "
+               f"{', '.join(feeds)}{cause}", module=first.label, relative_error=rel, fields=feeds,
+               suspects=suspects)
+    width = max(len(label) for label, _ in errors)
+    report.tables.append("\n".join(["  module outputs, port vs transformers (relative error, longest prompt)"] + [
+        f"  {label:<{width}}  {err:9.2e}{'  <- first divergence' if label == first.label else ''}"
+        for label, err in errors]))

@@ -35,7 +35,17 @@ def main(request_file: str) -> None:
                 tokens.append(int(logits.argmax()))
             logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
             results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1)})
-    torch.save({"results": results, "model_class": type(model).__name__}, request["out"])
+    captured: dict = {}
+    probe = request.get("probe")
+    if probe:
+        from scaffold.verify.probes import capture
+
+        handles = capture(model, [tuple(p) for p in probe["points"]], captured)
+        with torch.no_grad():
+            model(torch.tensor([probe["prompt"]]))
+        for handle in handles:
+            handle.remove()
+    torch.save({"results": results, "model_class": type(model).__name__, "probes": captured}, request["out"])
 
 
 if __name__ == "__main__":

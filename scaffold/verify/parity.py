@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +65,7 @@ class ParityResult:
         return "\n".join(lines)
 
 
-def _run(module: str, request: dict, env: dict, what: str, timeout: int = 900) -> None:
+def _run(module: str, request: dict, env: dict, what: str, timeout: int = 900) -> subprocess.CompletedProcess:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(request, f)
     proc = subprocess.run([sys.executable, "-m", module, f.name], env=env, capture_output=True, text=True,
@@ -72,12 +74,15 @@ def _run(module: str, request: dict, env: dict, what: str, timeout: int = 900) -
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise ScaffoldError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+    return proc
 
 
-def engine_env(stage: Path, package: str, tensor_parallel_size: int = 1) -> dict:
+def engine_env(stage: Path | None, package: str | None, tensor_parallel_size: int = 1) -> dict:
+    """The engine's environment; with no staged package (transformers backend) no plugin is loaded."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(stage), env.get("PYTHONPATH", "")) if p)
-    env["VLLM_PLUGINS"] = package
+    if stage is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(stage), env.get("PYTHONPATH", "")) if p)
+    env["VLLM_PLUGINS"] = package or ""
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -87,26 +92,61 @@ def engine_env(stage: Path, package: str, tensor_parallel_size: int = 1) -> dict
     return env
 
 
-def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Path, new_tokens=NEW_TOKENS) -> dict:
+def _reference_cache(request: dict, checkpoint: Path) -> Path | None:
+    """Where a transformers reference for exactly this request and checkpoint state is kept.
+
+    SCAFFOLD_CACHE names the folder; unset, nothing is cached. The key covers the request
+    and the size and mtime of every file in the checkpoint, so an edited checkpoint misses.
+    """
+    root = os.environ.get("SCAFFOLD_CACHE")
+    if not root:
+        return None
+    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint.iterdir() if p.is_file())
+    key = hashlib.sha256(json.dumps([request, str(checkpoint.resolve()), stamp]).encode()).hexdigest()[:24]
+    return Path(root) / f"hf-{key}.pt"
+
+
+def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Path, new_tokens=NEW_TOKENS,
+                 probe: dict | None = None) -> dict:
     import torch
 
+    request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens,
+               "trust_remote_code": trust_remote_code, "probe": probe}
+    cached = _reference_cache(request, checkpoint)
+    if cached is not None and cached.exists():
+        return torch.load(cached, weights_only=False)
     out = workdir / "hf.pt"
     env = dict(os.environ)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _run("scaffold.verify.hf_worker",
-         {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens,
-          "trust_remote_code": trust_remote_code, "out": str(out)}, env, "the transformers reference")
+    _run("scaffold.verify.hf_worker", {**request, "out": str(out)}, env, "the transformers reference")
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, cached)
     return torch.load(out, weights_only=False)
 
 
-def vllm_run(checkpoint: Path, prompts, stage: Path, package: str, max_model_len: int, workdir: Path,
-             tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS) -> dict:
-    out = workdir / f"vllm-tp{tensor_parallel_size}.json"
-    _run("scaffold.verify.vllm_worker",
-         {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens, "top_k": TOP_K,
-          "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len, "out": str(out)},
-         engine_env(stage, package, tensor_parallel_size), "the vLLM engine with the port")
-    return json.loads(out.read_text())
+def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None, max_model_len: int, workdir: Path,
+             tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS, probe: dict | None = None, *,
+             model_impl: str | None = None, trust_remote_code: bool = False) -> dict:
+    """Run the port inside vLLM; model_impl="transformers" (no stage, no package) runs vLLM's transformers
+    backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines)."""
+    import torch
+
+    out = workdir / f"vllm-tp{tensor_parallel_size}{'-' + model_impl if model_impl else ''}.json"
+    request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens, "top_k": TOP_K,
+               "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len, "out": str(out),
+               "probe": probe}
+    if model_impl is not None:
+        request["model_impl"] = model_impl
+    if trust_remote_code:
+        request["trust_remote_code"] = True
+    what = "the vLLM engine with the port" if model_impl is None else f"the vLLM engine (model_impl={model_impl})"
+    proc = _run("scaffold.verify.vllm_worker", request, engine_env(stage, package, tensor_parallel_size), what)
+    result = json.loads(out.read_text())
+    result["engine_log"] = (proc.stdout or "") + (proc.stderr or "")
+    probes = Path(str(out) + ".probes.pt")
+    result["probes"] = torch.load(probes, weights_only=False) if probes.exists() else {}
+    return result
 
 
 def compare(hf: dict, vl: dict, prompts, new_tokens=NEW_TOKENS) -> ParityResult:

@@ -12,10 +12,29 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+
+
+CAPTURED: dict = {}
+HANDLES: list = []
 
 
 def model_class(model) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def add_probes(points):
+    from scaffold.verify.probes import capture
+
+    def apply(model):
+        HANDLES.extend(capture(model, points, CAPTURED))
+
+    return apply
+
+
+def remove_probes(model) -> None:
+    for handle in HANDLES:
+        handle.remove()
 
 
 def main(request_file: str) -> None:
@@ -27,6 +46,11 @@ def main(request_file: str) -> None:
     kwargs = {}
     if tp > 1:
         kwargs["distributed_executor_backend"] = "mp"
+    if request.get("model_impl"):  # optional: "transformers" serves through vLLM's transformers backend
+        kwargs["model_impl"] = request["model_impl"]
+    if request.get("trust_remote_code"):
+        kwargs["trust_remote_code"] = True
+    started = time.perf_counter()
     llm = LLM(
         model=request["checkpoint"],
         skip_tokenizer_init=True,
@@ -36,8 +60,10 @@ def main(request_file: str) -> None:
         tensor_parallel_size=tp,
         seed=0,
         max_logprobs=request["top_k"],
+        enable_prefix_caching=False,
         **kwargs,
     )
+    load_seconds = time.perf_counter() - started
     params = SamplingParams(
         temperature=0.0,
         max_tokens=request["new_tokens"],
@@ -63,7 +89,17 @@ def main(request_file: str) -> None:
         )
     classes = llm.apply_model(model_class)
     with open(request["out"], "w") as f:
-        json.dump({"results": results, "model_class": classes[0]}, f)
+        json.dump({"results": results, "model_class": classes[0], "load_seconds": load_seconds}, f)
+
+    probe = request.get("probe")
+    if probe and tp == 1:
+        import torch
+
+        llm.apply_model(add_probes([tuple(p) for p in probe["points"]]))
+        llm.generate([TokensPrompt(prompt_token_ids=probe["prompt"])],
+                     SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
+        llm.apply_model(remove_probes)
+        torch.save(CAPTURED, request["out"] + ".probes.pt")
 
 
 if __name__ == "__main__":
