@@ -45,3 +45,13 @@ def tiny(workdir):
         return built[key]
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the mutation score when the mutation suite ran."""
+    import sys
+
+    module = sys.modules.get("test_mutations")
+    line = module.mutation_summary() if module else None
+    if line:
+        terminalreporter.write_line(line)

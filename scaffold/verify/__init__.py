@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,7 +23,7 @@ def _error_line(message: str) -> str:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for line in reversed(lines):
         if "Error:" in line or "Exception:" in line:
-            return line
+            return re.sub(r"^\[rank\d+\]:\s*", "", line)
     return lines[-1] if lines else message
 
 
@@ -38,6 +39,7 @@ def run(
     trust_remote_code: bool = False,
     tensor_parallel_size: int = 1,
     static_only: bool = False,
+    tensor_parallel_proof: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     say = progress or (lambda line: None)
@@ -51,6 +53,11 @@ def run(
     report = Report(str(port.path), str(ckpt.path))
     say("static checks")
     drift = run_static(report, port, ckpt)
+    say("installing the port into a private folder")
+    stage = stage_install(port)
+    if tensor_parallel_proof:
+        say("tensor-parallel sharding, simulated ranks")
+        _tensor_parallel_proof(report, port, ckpt, stage)
     if static_only:
         report.add("parity", None, "not run (--static-only)")
         return report
@@ -65,8 +72,6 @@ def run(
 
     workdir = Path(tempfile.mkdtemp(prefix="scaffold-verify-"))
     try:
-        say("installing the port into a private folder")
-        stage = stage_install(port)
         prompts = parity.prompts_for(ckpt, port.spec.vocab_size)
         max_len = min(port.spec.max_position, 256)
         rows, _ = weight_table(port.spec, ckpt)
@@ -103,6 +108,57 @@ def run(
     if not (ok and result.greedy_ok):
         _localize(report, hf.get("probes", {}), vl.get("probes", {}), probes, drift)
     return report
+
+
+def record_in_review(port_dir: str | Path, report: Report) -> None:
+    """Replace the verify section of the port's REVIEW.md with this report."""
+    from datetime import datetime, timezone
+
+    from scaffold.review import VERIFY_MARKER
+
+    review = Path(port_dir) / "REVIEW.md"
+    if not review.exists():
+        return
+    text = review.read_text(encoding="utf-8")
+    head = text.split(VERIFY_MARKER, 1)[0]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = f"{VERIFY_MARKER}\n\nLatest `scaffold verify`, {stamp}:\n\n```\n{report.render()}\n```\n"
+    review.write_text(head + body, encoding="utf-8")
+
+
+def _tensor_parallel_proof(report: Report, port: Port, ckpt, stage: Path, tp_sizes=(2, 4, 8)) -> None:
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    from scaffold.verify.parity import engine_env
+
+    spec = port.spec
+    layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
+              if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
+              ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") and n.endswith(".weight")}
+    if spec.qkv_layout != "separate" or spec.mlp_kind != "gated" or len(layer0) != 5:
+        report.add("tensor-parallel sharding", None, "not simulated: the checkpoint does not store q, k, v, gate "
+                                                     "and up separately")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.num_heads,
+                   "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
+                   "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
+                   "out": os.path.join(tmp, "tp.json")}
+        with open(os.path.join(tmp, "req.json"), "w") as f:
+            _json.dump(request, f)
+        proc = subprocess.run([sys.executable, "-m", "scaffold.verify.tp", os.path.join(tmp, "req.json")],
+                              env=engine_env(stage, spec.package), capture_output=True, text=True)
+        if proc.returncode != 0:
+            report.add("tensor-parallel sharding", False, _error_line(proc.stderr or proc.stdout))
+            return
+        results = _json.loads(open(request["out"]).read())
+    wrong = [r for r in results if r["status"] == "wrong"]
+    detail = "; ".join(f"TP={r['tp']}: {r['status'] if r['status'] != 'ok' else 'ok'} ({r['detail']})"
+                       for r in results)
+    report.add("tensor-parallel sharding", not wrong, detail, results=results)
 
 
 def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) -> None:

@@ -51,6 +51,9 @@ class Report:
         skipped = [c.name for c in self.checks if c.status == SKIP]
         if failure:
             lines.append(f"FAILED: {failure.name}: {failure.detail}")
+            where = next((c for c in self.checks if c.name == "divergence" and c.status == FAIL), None)
+            if where is not None and where is not failure:
+                lines.append(f"  where: {where.detail}")
         else:
             lines.append("PASSED" + (f" (not run: {', '.join(skipped)})" if skipped else ""))
         return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Mutation suite: ports broken the ways the seeds describe must each be caught by `scaffold verify`.
+
+Each mutant starts from a good generated port and breaks it one way: by editing the
+generated model file, by a spec override (regenerating), or by editing a copy of the
+checkpoint. `verify` must fail, and the failing check must name the cause, not only a
+number. The terminal summary prints "mutants caught: N/M"; every mutant must be caught.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, scaffold
+
+CAUGHT: dict[str, bool] = {}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    base: str  # "demolm", "qwen2", "llama-tied"
+    # One way of breaking the port:
+    edit: tuple[str, str] | None = None  # (text in the generated model.py, replacement)
+    spec: str | None = None  # TOML [spec] body for regeneration
+    config: dict = field(default_factory=dict)  # keys changed in a copy of the checkpoint's config.json
+    # What verify must say:
+    check: str = ""  # the failing check
+    says: tuple[str, ...] = ()  # words its detail must contain
+    static: bool = False  # caught without an engine
+
+
+MUTANTS = [
+    Mutant("k and v swapped in the stacked mapping", "demolm",
+           edit=('("self_attn.qkv_proj", "self_attn.k_proj", "k")', '("self_attn.qkv_proj", "self_attn.k_proj", "v")'),
+           check="q/k/v and gate/up order", says=("k_proj", "shard 'v'"), static=True),
+    Mutant("gate and up swapped", "demolm",
+           edit=('("mlp.gate_up_proj", "mlp.gate_proj", 0)', '("mlp.gate_up_proj", "mlp.gate_proj", 1)'),
+           check="q/k/v and gate/up order", says=("gate_proj", "shard 1"), static=True),
+    Mutant("q/k/v split into equal thirds (GQA ignored)", "demolm",
+           edit=("q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
+                 "q, k, v = qkv.split([self.kv_size, self.kv_size, self.q_size], dim=-1)"),
+           check="port loads in vLLM", says=("Error",)),
+    Mutant("gating bias dropped", "demolm",
+           edit=("gate_up[..., :gate_size] += self.gating_bias", "pass"),
+           check="divergence", says=("layer 0 mlp", "gate_extra_bias")),
+    Mutant("q/k/v bias dropped", "qwen2", edit=("bias=True,", "bias=False,"),
+           check="port loads in vLLM", says=("_proj.bias", "has no parameter")),
+    Mutant("wrong rope_theta", "demolm",
+           spec='rope_parameters = { rope_type = "default", rope_theta = 10000.0 }',
+           check="divergence", says=("layer 0 self_attn", "likely cause: rope_parameters")),
+    Mutant("wrong rope scaling", "demolm",
+           spec='rope_parameters = { rope_type = "linear", factor = 2.0, rope_theta = 500000.0 }',
+           check="divergence", says=("self_attn", "likely cause: rope_parameters")),
+    Mutant("rotary over part of the head when the model rotates all of it", "demolm",
+           spec="partial_rotary_factor = 0.5",
+           check="divergence", says=("self_attn", "likely cause: partial_rotary_factor")),
+    Mutant("embeddings tied that should not be", "demolm", spec="tie_word_embeddings = true",
+           check="tied embeddings", says=("differs",), static=True),
+    Mutant("embeddings not tied that should be", "llama-tied", spec="tie_word_embeddings = false",
+           check="tied embeddings", says=("no lm_head.weight",), static=True),
+    Mutant("vocab_size padded past the embedding rows", "demolm", spec="vocab_size = 384",
+           check="vocabulary", says=("vocab_size 384", "320 rows"), static=True),
+    Mutant("wrong norm epsilon", "demolm", spec="norm_eps = 0.5",
+           check="divergence", says=("input_layernorm", "likely cause: norm_eps")),
+    Mutant("sliding window on the wrong layers", "demolm", spec="sliding_window_layers = [0, 1, 2, 3, 4, 5]",
+           check="divergence", says=("layer 2 self_attn", "likely cause: sliding_window_layers")),
+]
+
+
+@pytest.fixture(scope="module")
+def bases(tiny, workdir, tmp_path_factory):
+    """Good checkpoints and their good ports; the transformers reference is cached across mutants."""
+    import os
+
+    os.environ["SCAFFOLD_CACHE"] = str(tmp_path_factory.mktemp("reference-cache"))
+    checkpoints = {
+        "demolm": EXAMPLES / "demolm",
+        "qwen2": tiny("qwen2", "MutantQwen2ForCausalLM"),
+        "llama-tied": tiny("llama", "MutantTiedLlamaForCausalLM", tie_word_embeddings=True),
+    }
+    ports = {}
+    for name, ckpt in checkpoints.items():
+        out = workdir / f"mutant-base-{name}"
+        scaffold("new", ckpt, "-o", out, "--force")
+        ports[name] = out
+    return checkpoints, ports
+
+
+def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path]:
+    checkpoints, ports = bases
+    ckpt, good = checkpoints[mutant.base], ports[mutant.base]
+    out = root / "port"
+    if mutant.config:
+        copy = root / "ckpt"
+        shutil.copytree(ckpt, copy)
+        config = json.loads((copy / "config.json").read_text())
+        config.update(mutant.config)
+        (copy / "config.json").write_text(json.dumps(config))
+        ckpt = copy
+    if mutant.spec:
+        spec = root / "mutant.toml"
+        spec.write_text("[spec]\n" + mutant.spec + "\n")
+        scaffold("new", ckpt, "-o", out, "--spec", spec)
+    else:
+        shutil.copytree(good, out)
+    if mutant.edit:
+        model = next(out.glob("*/model.py"))
+        text = model.read_text()
+        old, new = mutant.edit
+        assert old in text, f"mutant {mutant.name!r} does not apply: {old!r} is not in the generated model"
+        model.write_text(text.replace(old, new, 1))
+    return out, ckpt
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path):
+    from scaffold import verify
+
+    out, ckpt = make_mutant(mutant, bases, tmp_path)
+    report = verify.run(out, checkpoint=ckpt, trust_remote_code=True, static_only=mutant.static,
+                        tensor_parallel_proof=False)
+    failing = {c.name: c.detail for c in report.checks if c.status == "FAIL"}
+    CAUGHT[mutant.name] = not report.passed
+    assert not report.passed, f"mutant survived:\n{report.render()}"
+    assert mutant.check in failing, f"expected {mutant.check!r} to fail, failing: {failing}"
+    for word in mutant.says:
+        assert word in failing[mutant.check], f"{mutant.check!r} does not name the cause: {failing[mutant.check]}"
+
+
+def mutation_summary() -> str | None:
+    if not CAUGHT:
+        return None
+    return f"mutants caught: {sum(CAUGHT.values())}/{len(CAUGHT)}"
