@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, scaffold
 
 CAUGHT: dict[str, bool] = {}
@@ -32,6 +31,7 @@ class Mutant:
     check: str = ""  # the failing check
     says: tuple[str, ...] = ()  # words its detail must contain
     static: bool = False  # caught without an engine
+    refused_says: tuple[str, ...] = ()  # words `scaffold new` must say if it refuses the mutant outright
 
 
 MUTANTS = [
@@ -62,7 +62,8 @@ MUTANTS = [
     Mutant("embeddings tied that should not be", "demolm", spec="tie_word_embeddings = true",
            check="tied embeddings", says=("differs",), static=True),
     Mutant("embeddings not tied that should be", "llama-tied", spec="tie_word_embeddings = false",
-           check="tied embeddings", says=("no lm_head.weight",), static=True),
+           check="tied embeddings", says=("no lm_head.weight",), static=True,
+           refused_says=("lm_head.weight is never loaded",)),
     Mutant("vocab_size padded past the embedding rows", "demolm", spec="vocab_size = 384",
            check="vocabulary", says=("vocab_size 384", "320 rows"), static=True),
     Mutant("wrong norm epsilon", "demolm", spec="norm_eps = 0.5",
@@ -91,7 +92,8 @@ def bases(tiny, workdir, tmp_path_factory):
     return checkpoints, ports
 
 
-def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path]:
+def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path, str | None]:
+    """The mutant port, its checkpoint, and `scaffold new`'s refusal if generation already caught it."""
     checkpoints, ports = bases
     ckpt, good = checkpoints[mutant.base], ports[mutant.base]
     out = root / "port"
@@ -105,7 +107,11 @@ def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path]:
     if mutant.spec:
         spec = root / "mutant.toml"
         spec.write_text("[spec]\n" + mutant.spec + "\n")
-        scaffold("new", ckpt, "-o", out, "--spec", spec)
+        proc = scaffold("new", ckpt, "-o", out, "--spec", spec, check=False)
+        if proc.returncode != 0:
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+            assert not out.exists(), "a refused generation left files behind"
+            return out, ckpt, proc.stderr.strip()
     else:
         shutil.copytree(good, out)
     if mutant.edit:
@@ -114,14 +120,19 @@ def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path]:
         old, new = mutant.edit
         assert old in text, f"mutant {mutant.name!r} does not apply: {old!r} is not in the generated model"
         model.write_text(text.replace(old, new, 1))
-    return out, ckpt
+    return out, ckpt, None
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path):
     from scaffold import verify
 
-    out, ckpt = make_mutant(mutant, bases, tmp_path)
+    out, ckpt, refusal = make_mutant(mutant, bases, tmp_path)
+    if refusal is not None:  # caught before a port existed: `scaffold new` refused it
+        CAUGHT[mutant.name] = True
+        for word in mutant.refused_says or mutant.says:
+            assert word in refusal, f"scaffold new refused, but without naming the cause: {refusal}"
+        return
     report = verify.run(out, checkpoint=ckpt, trust_remote_code=True, static_only=mutant.static,
                         tensor_parallel_proof=False)
     failing = {c.name: c.detail for c in report.checks if c.status == "FAIL"}
