@@ -68,6 +68,12 @@ MUTANTS = [
            check="vocabulary", says=("vocab_size 384", "320 rows"), static=True),
     Mutant("wrong norm epsilon", "demolm", spec="norm_eps = 0.5",
            check="divergence", says=("input_layernorm", "likely cause: norm_eps")),
+    Mutant("(1 + w) norm convention dropped", "gemma", spec="norm_offset = 0.0",
+           check="divergence", says=("layernorm", "likely cause: norm_offset")),
+    Mutant("partial rotary applied to the whole head", "stablelm", spec="partial_rotary_factor = 1.0",
+           check="divergence", says=("self_attn", "likely cause: partial_rotary_factor")),
+    Mutant("parallel-residual block run sequentially", "gpt_neox", spec='block = "pre_norm"',
+           check="divergence", says=("layer 0", "likely cause: block")),
     Mutant("sliding window on the wrong layers", "demolm", spec="sliding_window_layers = [0, 1, 2, 3, 4, 5]",
            check="divergence", says=("layer 2 self_attn", "likely cause: sliding_window_layers")),
 ]
@@ -83,6 +89,10 @@ def bases(tiny, workdir, tmp_path_factory):
         "demolm": EXAMPLES / "demolm",
         "qwen2": tiny("qwen2", "MutantQwen2ForCausalLM"),
         "llama-tied": tiny("llama", "MutantTiedLlamaForCausalLM", tie_word_embeddings=True),
+        "gemma": tiny("gemma", "MutantGemmaForCausalLM"),
+        "stablelm": tiny("stablelm", "MutantStableLmForCausalLM", partial_rotary_factor=0.25),
+        "gpt_neox": tiny("gpt_neox", "MutantGPTNeoXForCausalLM", num_key_value_heads=4, use_parallel_residual=True,
+                         rotary_pct=0.25),
     }
     ports = {}
     for name, ckpt in checkpoints.items():

@@ -11,7 +11,6 @@ from pathlib import Path
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
-from scaffold.mapping import weight_table
 from scaffold.verify.port import Port, load_port, stage_install
 from scaffold.verify.probes import FEEDS, localize, probes_for
 from scaffold.verify.report import Report
@@ -55,12 +54,20 @@ def run(
     drift = run_static(report, port, ckpt)
     say("installing the port into a private folder")
     stage = stage_install(port)
-    if tensor_parallel_proof:
-        say("tensor-parallel sharding, simulated ranks")
-        _tensor_parallel_proof(report, port, ckpt, stage)
-    if static_only:
-        report.add("parity", None, "not run (--static-only)")
-        return report
+    try:
+        if tensor_parallel_proof:
+            say("tensor-parallel sharding, simulated ranks")
+            _tensor_parallel_proof(report, port, ckpt, stage)
+        if static_only:
+            report.add("parity", None, "not run (--static-only)")
+            return report
+        return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say)
+    finally:
+        shutil.rmtree(stage.parent, ignore_errors=True)
+
+
+def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
+            tensor_parallel_size: int, say) -> Report:
     trusted = trust_remote_code or port.trust_remote_code
     if needs_remote_code(port, ckpt) and not trusted:
         files = ", ".join(sorted(ckpt.sources))
@@ -74,8 +81,7 @@ def run(
     try:
         prompts = parity.prompts_for(ckpt, port.spec.vocab_size)
         max_len = min(port.spec.max_position, 256)
-        rows, _ = weight_table(port.spec, ckpt)
-        probes = probes_for(rows, port.spec.num_layers)
+        probes = probes_for(port.spec)
         longest = max(prompts, key=len)
         say("transformers reference (own process)")
         hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, probe={

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaffold.mapping import WeightRow
-
 # Spec fields that feed each kind of module; the suspects when that module diverges.
 FEEDS = {
-    "embed": ["vocab_size", "hidden_size", "dtype"],
-    "input_layernorm": ["norm_kind", "norm_eps", "norm_offset", "block"],
+    "embed": ["vocab_size", "hidden_size", "embedding_multiplier", "names", "dtype"],
+    "input_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
     "self_attn": ["num_heads", "num_kv_heads", "head_dim", "qkv_layout", "qkv_bias", "o_bias", "qk_norm",
-                  "rope_parameters", "partial_rotary_factor", "rope_neox_style", "sliding_window",
-                  "sliding_window_layers"],
-    "post_attention_layernorm": ["norm_kind", "norm_eps", "norm_offset", "block"],
-    "mlp": ["mlp_kind", "hidden_act", "mlp_bias", "gate_extra_bias", "intermediate_size"],
-    "layer": ["block"],
-    "final_norm": ["norm_kind", "norm_eps", "norm_offset"],
-    "logits": ["tie_word_embeddings", "lm_head_bias", "vocab_size"],
+                  "rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
+                  "sliding_window", "sliding_window_layers", "attention_scale", "attn_logit_softcap"],
+    "post_attention_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
+    "mlp": ["mlp_kind", "gate_up_layout", "hidden_act", "mlp_bias", "gate_extra_bias", "intermediate_size"],
+    "layer": ["block", "residual_multiplier"],
+    "final_norm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias"],
+    "logits": ["tie_word_embeddings", "lm_head_bias", "vocab_size", "logits_scale", "final_logit_softcap"],
 }
 THRESHOLD = 1e-3  # relative error; float32 ports agree to ~1e-6
 
@@ -38,34 +36,33 @@ class Probe:
     port_output: str  # "tensor", "first" (first of a tuple), "stream" (sum of (hidden, residual))
 
 
-def _parent(name: str, levels: int = 1) -> str:
-    return name.rsplit(".", levels)[0]
+def _path(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
 
 
-def probes_for(rows: list[WeightRow], num_layers: int) -> list[Probe]:
-    by_param = {r.param: r.checkpoint for r in rows if r.param}
+def probes_for(spec) -> list[Probe]:
+    """Probe points in execution order. The port names its modules as the checkpoint does
+    (spec.names), so one module path serves both sides; only the logits differ (the port
+    computes them in its logits_processor)."""
+    names = spec.names
+    root = names.get("model", "model")
     out = []
-
-    def add(label, kind, param, hf_levels, port_levels, port_output):
-        hf_name = by_param.get(param)
-        if hf_name is not None:
-            out.append(Probe(label, kind, _parent(hf_name, hf_levels), _parent(param, port_levels), port_output))
-
-    add("embedding", "embed", "model.embed_tokens.weight", 1, 1, "tensor")
-    for i in range(num_layers):
-        p = f"model.layers.{i}."
-        add(f"layer {i} input_layernorm", "input_layernorm", p + "input_layernorm.weight", 1, 1, "first")
-        add(f"layer {i} self_attn", "self_attn", p + "self_attn.o_proj.weight", 2, 2, "tensor")
-        add(f"layer {i} post_attention_layernorm", "post_attention_layernorm",
-            p + "post_attention_layernorm.weight", 1, 1, "first")
-        add(f"layer {i} mlp", "mlp", p + "mlp.down_proj.weight", 2, 2, "tensor")
-        norm = by_param.get(p + "input_layernorm.weight")
-        if norm:
-            out.append(Probe(f"layer {i} output", "layer", _parent(norm, 2), f"model.layers.{i}", "stream"))
-    add("final norm", "final_norm", "model.norm.weight", 1, 1, "first")
-    head = by_param.get("lm_head.weight") or ("lm_head.weight" if "model.embed_tokens.weight" in by_param else None)
-    if head:
-        out.append(Probe("logits", "logits", "lm_head", "logits_processor", "tensor"))
+    if spec.embedding_multiplier is None:  # a scale applied outside the module would read as a divergence
+        embed = _path(root, names["embed_tokens"])
+        out.append(Probe("embedding", "embed", embed, embed, "tensor"))
+    parts = [("attn_norm", "input_layernorm", "first"), ("self_attn", "self_attn", "tensor"),
+             ("attn_post_norm", "post_attention_layernorm", "first"), ("mlp_norm", "post_attention_layernorm", "first"),
+             ("mlp", "mlp", "tensor"), ("mlp_post_norm", "post_attention_layernorm", "first")]
+    for i in range(spec.num_layers):
+        layer = _path(root, names["layers"], str(i))
+        for role, kind, mode in parts:
+            if names.get(role):
+                path = _path(layer, names[role])
+                out.append(Probe(f"layer {i} {names[role]}", kind, path, path, mode))
+        out.append(Probe(f"layer {i} output", "layer", layer, layer, "stream"))
+    norm = _path(root, names["norm"])
+    out.append(Probe("final norm", "final_norm", norm, norm, "first"))
+    out.append(Probe("logits", "logits", names.get("lm_head", "lm_head"), "logits_processor", "tensor"))
     return out
 
 
@@ -80,7 +77,10 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
 
     handles = []
     for label, path, mode in points:
-        module = model.get_submodule(path)
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:  # this side has no such module; the probe is left out
+            continue
 
         def hook(_module, _inputs, output, label=label, mode=mode):
             if label in store:
