@@ -4,27 +4,84 @@ This module reads config.json, the safetensors index, the JSON header of every
 shard, the tokenizer files and the checkpoint's own Python sources as text. It
 imports neither torch nor transformers, so `scaffold inspect` answers in well
 under a second even on checkpoints of hundreds of gigabytes.
+
+Everything in a checkpoint is untrusted. Every file read must be a regular file
+inside the checkpoint folder (or, for a Hugging Face cache snapshot, in the blob
+store of the same repository); JSON must be plain, finite in the values the
+generator reads, and not nested absurdly deep; tensor names must be plain ASCII
+names; shard headers must describe their data exactly, as safetensors requires.
+Anything else is a CheckpointError naming the file, never a traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import keyword
 import math
 import os
+import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from scaffold.errors import CheckpointError
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 # Dtypes that exist in the format but mean quantized or non-float weights.
-KNOWN_UNSUPPORTED_DTYPES = {"F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"}
+KNOWN_UNSUPPORTED_DTYPES = {
+    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+    "F6_E2M3", "F6_E3M2", "F4", "C64",
+}
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
+MAX_JSON_BYTES = {"config": 16 * 2**20, "index": 256 * 2**20, "tokenizer": 1024 * 2**20}
+MAX_SOURCE_BYTES = 16 * 2**20
+MAX_JSON_DEPTH = 32
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# Module paths check_shapes looks at, compiled once (large checkpoints have ~40,000 tensors).
+_LAYER_NORM = re.compile(r"^model\.layers\.\d+\.(input|post_attention)_layernorm\.weight$")
+_O_PROJ = re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.weight$")
+_QK_NORM = re.compile(r"^model\.layers\.\d+\.self_attn\.[qk]_norm\.weight$")
+_LAYER_PARTS = re.compile(r"^(.+?\.layers)\.(\d+)\.(.+)$")
+# Tensor names: what real checkpoints use. Anything else (quotes, backticks, pipes,
+# spaces, control or non-ASCII characters) could break the generated REVIEW.md or
+# fool a reader, and never names a tensor the port has a home for.
+TENSOR_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/+\-]{0,511}$")
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,254}\.py$")
+
+# Blocks whose computation a generated port cannot express; named in the error.
+STATE_SPACE = "state-space (Mamba-style) blocks"
+LINEAR_ATTENTION = "linear or recurrent attention"
+UNSUPPORTED_TENSORS = (
+    (re.compile(r"\.(mamba|ssm|mixer)\.|\.A_log$|\.dt_bias$|\.conv1d\."), STATE_SPACE),
+    (re.compile(r"\.(linear_attn|linear_attention)\.|\.(recurrent|rwkv|time_mix|retention)\w*\."), LINEAR_ATTENTION),
+)
+UNSUPPORTED_CONFIG_KEYS = (
+    (("ssm_cfg", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "ssm_state_size"), STATE_SPACE),
+    (("linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+      "linear_attn_config"), LINEAR_ATTENTION),
+)
+UNSUPPORTED_LAYER_TYPES = (
+    (re.compile(r"mamba|ssm|state_space|conv"), STATE_SPACE),
+    (re.compile(r"linear|recurrent|rwkv|retention|delta|lightning"), LINEAR_ATTENTION),
+)
+
+# config.json keys the detectors read, with the type each must have when present (null is absent).
+POSITIVE_INT_KEYS = (
+    "hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers", "num_attention_heads",
+    "n_head", "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size", "n_inner", "ffn_dim",
+    "ffn_hidden_size", "vocab_size", "max_position_embeddings", "n_positions",
+)
+POSITIVE_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon", "rope_theta")
+BOOL_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
+STRING_KEYS = ("hidden_act", "hidden_activation", "activation_function", "torch_dtype", "dtype")
+OBJECT_KEYS = ("rope_scaling", "rope_parameters", "auto_map", "quantization_config")
+MODEL_TYPE = re.compile(r"^[A-Za-z0-9_\-]{1,100}$")
 
 
 @dataclass(frozen=True)
@@ -73,56 +130,373 @@ class Checkpoint:
         return self.tensors.get(name)
 
 
+# ------------------------------------------------------------- files inside
+def _allowed_roots(root: Path) -> list[Path]:
+    """The checkpoint folder, plus the blob store when it is a Hugging Face cache snapshot.
+
+    The hub cache keeps files as `models--org--name/blobs/<hash>` and links them from
+    `models--org--name/snapshots/<revision>/`; those links leave the snapshot folder
+    but stay inside the same repository's cache.
+    """
+    roots = [root]
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        roots.append(root.parent.parent / "blobs")
+    return roots
+
+
 def _inside(root: Path, candidate: Path, what: str, where: Path) -> Path:
     """Resolve `candidate` and refuse it unless it stays inside `root`."""
-    resolved = candidate.resolve()
     try:
-        resolved.relative_to(root)
-    except ValueError:
-        raise CheckpointError(
-            f"{what} points outside the checkpoint ({resolved}); a checkpoint may only "
-            "name files inside its own folder.",
-            where,
-        ) from None
+        resolved = candidate.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise CheckpointError(f"{what} cannot be resolved ({exc}).", where) from None
+    for allowed in _allowed_roots(root):
+        try:
+            resolved.relative_to(allowed)
+            return resolved
+        except ValueError:
+            continue
+    raise CheckpointError(
+        f"{what} points outside the checkpoint ({resolved}); a checkpoint may only name files inside its own folder.",
+        where,
+    )
+
+
+def _regular_file(root: Path, path: Path, what: str, where: Path | None = None) -> Path:
+    """`path`, checked to be a regular file inside the checkpoint (not a FIFO, device or folder)."""
+    resolved = _inside(root, path, what, where or path)
+    try:
+        mode = resolved.stat().st_mode
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} is missing.", path) from None
+    except OSError as exc:
+        raise CheckpointError(f"{what} cannot be read ({exc.strerror}).", path) from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{what} is not a regular file.", path)
     return resolved
 
 
 def _shard_name(name: object, where: Path) -> str:
     if not isinstance(name, str) or not name:
         raise CheckpointError(f"the weight map names a shard as {name!r}, which is not a file name.", where)
-    if os.path.isabs(name) or name.startswith("/") or "\\" in name:
+    if os.path.isabs(name) or name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
         raise CheckpointError(f"the weight map names the absolute path {name!r}; shards must be relative.", where)
     if ".." in Path(name).parts:
         raise CheckpointError(f"the weight map names {name!r}, a path that leaves the checkpoint.", where)
+    if "\x00" in name or not name.isprintable():
+        raise CheckpointError(f"the weight map names the shard {name!r}, which holds control characters.", where)
     return name
 
 
-def read_json(path: Path, what: str) -> dict:
+def _tensor_name(name: object, where: Path) -> str:
+    if not isinstance(name, str) or not TENSOR_NAME.match(name):
+        raise CheckpointError(
+            f"the tensor name {name!r} is not a plain name (ASCII letters, digits and _ . : / + -, at most "
+            "512 characters); refusing it.",
+            where,
+        )
+    return name
+
+
+# ------------------------------------------------------------------- JSON
+def _no_duplicates(what: str, path: Path):
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict = dict(pairs)
+        if len(out) == len(pairs):  # the common case, at C speed: no key twice
+            return out
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                raise CheckpointError(
+                    f"{what} names the key {key!r} twice; which one is meant is ambiguous.", path
+                )
+            out[key] = value
+        return out
+
+    return hook
+
+
+def _depth_and_text(value: Any, what: str, path: Path, depth: int = 0) -> None:
+    """Refuse absurd nesting and strings that are not valid Unicode (lone surrogates)."""
+    if depth > MAX_JSON_DEPTH:
+        raise CheckpointError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep.", path)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CheckpointError(
+                f"{what} holds the string {value[:60]!r}, which has an unpaired surrogate: it is not valid "
+                "Unicode.",
+                path,
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _depth_and_text(key, what, path, depth + 1)
+            _depth_and_text(item, what, path, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _depth_and_text(item, what, path, depth + 1)
+
+
+def read_json(path: Path, what: str, *, kind: str = "config", strict: bool = True, root: Path | None = None) -> dict:
+    """A JSON object from `path`; CheckpointError for anything else.
+
+    strict: refuse duplicate keys, deep nesting and invalid Unicode (config.json, the
+    index, generation_config.json); tokenizer files are only required to parse.
+    """
+    source = _regular_file(root, path, what) if root is not None else path
     try:
-        text = path.read_text(encoding="utf-8")
+        size = source.stat().st_size
+        if size > MAX_JSON_BYTES[kind]:
+            raise CheckpointError(f"{what} is {size} bytes, more than the {MAX_JSON_BYTES[kind]} allowed.", path)
+        text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CheckpointError(f"{what} is missing.", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{what} cannot be read ({exc}).", path) from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{what} is a folder, not a file.", path) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{what} is not UTF-8 text (byte {exc.start}).", path) from None
+    except OSError as exc:
+        raise CheckpointError(f"{what} cannot be read ({exc.strerror or exc}).", path) from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicates(what, path) if strict else None)
     except json.JSONDecodeError as exc:
         raise CheckpointError(
             f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).", path
         ) from None
+    except RecursionError:
+        raise CheckpointError(f"{what} is nested too deeply to read.", path) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise CheckpointError(f"{what} is not valid JSON ({exc}).", path) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{what} must hold a JSON object, not {type(data).__name__}.", path)
+    if strict:
+        _depth_and_text(data, what, path)
     return data
 
 
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Return the tensor entries of one shard's header, validated against its size."""
+# ----------------------------------------------------------- config values
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_config(config: dict, where: Path) -> None:
+    """Types of the config.json values the generator reads; null counts as absent.
+
+    A value of the wrong type would otherwise surface as an exception deep in a
+    detector. Keys the generator does not read may hold anything JSON allows.
+    """
+
+    def bad(key: str, must: str) -> CheckpointError:
+        return CheckpointError(f"config key {key!r} must be {must}, not {config[key]!r}.", where)
+
+    for key in POSITIVE_INT_KEYS:
+        value = config.get(key)
+        if value is not None and (not _is_int(value) or value <= 0):
+            raise bad(key, "a positive integer")
+    for key in POSITIVE_NUMBER_KEYS:
+        value = config.get(key)
+        if value is not None and (not _is_number(value) or value <= 0):
+            raise bad(key, "a positive finite number")
+    for key in BOOL_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise bad(key, "true or false")
+    for key in STRING_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise bad(key, "a string")
+    for key in OBJECT_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise bad(key, "an object")
+    if "self" in config:
+        raise CheckpointError("config.json has the key 'self', which no config class's __init__ can take "
+                              "(transformers passes every key as a keyword argument).", where)
+    dunder = sorted(k for k in config if k.startswith("__") and k.endswith("__"))
+    if dunder:
+        raise CheckpointError(f"config.json has the key {dunder[0]!r}, which would overwrite a Python attribute of "
+                              "the config object when transformers sets it.", where)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not MODEL_TYPE.match(model_type):
+        raise CheckpointError(
+            f"config key 'model_type' must be a simple name (letters, digits, _ and -), not {model_type!r}.", where
+        )
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(
+            f"config key 'architectures' must be a list naming the model class, not {archs!r}.", where
+        )
+    arch = archs[0]
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", arch) or keyword.iskeyword(arch):
+        raise CheckpointError(
+            f"the architecture {arch!r} is not a Python class name; refusing to put it into generated code.", where
+        )
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (
+        not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types)
+    ):
+        raise bad("layer_types", "a list of strings, one per layer")
+    factor = config.get("partial_rotary_factor")
+    if factor is not None and (not _is_number(factor) or not 0 < factor <= 1):
+        raise bad("partial_rotary_factor", "a number in (0, 1]")
+    for key in ("rope_scaling", "rope_parameters"):
+        params = config.get(key)
+        if not isinstance(params, dict):
+            continue
+        for name, value in params.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise CheckpointError(f"config key {key!r} holds {name!r} = {value!r}, not a finite number.", where)
+        kind = params.get("rope_type", params.get("type"))
+        if kind is not None and not isinstance(kind, str):
+            raise CheckpointError(f"config key {key!r} names the rope type {kind!r}, which is not a string.", where)
+        theta = params.get("rope_theta")
+        if theta is not None and (not _is_number(theta) or theta <= 0):
+            raise CheckpointError(f"config key {key!r} holds rope_theta {theta!r}, not a positive number.", where)
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown method")
+        raise UnsupportedArchitecture(
+            f"the checkpoint is quantized (quantization_config, {method!r}); scaffold ports unquantized "
+            "F32, F16 and BF16 weights.",
+            where,
+        )
+
+
+def unsupported_blocks(config: dict, tensor_names, where: Path) -> None:
+    """Name linear-attention and state-space architectures as such, before detection stumbles on them."""
+    for keys, feature in UNSUPPORTED_CONFIG_KEYS:
+        present = [k for k in keys if config.get(k) is not None]
+        if present:
+            raise UnsupportedArchitecture(
+                f"the checkpoint uses {feature} (config key {present[0]!r}); vLLM ports generated here express "
+                "softmax attention decoders only. Serve it with `vllm serve CKPT --model-impl transformers` if "
+                "its code supports that backend.",
+                where,
+            )
+    for kind in config.get("layer_types") or []:
+        for pattern, feature in UNSUPPORTED_LAYER_TYPES:
+            if pattern.search(kind.lower()):
+                raise UnsupportedArchitecture(
+                    f"the checkpoint uses {feature} (layer type {kind!r} in 'layer_types'); vLLM ports generated "
+                    "here express softmax attention decoders only.",
+                    where,
+                )
+    for pattern, feature in UNSUPPORTED_TENSORS:
+        hits = sorted(n for n in tensor_names if pattern.search(n))
+        if hits:
+            raise UnsupportedArchitecture(
+                f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}); vLLM ports generated here express "
+                "softmax attention decoders only. Serve it with `vllm serve CKPT --model-impl transformers` if "
+                "its code supports that backend.",
+                where,
+            )
+
+
+def _first_int(config: dict, *keys: str) -> tuple[str | None, int | None]:
+    for key in keys:
+        if _is_int(config.get(key)):
+            return key, config[key]
+    return None, None
+
+
+def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> None:
+    """Shapes the config fixes for every decoder of this layout, whatever the family.
+
+    The detectors check the attention and MLP projections in detail; this covers the
+    embedding and head (vocab rows), the norms, o_proj, and every bias against its weight.
+    """
+    hkey, hidden = _first_int(config, "hidden_size", "n_embd", "d_model")
+    vocab = config.get("vocab_size") if _is_int(config.get("vocab_size")) else None
+    _, heads = _first_int(config, "num_attention_heads", "n_head")
+    head_dim = config.get("head_dim") if _is_int(config.get("head_dim")) else None
+    if head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+
+    def need(name: str, shape: tuple, why: str) -> None:
+        info = tensors.get(name)
+        if info is not None and info.shape != shape:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(info.shape)}, but {why} need {list(shape)} "
+                f"(stored in {info.file}).",
+                where,
+            )
+
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if vocab and hidden:
+            need(name, (vocab, hidden), f"vocab_size {vocab} and {hkey} {hidden}")
+        elif name in tensors and len(tensors[name].shape) != 2:
+            raise CheckpointError(f"tensor {name!r} has shape {list(tensors[name].shape)}; it must be 2-D.", where)
+    for name, info in tensors.items():
+        if not hidden:
+            break
+        module = name.rsplit(".", 1)[0]
+        if name == "model.norm.weight" or _LAYER_NORM.match(name):
+            need(name, (hidden,), f"{hkey} {hidden}")
+        elif _O_PROJ.match(name) and heads and head_dim:
+            need(name, (hidden, heads * head_dim), f"{heads} heads of size {head_dim} and {hkey} {hidden}")
+        if heads and head_dim and _QK_NORM.match(name):
+            _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
+            heads_here = heads if ".q_norm." in name else kv or heads
+            if info.shape not in ((head_dim,), (heads_here * head_dim,), (heads_here, head_dim)):
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{head_dim}], "
+                    f"one over all heads [{heads_here * head_dim}], one per head [{heads_here}, {head_dim}].",
+                    where,
+                )
+        if name.endswith(".bias") and f"{module}.weight" in tensors and ".layers." in name:
+            weight = tensors[f"{module}.weight"]
+            rows = weight.shape[0] if weight.shape else None
+            if len(weight.shape) == 2 and info.shape != (rows,):
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {list(info.shape)}, but its weight has {rows} rows: the bias "
+                    f"needs [{rows}].",
+                    where,
+                )
+
+    # A module every layer has must have one shape in every layer: the port builds
+    # all layers alike, so a layer that differs would load into the wrong shape.
+    first: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, info in tensors.items():
+        match = _LAYER_PARTS.match(name)
+        if not match:
+            continue
+        rest = f"{match.group(1)}.N.{match.group(3)}"
+        if rest not in first:
+            first[rest] = (name, info.shape)
+        elif first[rest][1] != info.shape:
+            other, shape = first[rest]
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
+                "must have the same shape in every layer.",
+                where,
+            )
+
+
+# ------------------------------------------------------------ safetensors
+def read_safetensors_header(source: Path, path: Path | None = None) -> dict[str, dict]:
+    """Return the tensor entries of one shard's header, validated as safetensors validates them.
+
+    The entries must be well-formed, name each tensor once, have a supported dtype,
+    and tile the data area exactly: sorted by offset, each tensor starts where the
+    previous one ends, its size is its shape times its dtype, and the last one ends
+    at the end of the file. `source` is read; errors name `path` (the name in the checkpoint).
+    """
+    path = path or source
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        size = source.stat().st_size
+        with source.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError("the safetensors file is truncated: it has no header length.", path)
+                raise CheckpointError(
+                    f"the safetensors file is truncated: it has {len(head)} bytes, fewer than the 8 of the header "
+                    "length.",
+                    path,
+                )
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or n + 8 > size:
                 raise CheckpointError(
@@ -132,18 +506,23 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
                 )
             raw = f.read(n)
     except OSError as exc:
-        raise CheckpointError(f"the shard cannot be read ({exc}).", path) from None
+        raise CheckpointError(f"the shard cannot be read ({exc.strerror or exc}).", path) from None
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates("the safetensors header", path))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise CheckpointError("the safetensors header is not valid JSON; the file is corrupt.", path) from None
     if not isinstance(header, dict):
         raise CheckpointError("the safetensors header is not a JSON object; the file is corrupt.", path)
     data_size = size - 8 - n
     entries = {}
+    spans = []
     for name, entry in header.items():
         if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise CheckpointError("the header's __metadata__ must map names to strings; the file is corrupt.",
+                                      path)
             continue
+        _tensor_name(name, path)
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -155,12 +534,16 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
             )
         if (
             not isinstance(shape, list)
-            or not all(isinstance(d, int) and d >= 0 for d in shape)
+            or len(shape) > 8
+            # JSON gives exactly int for integers (bool is a type of its own): the inline test is _is_int.
+            or not all(type(d) is int and d >= 0 for d in shape)
             or not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
+            or not all(type(o) is int for o in offsets)
         ):
-            raise CheckpointError(f"the shape or offsets of tensor {name!r} are malformed.", path)
+            raise CheckpointError(
+                f"the shape {shape!r} or data offsets {offsets!r} of tensor {name!r} are malformed.", path
+            )
         begin, end = offsets
         if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * DTYPE_SIZES[dtype]:
             raise CheckpointError(
@@ -169,40 +552,63 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
                 path,
             )
         entries[name] = entry
+        spans.append((begin, end, name))
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            what = "overlaps the tensor before it" if begin < position else f"leaves a gap of {begin - position} bytes"
+            raise CheckpointError(
+                f"tensor {name!r} starts at byte {begin} of the data, which {what}; the file is corrupt.", path
+            )
+        position = end
+    if position != data_size:
+        raise CheckpointError(
+            f"the tensors end at byte {position} of the data but the file holds {data_size}; the file is "
+            "corrupt or has bytes appended.",
+            path,
+        )
     return entries
 
 
 def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | None]:
     index_path = root / INDEX_FILE
     single = root / SINGLE_FILE
-    if index_path.exists():
-        index = read_json(index_path, "the safetensors index")
+    if index_path.exists() or index_path.is_symlink():
+        index = read_json(index_path, "the safetensors index", kind="index", root=root)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("the index has no 'weight_map' object naming tensors and shards.", index_path)
-        shards = sorted({_shard_name(s, index_path) for s in weight_map.values()})
+        for name in weight_map:
+            _tensor_name(name, index_path)
+        names: set[str] = set()
+        for s in weight_map.values():  # each distinct name checked once (~40,000 tensors, ~100 shards)
+            if not (isinstance(s, str) and s in names):
+                names.add(_shard_name(s, index_path))
+        shards = sorted(names)
         index_file = INDEX_FILE
-    elif single.exists():
+    elif single.exists() or single.is_symlink():
         weight_map, shards, index_file = None, [SINGLE_FILE], None
     else:
         others = sorted(p.name for p in root.glob("*.safetensors"))
         if len(others) == 1:
             weight_map, shards, index_file = None, others, None
         else:
-            found = ", ".join(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+            found = ", ".join(sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf")))
+            many = f" It holds {len(others)} .safetensors files but no index naming them." if others else ""
             extra = f" It holds {found}; convert the weights to safetensors first." if found else ""
             raise CheckpointError(
-                f"no {SINGLE_FILE} and no {INDEX_FILE}; scaffold reads safetensors checkpoints only.{extra}",
+                f"no {SINGLE_FILE} and no {INDEX_FILE}; scaffold reads safetensors checkpoints only.{many}{extra}",
                 root,
             )
 
     tensors: dict[str, TensorInfo] = {}
     for shard in shards:
         shard_path = root / shard
+        where = root / (index_file or shard)
         if not shard_path.exists() and not shard_path.is_symlink():
-            raise CheckpointError(f"the index names the shard {shard!r}, which does not exist.", root / (index_file or shard))
-        _inside(root, shard_path, f"the shard {shard!r}", root / (index_file or shard))
-        for name, entry in read_safetensors_header(shard_path).items():
+            raise CheckpointError(f"the index names the shard {shard!r}, which does not exist.", where)
+        resolved = _regular_file(root, shard_path, f"the shard {shard!r}", where)
+        for name, entry in read_safetensors_header(resolved, shard_path).items():
             if name in tensors:
                 raise CheckpointError(
                     f"tensor {name!r} is stored twice, in {tensors[name].file} and in {shard}.", shard_path
@@ -229,63 +635,89 @@ def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | N
     return tensors, shards, index_file
 
 
+# ------------------------------------------------------ tokenizer, sources
 def _read_tokenizer(root: Path) -> TokenizerInfo:
     info = TokenizerInfo()
     for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
                  "special_tokens_map.json", "chat_template.jinja"):
-        if (root / name).exists():
+        if (root / name).exists() or (root / name).is_symlink():
+            _regular_file(root, root / name, name)
             info.files.append(name)
     if "tokenizer.json" in info.files:
-        data = read_json(root / "tokenizer.json", "tokenizer.json")
+        data = read_json(root / "tokenizer.json", "tokenizer.json", kind="tokenizer", strict=False)
         ids = []
-        vocab = (data.get("model") or {}).get("vocab")
+        model = data.get("model")
+        vocab = model.get("vocab") if isinstance(model, dict) else None
         if isinstance(vocab, dict):
-            ids.extend(v for v in vocab.values() if isinstance(v, int))
+            ids.extend(v for v in vocab.values() if _is_int(v))
         elif isinstance(vocab, list):
             ids.append(len(vocab) - 1)
-        ids.extend(t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int))
+        added = data.get("added_tokens")
+        if isinstance(added, list):
+            ids.extend(t["id"] for t in added if isinstance(t, dict) and _is_int(t.get("id")))
+        ids = [i for i in ids if i >= 0]
         if ids:
             info.vocab_size = max(ids) + 1
             info.source = "tokenizer.json"
     elif "vocab.json" in info.files:
-        vocab = read_json(root / "vocab.json", "vocab.json")
-        info.vocab_size = max((v for v in vocab.values() if isinstance(v, int)), default=-1) + 1
-        info.source = "vocab.json"
+        vocab = read_json(root / "vocab.json", "vocab.json", kind="tokenizer", strict=False)
+        ids = [v for v in vocab.values() if _is_int(v) and v >= 0]
+        if ids:
+            info.vocab_size = max(ids) + 1
+            info.source = "vocab.json"
     if "tokenizer_config.json" in info.files:
-        tc = read_json(root / "tokenizer_config.json", "tokenizer_config.json")
+        tc = read_json(root / "tokenizer_config.json", "tokenizer_config.json", kind="tokenizer", strict=False)
 
         def token(key):
             v = tc.get(key)
-            return v.get("content") if isinstance(v, dict) else v
+            v = v.get("content") if isinstance(v, dict) else v
+            return v if isinstance(v, str) else None
 
         info.chat_template = bool(tc.get("chat_template")) or "chat_template.jinja" in info.files
         info.pad_token, info.bos_token, info.eos_token = token("pad_token"), token("bos_token"), token("eos_token")
-        for t in (tc.get("added_tokens_decoder") or {}).keys():
-            if str(t).isdigit() and info.vocab_size is not None:
+        decoder = tc.get("added_tokens_decoder")
+        for t in decoder.keys() if isinstance(decoder, dict) else ():
+            if t.isascii() and t.isdigit() and info.vocab_size is not None:
                 info.vocab_size = max(info.vocab_size, int(t) + 1)
     return info
 
 
 def _read_sources(root: Path, config: dict) -> dict[str, str]:
-    """The checkpoint's own Python files: those `auto_map` names, plus any modeling_*.py."""
+    """The checkpoint's own Python files: those `auto_map` names, plus any modeling_*.py.
+
+    They are read as text and parsed by the detectors, never imported or run.
+    """
+    where = root / "config.json"
     names: set[str] = set()
     auto_map = config.get("auto_map") or {}
-    if isinstance(auto_map, dict):
-        for ref in auto_map.values():
-            refs = ref if isinstance(ref, list) else [ref]
-            for r in refs:
-                if isinstance(r, str) and "." in r:
-                    module = r.split("--")[-1].rsplit(".", 1)[0]
-                    names.add(module.replace(".", "/") + ".py")
+    for ref in auto_map.values():
+        refs = ref if isinstance(ref, list) else [ref]
+        for r in refs:
+            if isinstance(r, str) and "." in r:
+                module = r.split("--")[-1].rsplit(".", 1)[0]
+                names.add(module.replace(".", "/") + ".py")
     names |= {p.name for p in root.glob("modeling_*.py")} | {p.name for p in root.glob("configuration_*.py")}
     sources = {}
     for name in sorted(names):
+        if not SOURCE_NAME.match(name) or ".." in name.split("/"):
+            raise CheckpointError(f"the source file name {name!r} is not a plain module file name.", where)
         path = root / name
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise CheckpointError(f"config.json's auto_map names {name}, which the checkpoint does not contain.",
-                                  root / "config.json")
-        _inside(root, path, f"the source file {name}", root / "config.json")
-        sources[name] = path.read_text(encoding="utf-8", errors="replace")
+                                  where)
+        resolved = _regular_file(root, path, f"the source file {name}", where)
+        if resolved.stat().st_size > MAX_SOURCE_BYTES:
+            raise CheckpointError(f"the source file {name} is larger than {MAX_SOURCE_BYTES} bytes.", path)
+        text = resolved.read_text(encoding="utf-8", errors="replace")
+        try:
+            ast.parse(text)
+        except SyntaxError:
+            pass  # the detectors skip code that does not parse
+        except (RecursionError, MemoryError, ValueError) as exc:
+            raise CheckpointError(
+                f"the source file cannot be parsed ({type(exc).__name__}: nested too deeply or malformed).", path
+            ) from None
+        sources[name] = text
     return sources
 
 
@@ -297,16 +729,21 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if not root.is_dir():
         raise CheckpointError("a checkpoint is a folder holding config.json and safetensors files.", root)
     root = root.resolve()
-    config = read_json(root / "config.json", "config.json")
+    config_file = root / "config.json"
+    config = read_json(config_file, "config.json", root=root)
     if "text_config" in config and "num_hidden_layers" not in config:
         raise CheckpointError(
             "this is a multimodal checkpoint (config.json has a 'text_config'); scaffold ports text decoders.",
-            root / "config.json",
+            config_file,
         )
+    validate_config(config, config_file)
     tensors, shards, index_file = _read_tensors(root)
+    unsupported_blocks(config, tensors, config_file)
+    check_shapes(config, tensors, config_file)
     generation = None
-    if (root / "generation_config.json").exists():
-        generation = read_json(root / "generation_config.json", "generation_config.json")
+    generation_file = root / "generation_config.json"
+    if generation_file.exists() or generation_file.is_symlink():
+        generation = read_json(generation_file, "generation_config.json", root=root)
     return Checkpoint(
         path=root,
         config=config,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from scaffold import __version__
+from scaffold.backend.compare import compare_command
+from scaffold.bench import bench
 from scaffold.errors import ScaffoldError
 
 
@@ -17,8 +20,37 @@ def _fail(exc: ScaffoldError) -> None:
     sys.exit(exc.exit_code)
 
 
+def _unexpected(exc: Exception, ctx: click.Context) -> ScaffoldError:
+    """An exception no check anticipated, as one paragraph naming the input (SCAFFOLD_DEBUG=1: re-raise)."""
+    if os.environ.get("SCAFFOLD_DEBUG"):
+        raise exc
+    target = ctx.params.get("checkpoint") or ctx.params.get("port")
+    return ScaffoldError(
+        f"scaffold {ctx.info_name} failed unexpectedly ({type(exc).__name__}: {exc}). The input may hold a "
+        "value of a type or size scaffold does not expect; if it looks valid, this is a bug: rerun with "
+        "SCAFFOLD_DEBUG=1 to see the traceback, and report it.",
+        target,
+    )
+
+
+class _Command(click.Command):
+    """Turn any exception a command did not anticipate into a one-paragraph error, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (ScaffoldError, click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+            error = _unexpected(exc, ctx)
+            error.problem = " ".join(error.problem.split())
+            raise error from None
+
+
 class _Group(click.Group):
     """Report ScaffoldError as one paragraph and an exit code, never a traceback."""
+
+    command_class = _Command
 
     def invoke(self, ctx):
         try:
@@ -59,13 +91,30 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path), help="TOML file overriding spec fields.")
 @click.option("--trust-remote-code", is_flag=True,
               help="Record that the checkpoint's own code may run (for verify's transformers reference).")
-def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None, trust_remote_code: bool) -> None:
+@click.option("--impl", type=click.Choice(["auto", "native", "transformers"]), default="auto", show_default=True,
+              help="native: a generated vLLM model; transformers: a package serving the checkpoint through vLLM's "
+                   "transformers backend; auto: native when the spec can express the architecture, else the "
+                   "backend when the model's code is compliant.")
+def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None, trust_remote_code: bool,
+        impl: str) -> None:
     """Generate a vLLM plugin package porting CHECKPOINT."""
-    from scaffold.pipeline import analyze, generate
+    from scaffold.pipeline import choose, generate
 
-    analysis = analyze(checkpoint, spec_file)
-    target = generate(analysis, out or Path(analysis.spec.package), force=force, trust_remote_code=trust_remote_code)
-    click.echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
+    choice = choose(checkpoint, spec_file, impl, trust_remote_code)
+    if choice.impl == "native":
+        analysis = choice.analysis
+        target = generate(analysis, out or Path(analysis.spec.package), force=force,
+                          trust_remote_code=trust_remote_code)
+        click.echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
+    else:
+        from scaffold.backend.plan import generate as generate_backend
+
+        target = generate_backend(choice.backend, out, force=force, reason=choice.reason)
+        comp = choice.backend.compliance
+        click.echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
+                   f"{len(comp.expected)} fusions expected; {choice.reason})")
+        for defect in choice.backend.defects:
+            click.echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
     click.echo(f"next: pip install {target} && scaffold verify {target}")
 
 
@@ -86,9 +135,13 @@ def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_
                           tensor_parallel_size=tensor_parallel, static_only=static_only,
                           progress=None if as_json else lambda line: click.echo(line, err=True))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.render())
+    verifier.record_in_review(port, report)
     if not report.passed:
         sys.exit(1)
 
+
+main.add_command(bench)
+main.add_command(compare_command)
 
 if __name__ == "__main__":
     main()

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+# Longest message the CLI prints; anything taken from a checkpoint is quoted with
+# repr() and can be long, and the user needs the problem, not a megabyte of it.
+MAX_MESSAGE = 4000
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_NEWLINES = re.compile(r"\s*[\r\n]+\s*")
+
+
+def _escape(match: re.Match) -> str:
+    return ascii(match.group())[1:-1]
+
+
+def clean(text: str, *, one_paragraph: bool) -> str:
+    """Text safe to print on a terminal: no control characters, optionally no line breaks."""
+    text = _NEWLINES.sub(" ", text) if one_paragraph else text
+    text = _CONTROL.sub(_escape, text.replace("\r", ""))
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 20] + " ... (message cut)"
+    return text
 
 
 class ScaffoldError(Exception):
     """A problem with the user's input, reported as one paragraph naming the file."""
 
     exit_code = 2
+    # Errors about the user's input are one paragraph. The base class also carries
+    # reports that quote a subprocess or a linter, which keep their line breaks.
+    one_paragraph = False
 
     def __init__(self, problem: str, path: str | Path | None = None):
-        self.problem = problem.strip()
-        self.path = str(path) if path is not None else None
+        self.problem = clean(str(problem).strip(), one_paragraph=self.one_paragraph)
+        self.path = clean(str(path), one_paragraph=True) if path is not None else None
         super().__init__(self.message)
 
     @property
@@ -25,17 +48,25 @@ class ScaffoldError(Exception):
 class CheckpointError(ScaffoldError):
     """The checkpoint is missing, malformed or inconsistent."""
 
+    one_paragraph = True
+
 
 class UnsupportedArchitecture(ScaffoldError):
     """The checkpoint uses a feature the generator cannot express."""
+
+    one_paragraph = True
 
 
 class SpecError(ScaffoldError):
     """A spec override file is malformed or names an unknown field."""
 
+    one_paragraph = True
+
 
 class OutputError(ScaffoldError):
     """The output directory cannot be written as asked."""
+
+    one_paragraph = True
 
 
 class VerifyFailed(ScaffoldError):

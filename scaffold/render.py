@@ -13,11 +13,13 @@ import ast
 import keyword
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,9 @@ import jinja2
 
 from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
-from scaffold.errors import OutputError, ScaffoldError
-from scaffold.mapping import stacked_modules
-from scaffold.spec import IDENTIFIER, Spec, to_toml
+from scaffold.errors import CheckpointError, OutputError, ScaffoldError
+from scaffold.mapping import split_modules, stacked_modules
+from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, validate_identifiers
 
 PACKAGE_PLACEHOLDER = "__package__"
 
@@ -52,45 +54,146 @@ def templates_dir() -> Path:
 
 
 # ------------------------------------------------------------------ filters
-def py_literal(value: Any) -> str:
-    """A Python literal for plain data; anything else is refused, never stringified."""
+# Deepest nesting a literal may have; Python's parser refuses about 200 levels.
+MAX_LITERAL_DEPTH = 32
+# Names a generated config class's __init__ uses itself; a config key cannot be one.
+RESERVED_ARGUMENTS = {"self", "kwargs", "super"}
+
+
+def py_literal(value: Any, _depth: int = 0) -> str:
+    """A Python literal for plain data; anything else is refused, never stringified.
+
+    Strings go through repr(), so quotes, newlines and control characters stay inside
+    the literal; non-finite floats become float("nan") / float("inf") expressions.
+    """
+    if _depth > MAX_LITERAL_DEPTH:
+        raise ScaffoldError(f"refusing to render a value nested more than {MAX_LITERAL_DEPTH} levels deep.")
     if value is None or isinstance(value, bool):
         return repr(value)
     if isinstance(value, int):
-        return repr(value)
+        return repr(int(value))
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ScaffoldError(f"refusing to render the non-finite number {value!r} into generated code.")
-        return repr(value)
+        if math.isnan(value):
+            return 'float("nan")'
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else '-float("inf")'
+        return repr(float(value))
     if isinstance(value, str):
-        return repr(value)
+        return repr(str(value))
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(py_literal(v) for v in value)
+        inner = ", ".join(py_literal(v, _depth + 1) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     if isinstance(value, (set, frozenset)):
-        return "{" + ", ".join(py_literal(v) for v in sorted(value)) + "}" if value else "set()"
+        items = sorted(value, key=repr)
+        return "{" + ", ".join(py_literal(v, _depth + 1) for v in items) + "}" if value else "set()"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{py_literal(k)}: {py_literal(v)}" for k, v in value.items()) + "}"
+        for key in value:
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise ScaffoldError(f"refusing to render a dict key of type {type(key).__name__} into generated code.")
+        return "{" + ", ".join(f"{py_literal(k, _depth + 1)}: {py_literal(v, _depth + 1)}" for k, v in value.items()) + "}"
     raise ScaffoldError(f"refusing to render a value of type {type(value).__name__} into generated code.")
 
 
-def toml_string(value: Any) -> str:
-    text = str(value)
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
+def markdown_text(value: Any) -> str:
+    """Text for a markdown line: no line breaks, control characters or markup that escapes a code span."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
+    return text.replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
 
 
-def config_defaults(config: dict) -> list[tuple[str, Any]]:
-    """config.json keys to declare as arguments of a generated config class."""
+def config_defaults(config: dict, where: str | Path = "config.json") -> list[tuple[str, Any]]:
+    """config.json keys to declare as arguments of a generated config class.
+
+    A key that cannot be an argument name (not an identifier, a keyword, a name the
+    __init__ itself uses) is not declared: transformers' PretrainedConfig still sets
+    it from config.json through **kwargs, so nothing is lost and nothing of it
+    reaches the generated code.
+    """
     out = []
     for key, value in config.items():
         if key in CONFIG_KEYS_NOT_REDECLARED or key.startswith("_"):
             continue
-        if not IDENTIFIER.match(key) or keyword.iskeyword(key) or key in ("self", "kwargs"):
-            raise ScaffoldError(f"config.json key {key!r} is not a Python identifier; it cannot become a config "
-                                "argument.", "config.json")
-        py_literal(value)  # refuse what cannot be a literal
+        if not IDENTIFIER.match(key) or keyword.iskeyword(key) or key in RESERVED_ARGUMENTS:
+            continue
+        try:
+            py_literal(value)  # refuse what cannot be a literal
+        except ScaffoldError as exc:
+            raise ScaffoldError(f"config key {key!r}: {exc.problem}", where) from None
         out.append((key, value))
     return out
+
+
+# Expressions a detector may write for a value the port reads from its config at
+# run time (Source.expr): arithmetic over attributes of `config` and a few builtins.
+_EXPR_CALLS = {"getattr", "int", "float", "min", "max", "len", "bool", "round"}
+_EXPR_NODES = (ast.Expression, ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+               ast.Compare, ast.IfExp, ast.Call, ast.Subscript, ast.Load, ast.operator, ast.unaryop, ast.boolop,
+               ast.cmpop, ast.Tuple, ast.List)
+
+
+def _plain_read(node: ast.AST) -> bool:
+    if not isinstance(node, _EXPR_NODES):
+        return False
+    if isinstance(node, ast.Name):
+        return node.id == "config" or node.id in _EXPR_CALLS
+    if isinstance(node, ast.Attribute):
+        return not node.attr.startswith("_") and bool(IDENTIFIER.match(node.attr))
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in _EXPR_CALLS
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return not node.value.startswith("_")
+    return True
+
+
+def checked_expr(expr: str, field_name: str) -> str:
+    """`expr` if it only reads the config; a generator bug otherwise (it would become code)."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        tree = None
+    if tree is None or "\n" in expr or len(expr) > 500 or not all(_plain_read(n) for n in ast.walk(tree)):
+        raise ScaffoldError(f"spec field {field_name!r} has the run-time expression {expr!r}, which is not a plain "
+                            "read of the config; refusing to put it into generated code (please report this).")
+    return expr
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether `value` is plain data of the declared field type (bool is not an int here)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        try:
+            py_literal(value)
+        except ScaffoldError:
+            return False
+        return True
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_conforms(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value) if args else isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict) and (not args or all(_conforms(k, args[0]) and _conforms(v, args[1])
+                                                            for k, v in value.items()))
+    return True  # a field type this check does not know: left to the templates' filters
+
+
+def check_spec(spec: Spec, where: str | Path | None = None) -> None:
+    """Every spec field is plain data of its declared type before any of it becomes code."""
+    hints = typing.get_type_hints(Spec)
+    for name in FIELDS:
+        value = getattr(spec, name)
+        if not _conforms(value, hints[name]):
+            raise ScaffoldError(f"spec field {name!r} = {value!r} is not a {hints[name]}; refusing to render it.",
+                                where)
+    validate_identifiers(spec, str(where or "spec"))
 
 
 def environment() -> jinja2.Environment:
@@ -102,43 +205,87 @@ def environment() -> jinja2.Environment:
     )
     env.filters["py"] = py_literal
     env.filters["toml"] = toml_string
+    env.filters["md"] = markdown_text
     return env
 
 
 @dataclass
 class Rendered:
     files: dict[str, str]  # relative path -> text
+    # Folders the output must never replace or contain (the checkpoint it came from).
+    protect: list[Path] = field(default_factory=list)
+
+
+def display_name(name: str) -> str:
+    """A folder name for README.md: characters outside a plain file name become _, so it is inert markdown."""
+    return re.sub(r"[^A-Za-z0-9_.@%+=:,-]", "_", name) or "checkpoint"
+
+
+def check_coverage(spec: Spec, ckpt: Checkpoint) -> None:
+    """Refuse a port that some checkpoint tensor would not fill (a layer lacking a bias, say).
+
+    The same check `scaffold verify` runs; a port that failed it would serve
+    uninitialized parameters.
+    """
+    from scaffold.verify.report import Report
+    from scaffold.verify.static import check_mapping
+
+    report = Report("", str(ckpt.path))
+    check_mapping(report, spec, ckpt)
+    failure = report.first_failure
+    if failure is not None:
+        raise CheckpointError(f"the tensors do not fill the port's parameters exactly once: {failure.detail}.",
+                              ckpt.path)
 
 
 def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, review: str = "") -> Rendered:
     env = environment()
+    check_spec(spec, ckpt.config_file)
+    check_coverage(spec, ckpt)
 
     def cfg(field: str) -> str:
         source = spec.source(field)
-        return source.expr if source.expr and source.kind != "override" else py_literal(getattr(spec, field))
+        if source.expr and source.kind != "override":
+            return checked_expr(source.expr, field)
+        return py_literal(getattr(spec, field))
 
     context = {
         "spec": spec,
         "cfg": cfg,
         "version": __version__,
         "stacked": stacked_modules(spec),
+        "split_modules": split_modules(spec),
         "checkpoint_path": str(ckpt.path),
-        "checkpoint_name": ckpt.path.name,
-        "config_defaults": config_defaults(ckpt.config) if spec.register_config else [],
+        "checkpoint_name": display_name(ckpt.path.name),
+        "config_defaults": config_defaults(ckpt.config, ckpt.config_file) if spec.register_config else [],
         "trust_remote_code": trust_remote_code,
     }
-    files: dict[str, str] = {}
-    root = templates_dir() / "package"
-    for template in sorted(root.rglob("*.j2")):
-        rel = template.relative_to(root).as_posix()
-        if rel.endswith("configuration.py.j2") and not spec.register_config:
-            continue
-        out_rel = rel[: -len(".j2")].replace(PACKAGE_PLACEHOLDER, spec.package)
-        files[out_rel] = env.get_template(f"package/{rel}").render(**context)
+    skip = () if spec.register_config else ("configuration.py.j2",)
+    files = render_tree(context, spec.package, env=env, skip=skip)
     files["scaffold_spec.toml"] = to_toml(spec) + port_table(ckpt, trust_remote_code)
     if review:
         files["REVIEW.md"] = review
-    return Rendered(files)
+    return Rendered(files, protect=[ckpt.path])
+
+
+def render_tree(context: dict, package: str, *, template_root: str = "package",
+                env: jinja2.Environment | None = None, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Render every template under templates/<template_root>/ (relative path -> text).
+
+    `__package__` in a template's path becomes `package`; templates whose path ends with
+    one of `skip` are left out. `package` is the native port tree; `backend` is the package
+    that serves a checkpoint through vLLM's transformers backend (scaffold.backend).
+    """
+    env = env or environment()
+    files: dict[str, str] = {}
+    root = templates_dir() / template_root
+    for template in sorted(root.rglob("*.j2")):
+        rel = template.relative_to(root).as_posix()
+        if any(rel.endswith(s) for s in skip):
+            continue
+        out_rel = rel[: -len(".j2")].replace(PACKAGE_PLACEHOLDER, package)
+        files[out_rel] = env.get_template(f"{template_root}/{rel}").render(**context)
+    return files
 
 
 def port_table(ckpt: Checkpoint, trust_remote_code: bool) -> str:
@@ -156,52 +303,93 @@ def format_and_check(folder: Path) -> None:
     py_files = sorted(str(p) for p in folder.rglob("*.py"))
     if not py_files:
         return
-    ruff = [sys.executable, "-m", "ruff"]
-    subprocess.run([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
-                   capture_output=True, text=True)
-    fmt = subprocess.run([*ruff, "format", "--quiet", "--no-cache", "--isolated", *py_files], capture_output=True, text=True)
-    if fmt.returncode != 0:
-        raise ScaffoldError(f"ruff could not format the generated code: {fmt.stderr.strip() or fmt.stdout.strip()}")
-    for path in py_files:
+    for path in py_files:  # before ruff, whose --quiet hides why it cannot format a file
         try:
             ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-        except SyntaxError as exc:  # a generator bug, never the user's fault
-            raise ScaffoldError(f"generated file {path} does not parse ({exc}); please report this.") from None
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # a generator bug, never the user's
+            rel = Path(path).relative_to(folder)
+            raise ScaffoldError(f"generated file {rel} does not parse ({exc}); please report this.") from None
+    ruff = [sys.executable, "-m", "ruff"]
+    subprocess.run([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
+                   check=False, capture_output=True, text=True)
+    fmt = subprocess.run([*ruff, "format", "--no-cache", "--isolated", *py_files],
+                         check=False, capture_output=True, text=True)
+    if fmt.returncode != 0:
+        raise ScaffoldError(f"ruff could not format the generated code: {fmt.stderr.strip() or fmt.stdout.strip()}")
     lint = subprocess.run(
         [*ruff, "check", "--quiet", "--no-cache", "--isolated", *py_files],
-        capture_output=True, text=True,
+        check=False, capture_output=True, text=True,
     )
     if lint.returncode != 0:
         raise ScaffoldError(f"generated code fails ruff check; please report this:\n{lint.stdout.strip()}")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _contains(folder: Path, other: Path) -> bool:
+    return other == folder or folder in other.parents
+
+
 def write_package(rendered: Rendered, out: Path, *, force: bool) -> Path:
-    """Write atomically: build beside `out`, check, then swap into place."""
+    """Write atomically: build beside `out`, check, then swap into place.
+
+    An existing `out` is replaced only with --force, and only once the new package
+    is complete, formatted and lint-clean; if anything fails, `out` keeps its old
+    content and no staging folder is left beside it. A folder that holds the
+    checkpoint or the current directory is never replaced.
+    """
     out = Path(out).absolute()
-    if out.exists() and not force:
+    exists = out.exists() or out.is_symlink()
+    if exists and not force:
         raise OutputError("the output folder already exists; pass --force to replace it.", out)
-    if out.exists() and not out.is_dir():
-        raise OutputError("the output path exists and is not a folder.", out)
+    if exists and (out.is_symlink() or not out.is_dir()):
+        raise OutputError("the output path exists and is not a folder (or is a symlink); refusing to replace it.", out)
+    real = out.resolve()
+    for protected in rendered.protect:
+        if _contains(real, Path(protected).resolve()):
+            raise OutputError(f"the output folder would replace or contain the checkpoint ({protected}); "
+                              "choose another output folder.", out)
+    if exists and (_contains(real, Path.cwd().resolve()) or real == Path.home().resolve()):
+        raise OutputError("refusing to replace a folder that holds the current directory or is the home folder.",
+                          out)
+    for rel in rendered.files:
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise ScaffoldError(f"generated file name {rel!r} leaves the package; please report this.")
     parent = out.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=parent))
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; the port is an ordinary folder
     except OSError as exc:
         raise OutputError(f"cannot create the output folder ({exc.strerror}).", out) from None
+    old: Path | None = None
     try:
         for rel, text in rendered.files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         format_and_check(staging)
-        if out.exists():
+        if exists:
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.rename(out, old / "previous")
-            os.rename(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.rename(staging, out)
+            except BaseException:
+                os.rename(old / "previous", out)  # put the old content back
+                raise
         else:
             os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    except UnicodeEncodeError as exc:
+        raise ScaffoldError(f"generated text cannot be written as UTF-8 ({exc.reason}); please report this.",
+                            out) from None
+    except OSError as exc:
+        raise OutputError(f"cannot write the output folder ({exc.strerror or exc}).", out) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when the swap succeeded
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return out

@@ -21,21 +21,23 @@ def transformers_model_types() -> frozenset[str]:
     found = importlib.util.find_spec("transformers")
     if found is None or not found.submodule_search_locations:
         return frozenset()
-    path = Path(next(iter(found.submodule_search_locations))) / "models" / "auto" / "configuration_auto.py"
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
-        return frozenset()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "CONFIG_MAPPING_NAMES" for t in node.targets
-        ):
-            return frozenset(
-                elt.elts[0].value
-                for elt in ast.walk(node.value)
-                if isinstance(elt, ast.Tuple) and len(elt.elts) == 2 and isinstance(elt.elts[0], ast.Constant)
-            )
-    return frozenset()
+    auto = Path(next(iter(found.submodule_search_locations))) / "models" / "auto"
+    names: set[str] = set()
+    for path in (auto / "configuration_auto.py", auto / "auto_mappings.py"):  # the table moved in transformers 5.x
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "CONFIG_MAPPING_NAMES" for t in node.targets
+            ):
+                names.update(
+                    elt.elts[0].value
+                    for elt in ast.walk(node.value)
+                    if isinstance(elt, ast.Tuple) and len(elt.elts) == 2 and isinstance(elt.elts[0], ast.Constant)
+                )
+    return frozenset(names)
 
 
 def snake(name: str) -> str:

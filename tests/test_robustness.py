@@ -1,0 +1,392 @@
+"""Hostile and broken inputs: clean one-paragraph errors, inert rendering, no checkpoint code run.
+
+Every case of robustness_cases.CASES runs the real CLI in a subprocess on a
+checkpoint broken in one way and must exit 2 with one line naming the file, no
+traceback, and nothing written. The (input, exit code, message) rows become
+docs/robustness.md when the whole catalogue has run (see write_table).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ckpt_factory import Shape, config_for, write_checkpoint
+from conftest import scaffold
+from robustness_cases import BASE, CASES, marker_code
+from robustness_doc import write_section
+
+ROWS: dict[str, tuple[str, str, int, str]] = {}
+EXTRA_ROWS: dict[str, tuple[str, str, int, str]] = {}
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess, *, names: Path, expect: str = "") -> str:
+    """Exit 2, one line on stderr that starts with 'error:', names `names`, says `expect`; no traceback."""
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], err[-3000:])
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, err
+    assert "failed unexpectedly" not in err, err  # a specific check must catch it, not the last resort
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert str(names) in err, (str(names), err)
+    assert expect.lower() in err.lower(), (expect, err)
+    return err
+
+
+def static_checks(port: Path) -> dict[str, str]:
+    """verify's static checks on a port (what `verify --static-only` runs, without its engine subprocesses)."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.verify.port import load_port
+    from scaffold.verify.report import Report
+    from scaffold.verify.static import run_static
+
+    loaded = load_port(port)
+    report = Report(str(port), str(loaded.checkpoint))
+    run_static(report, loaded, read_checkpoint(loaded.checkpoint))
+    return {c.name: c.status for c in report.checks}
+
+
+def shown(message: str, *paths: tuple[Path, str]) -> str:
+    for path, label in paths:
+        message = message.replace(str(path), label)
+    return message
+
+
+def no_leftovers(folder: Path, allowed: set[str]) -> None:
+    left = sorted(p.name for p in folder.iterdir() if p.name not in allowed)
+    assert not left, f"left behind: {left}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_fails_cleanly(case, tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, shards=case.shards, data="zeros")
+    case.build(ckpt)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = tmp_path / "port"
+    args = [case.command, ckpt] + (["-o", out] if case.command == "new" else [])
+    proc = scaffold(*args, check=False)
+    named = ckpt / case.names if case.names else ckpt
+    err = assert_clean_failure(proc, names=named, expect=case.expect)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging folder, nothing else
+    command = f"scaffold {case.command} CKPT" + (" -o OUT" if case.command == "new" else "")
+    ROWS[case.id] = (case.what, command, proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
+
+
+# ------------------------------------------------------------ verify input
+def test_verify_against_a_broken_checkpoint_fails_cleanly(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    with open(ckpt / "model.safetensors", "r+b") as f:
+        f.truncate((ckpt / "model.safetensors").stat().st_size - 64)
+    proc = scaffold("verify", out, check=False)
+    err = assert_clean_failure(proc, names=ckpt / "model.safetensors", expect="truncated")
+    EXTRA_ROWS["verify-truncated"] = ("the port's checkpoint truncated after `scaffold new`", "scaffold verify PORT",
+                                      proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
+
+
+def test_verify_of_a_folder_that_is_not_a_port(tmp_path):
+    proc = scaffold("verify", tmp_path, check=False)
+    err = assert_clean_failure(proc, names=tmp_path, expect="not a generated port")
+    EXTRA_ROWS["verify-not-a-port"] = ("verify on a folder without scaffold_spec.toml", "scaffold verify DIR",
+                                       proc.returncode, shown(err, (tmp_path, "DIR")))
+
+
+# --------------------------------------------------------- checkpoint code
+def test_checkpoint_code_is_never_imported_without_consent(tmp_path):
+    """inspect, new and verify (full, not --static-only) read the code as text and never import it."""
+    marker = tmp_path / "IMPORTED"
+    shape = Shape(**{**BASE.__dict__, "model_type": "evil_lm", "architecture": "EvilForCausalLM"})
+    ckpt = write_checkpoint(tmp_path / "ckpt", shape)  # random data: verify's sharding check compares values
+    marker_code(ckpt, marker)
+    proc = scaffold("inspect", ckpt, "--json")
+    assert "modeling_evil.py" in json.loads(proc.stdout)["warnings"][-1]
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    proc = scaffold("verify", out, "--json", check=False)
+    assert not marker.exists(), marker.read_text()
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["mapping coverage"]["status"] == "pass", checks
+    parity = checks["parity"]
+    assert parity["status"] == "skipped"
+    assert "--trust-remote-code" in parity["detail"]
+    assert "configuration_evil.py" in parity["detail"] and "modeling_evil.py" in parity["detail"]
+    # The generated package registers its own config class: nothing of the checkpoint's code is in it.
+    package = out / "evil_vllm"
+    assert "configuration_evil" not in "".join(p.read_text() for p in package.glob("*.py"))
+    EXTRA_ROWS["remote-code"] = ("modeling_/configuration_*.py that write a marker file and raise when imported",
+                                 "scaffold inspect / new / verify (no --trust-remote-code)", proc.returncode,
+                                 "no marker written; verify: `parity skipped: " + parity["detail"] + "`")
+
+
+def test_unparsable_checkpoint_code_is_named(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    (ckpt / "modeling_deep.py").write_text("x = " + "-" * 200000 + "1\n")
+    proc = scaffold("inspect", ckpt, check=False)
+    err = assert_clean_failure(proc, names=ckpt / "modeling_deep.py", expect="cannot be parsed")
+    EXTRA_ROWS["code-too-deep"] = ("modeling_deep.py nested 200000 levels deep", "scaffold inspect CKPT",
+                                   proc.returncode, shown(err, (ckpt, "CKPT")))
+
+
+# ----------------------------------------------------------- inert values
+HOSTILE_VALUES = {
+    "x_quotes": 'a "quoted" \'string\' with """ and \\ and \n a newline',
+    "x_code": "\"); import os; os.system('touch /tmp/pwned'); (\"",
+    "x_nan": float("nan"),
+    "x_inf": float("-inf"),
+    "x_big": 10**40,
+    "x_unicode": "caf\u00e9 \u2028 \x1b[31m red \x00",
+    "x_nested": {"a": [1, {"b": None, "c": [True, 2.5]}], 'k"ey': "v"},
+    "x_list": [1, "two", None, [3.0]],
+    "not an identifier": 1,
+    "class": 2,
+    "super": 4,
+    "kwargs": 5,
+}
+
+
+def test_hostile_config_values_render_inertly(tmp_path):
+    """Values no detector reads reach the generated config class as literals; bad names are not declared."""
+    shape = Shape(**{**BASE.__dict__, "model_type": "hostile_lm", "architecture": "HostileForCausalLM",
+                     "extra": HOSTILE_VALUES})
+    ckpt = write_checkpoint(tmp_path / "we`ird | name\nhere", shape, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    config_py = (out / "hostile_vllm" / "configuration.py").read_text()
+    tree = ast.parse(config_py)
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    declared = [a.arg for a in init.args.args]
+    assert declared[0] == "self" and "super" not in declared and "kwargs" not in declared[:-1]
+    assert not {"not an identifier", "class"} & set(declared)
+    assert {k for k in HOSTILE_VALUES if k.startswith("x_")} <= set(declared)
+    assert "touch /tmp/pwned" in config_py and not Path("/tmp/pwned").exists()
+    # The pure-python parts import, and the config class reproduces config.json.
+    proc = subprocess.run([sys.executable, "-c", CHECK_CONFIG, str(out), "hostile_vllm", str(ckpt / "config.json")],
+                          check=False, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "config ok", proc.stdout
+    # scaffold_spec.toml stays valid TOML and records the odd checkpoint path exactly.
+    data = tomllib.loads((out / "scaffold_spec.toml").read_text())
+    assert data["port"]["checkpoint"] == str(ckpt)
+    # README.md: the folder name cannot open a code span or a table, or break a line.
+    readme = (out / "README.md").read_text()
+    assert "vllm serve we_ird___name_here" in readme and "`we`" not in readme
+    review = (out / "REVIEW.md").read_text()
+    rows = [line for line in review.splitlines() if line.startswith("| `model.")]
+    assert rows and all(line.count("|") == 5 for line in rows)
+    assert static_checks(out)["mapping coverage"] == "pass"
+    EXTRA_ROWS["hostile-values"] = (
+        ("config.json values with quotes, newlines, code, NaN/-Infinity, 10**40, control characters, nesting; "
+         "keys that are not identifiers, keywords, super/kwargs; a checkpoint folder named "
+         "'we`ird | name\\nhere'"), "scaffold new CKPT -o OUT", 0,
+        "port written; values rendered as literals, unusable keys left to **kwargs, TOML and markdown inert",
+    )
+
+
+CHECK_CONFIG = r"""
+import importlib, json, math, sys
+sys.path.insert(0, sys.argv[1])
+package = importlib.import_module(sys.argv[2])
+module = importlib.import_module(sys.argv[2] + ".configuration")
+cls = next(v for k, v in vars(module).items() if k.endswith("Config") and k != "PretrainedConfig")
+raw = json.loads(open(sys.argv[3]).read())
+default = cls()
+def same(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b and type(a) is type(b)
+declared = [k for k in cls.__init__.__code__.co_varnames[1:cls.__init__.__code__.co_argcount]]
+bad = [k for k in declared if not same(getattr(default, k), raw[k])]
+assert not bad, bad
+loaded = cls(**raw)
+bad = [k for k in raw if not k.startswith("_") and k not in ("architectures", "model_type", "torch_dtype",
+       "dtype", "transformers_version", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+       and hasattr(loaded, k) and not same(getattr(loaded, k), raw[k])]
+assert not bad, bad
+assert package.ARCHITECTURE == raw["architectures"][0]
+print("config ok")
+"""
+
+
+def test_spec_override_cannot_inject_code(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    for field, value in (("model_type", 'x"""\nimport os\n"""'), ("architecture", "X(); import os"),
+                         ("class_prefix", "A B"), ("package", "os.path")):
+        spec = tmp_path / f"{field}.toml"
+        spec.write_text(f"[spec]\n{field} = {json.dumps(value)}\n")
+        proc = scaffold("new", ckpt, "-o", tmp_path / "port", "--spec", spec, check=False)
+        # pipeline.choose reports a native-path failure, the spec file's included, against config.json.
+        named = spec if str(spec) in proc.stderr else ckpt / "config.json"
+        err = assert_clean_failure(proc, names=named, expect=field if field != "architecture" else "class name")
+        assert not (tmp_path / "port").exists()
+        EXTRA_ROWS[f"spec-{field}"] = (f"--spec file setting {field} = {value!r}", "scaffold new CKPT --spec FILE",
+                                       proc.returncode, shown(err, (tmp_path, "TMP")))
+
+
+# ------------------------------------------------------------------ output
+def test_output_is_never_modified_without_force(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    out = tmp_path / "port"
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    proc = scaffold("new", ckpt, "-o", out, check=False)
+    err = assert_clean_failure(proc, names=out, expect="--force")
+    assert [p.name for p in out.iterdir()] == ["mine.txt"] and (out / "mine.txt").read_text() == "mine"
+    no_leftovers(tmp_path, {"ckpt", "port"})
+    EXTRA_ROWS["out-exists"] = ("output folder exists, no --force", "scaffold new CKPT -o OUT", proc.returncode,
+                                shown(err, (tmp_path, "TMP")))
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "parent", "cwd"])
+def test_force_never_replaces_the_checkpoint_or_cwd(tmp_path, where):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    target = {"checkpoint": ckpt, "parent": tmp_path, "cwd": tmp_path / "work"}[where]
+    target.mkdir(exist_ok=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", "new", str(ckpt), "-o", str(target), "--force"],
+                          check=False, capture_output=True, text=True, cwd=tmp_path / "work" if where == "cwd" else None)
+    err = assert_clean_failure(proc, names=target, expect="checkpoint" if where != "cwd" else "current directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists()
+    EXTRA_ROWS[f"force-{where}"] = (f"--force with -o naming the {where} folder", "scaffold new CKPT -o X --force",
+                                    proc.returncode, shown(err, (tmp_path, "TMP")))
+
+
+def test_force_replaces_only_after_the_new_port_is_complete(tmp_path):
+    """A failure while writing or checking the new port leaves the old one as it was, and no staging folder."""
+    from scaffold.errors import ScaffoldError
+    from scaffold.pipeline import analyze
+    from scaffold.render import render, write_package
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    old = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    analysis = analyze(ckpt)
+    rendered = render(analysis.spec, analysis.ckpt)
+    model = next(k for k in rendered.files if k.endswith("/model.py"))
+    rendered.files[model] += "\ndef broken(:\n"  # the generation fails at the parse check
+    with pytest.raises(ScaffoldError) as info:
+        write_package(rendered, out, force=True)
+    assert "does not parse" in info.value.message
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == old
+    no_leftovers(tmp_path, {"ckpt", "port"})
+    # With a good package it is replaced, permissions are those of an ordinary folder, nothing is left over.
+    rendered = render(analysis.spec, analysis.ckpt)
+    rendered.files["extra.txt"] = "new"
+    (out / "stale.txt").write_text("old")
+    write_package(rendered, out, force=True)
+    assert (out / "extra.txt").read_text() == "new" and not (out / "stale.txt").exists()
+    assert out.stat().st_mode & 0o755 == 0o755
+    no_leftovers(tmp_path, {"ckpt", "port"})
+
+
+# ------------------------------------------------------------------ TOML
+@pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "new\nline\r\t", "nul\x00 esc\x1b del\x7f",
+                                  "caf\u00e9 \u2028 \U0001f600", "\\u0041 not an escape", "'''", '"""'])
+def test_toml_writer_round_trips_any_string(text):
+    from scaffold.spec import Spec, to_toml
+
+    spec = Spec(architecture="XForCausalLM", model_type="x", rope_parameters={"rope_type": text, text: 1.5,
+                                                                              "none": None, "nan": float("nan")})
+    data = tomllib.loads(to_toml(spec))["spec"]
+    assert data["rope_parameters"]["rope_type"] == text and data["rope_parameters"][text] == 1.5
+    assert "none" not in data["rope_parameters"] and math.isnan(data["rope_parameters"]["nan"])
+
+
+def test_source_comment_cannot_break_out_of_toml():
+    from scaffold.spec import Source, Spec, to_toml
+
+    spec = Spec(architecture="XForCausalLM", model_type="x")
+    spec.set("hidden_size", 8, Source("override", "evil\nhidden_size = 999\n# "))
+    assert tomllib.loads(to_toml(spec))["spec"]["hidden_size"] == 8
+
+
+# ------------------------------------------------------- last line of defence
+UNEXPECTED = """
+import sys
+import scaffold.pipeline
+def analyze(*args, **kwargs):
+    return {}["a bug"]
+scaffold.pipeline.analyze = analyze
+from scaffold.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_an_unexpected_exception_is_one_paragraph_not_a_traceback(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    proc = subprocess.run([sys.executable, "-c", UNEXPECTED, "inspect", str(ckpt)], check=False, capture_output=True,
+                          text=True)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert str(ckpt) in err and "KeyError" in err and "SCAFFOLD_DEBUG=1" in err
+    proc = subprocess.run([sys.executable, "-c", UNEXPECTED, "inspect", str(ckpt)], check=False, capture_output=True,
+                          text=True, env={**os.environ, "SCAFFOLD_DEBUG": "1"})
+    assert "Traceback" in proc.stderr and "KeyError" in proc.stderr
+    EXTRA_ROWS["unexpected"] = ("a bug raising KeyError inside the pipeline (fault injected)", "scaffold inspect CKPT",
+                                2, shown(err, (ckpt, "CKPT")))
+
+
+def test_valid_family_checkpoints_still_generate(tmp_path):
+    """The checks above refuse nothing that a real Llama-family checkpoint holds."""
+    for family in ("llama", "mistral", "qwen2", "qwen3"):
+        shape = Shape(family=family, architecture=f"Valid{family.capitalize()}ForCausalLM",
+                      attention_bias=family != "mistral", sliding_window=None if family == "llama" else 8)
+        ckpt = write_checkpoint(tmp_path / family, shape, shards=2, data="zeros")
+        scaffold("new", ckpt, "-o", tmp_path / f"port-{family}")
+        assert config_for(shape)["model_type"] == family
+
+
+# ------------------------------------------------------------------ table
+@pytest.fixture(scope="module", autouse=True)
+def write_table():
+    """The catalogue section of docs/robustness.md, from the rows this run collected, when all of it ran."""
+    yield
+    if set(ROWS) != {c.id for c in CASES}:
+        return
+    rows = [[key, what, f"`{command}`", code, message]
+            for key, (what, command, code, message) in [*ROWS.items(), *sorted(EXTRA_ROWS.items())]]
+    write_section("catalogue", "The catalogue (tests/test_robustness.py)",
+                  "Fixed cases, each run through the CLI in a subprocess.",
+                  ["case", "bad input", "command", "exit", "message"], rows)
+
+
+def test_hub_cache_snapshot_links_are_followed_only_into_their_own_blobs(tmp_path):
+    """A Hugging Face cache snapshot links every file to ../../blobs/<hash>: allowed; another repo's blobs: not."""
+    flat = write_checkpoint(tmp_path / "flat", BASE, data="zeros")
+    repo = tmp_path / "hub" / "models--org--robust"
+    snapshot = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, path in enumerate(sorted(flat.iterdir())):
+        blob = repo / "blobs" / f"blob{i}"
+        path.rename(blob)
+        (snapshot / path.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    scaffold("new", snapshot, "-o", tmp_path / "port")
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    shard = snapshot / "model.safetensors"
+    target = shard.resolve()
+    target.rename(other / "stolen")
+    shard.unlink()
+    shard.symlink_to(other / "stolen")
+    proc = scaffold("inspect", snapshot, check=False)
+    err = assert_clean_failure(proc, names=snapshot / "model.safetensors", expect="points outside")
+    EXTRA_ROWS["hub-cache-other-repo"] = (
+        "a hub-cache snapshot whose shard links into another repository's blobs (links into its own blobs "
+        "are followed)", "scaffold inspect CKPT", proc.returncode, shown(err, (tmp_path, "TMP")))
