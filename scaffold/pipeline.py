@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +20,8 @@ class Analysis:
     rows: list[WeightRow]
 
 
-def analyze(checkpoint: str | Path, spec_file: str | Path | None = None) -> Analysis:
-    ckpt = read_checkpoint(checkpoint)
+def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: Checkpoint | None = None) -> Analysis:
+    ckpt = ckpt or read_checkpoint(checkpoint)  # `ckpt`: the checkpoint already read, not read twice
     spec = detect(ckpt)
     if spec_file is not None:
         spec.apply_overrides(load_overrides(spec_file), str(spec_file))
@@ -42,3 +43,52 @@ def generate(analysis: Analysis, out: str | Path, *, force: bool = False, trust_
     review = review_markdown(analysis)
     rendered = render(analysis.spec, analysis.ckpt, trust_remote_code=trust_remote_code, review=review)
     return write_package(rendered, Path(out), force=force)
+
+
+IMPLS = ("auto", "native", "transformers")
+
+
+@dataclass
+class Choice:
+    """Which implementation `scaffold new` emits, and why."""
+
+    impl: str  # "native" or "transformers"
+    reason: str
+    analysis: Analysis | None = None
+    backend: object | None = None  # scaffold.backend.plan.BackendPlan
+
+
+def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: str = "auto",
+           trust_remote_code: bool = False) -> Choice:
+    """auto: a native port when the spec can express the architecture, else vLLM's transformers backend when
+    the model's code is compliant (and the backend is not known wrong for it); otherwise an error naming
+    what blocks each path."""
+    from scaffold.backend.plan import plan
+    from scaffold.errors import ScaffoldError
+
+    if impl not in IMPLS:
+        raise ScaffoldError(f"--impl must be one of {', '.join(IMPLS)}, not {impl!r}.")
+    native_error: ScaffoldError | None = None
+    if impl != "transformers":
+        ckpt = read_checkpoint(checkpoint)  # an unreadable checkpoint is reported as such, on every path
+        try:
+            return Choice("native", "the spec expresses the architecture", analysis=analyze(checkpoint, spec_file, ckpt))
+        except ScaffoldError as exc:
+            if impl == "native":
+                raise
+            native_error = exc
+    else:
+        ckpt = read_checkpoint(checkpoint)
+    backend = plan(ckpt, trust_remote_code)
+    blockers = backend.blockers(include_defects=impl == "auto")
+    if not blockers:
+        first = re.split(r"\.\s+(?=[A-Z]|vLLM)", native_error.problem)[0].rstrip(".") if native_error else ""
+        reason = f"the native generator cannot express it: {first}" if native_error \
+            else "asked for with --impl transformers"
+        return Choice("transformers", reason, backend=backend)
+    if impl == "transformers":
+        raise UnsupportedArchitecture("the transformers backend cannot serve this checkpoint: "
+                                      + "; ".join(blockers) + ".", ckpt.config_file)
+    raise UnsupportedArchitecture(
+        f"neither implementation can take this checkpoint. Native port: {native_error.problem.rstrip('.')}. "
+        f"Transformers backend: {'; '.join(blockers)}.", ckpt.config_file)

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from scaffold import __version__
+from scaffold.mapping import embedding_tensor, head_tensor
 from scaffold.spec import FIELDS
 
 if TYPE_CHECKING:
@@ -52,6 +53,13 @@ def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
     return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS]
 
 
+def _md(value) -> str:
+    """Checkpoint-derived text for a REVIEW.md line or table cell, unable to break out of it."""
+    from scaffold.render import markdown_text
+
+    return markdown_text(value)
+
+
 def _shard(shard) -> str:
     return "" if shard is None else repr(shard)
 
@@ -65,8 +73,8 @@ def inspect_text(analysis: Analysis) -> str:
         lines.append(f"  {name:<{width}}  {value}  <- {source}")
     tok = ckpt.tokenizer
     lines += ["", "vocabulary", f"  config vocab_size   {spec.vocab_size}",
-              f"  embedding rows      {ckpt.tensors['model.embed_tokens.weight'].shape[0]}",
-              f"  lm_head rows        {ckpt.tensors['lm_head.weight'].shape[0] if 'lm_head.weight' in ckpt.tensors else 'tied'}",
+              f"  embedding rows      {ckpt.tensors[embedding_tensor(spec)].shape[0]}",
+              f"  lm_head rows        {ckpt.tensors[head_tensor(spec)].shape[0] if head_tensor(spec) in ckpt.tensors else 'tied'}",
               f"  tokenizer tokens    {tok.vocab_size if tok.vocab_size is not None else 'unknown'}"]
     lines += ["", "weights (checkpoint tensor -> vLLM parameter [shard id])"]
     w = max(len(r.checkpoint) for r in analysis.rows)
@@ -77,7 +85,16 @@ def inspect_text(analysis: Analysis) -> str:
     notes = warnings(analysis)
     if notes:
         lines += ["", "warnings"] + [f"  - {n}" for n in notes]
+    from scaffold.backend.sections import compliance_text
+
+    lines += [""] + compliance_text(analysis)
     return "\n".join(lines)
+
+
+def _backend_json(analysis: Analysis) -> dict:
+    from scaffold.backend.sections import compliance_json
+
+    return compliance_json(analysis)
 
 
 def inspect_json(analysis: Analysis) -> dict:
@@ -88,8 +105,8 @@ def inspect_json(analysis: Analysis) -> dict:
         "provenance": {n: str(spec.source(n)) for n in FIELDS},
         "vocab": {
             "config": spec.vocab_size,
-            "embedding_rows": ckpt.tensors["model.embed_tokens.weight"].shape[0],
-            "lm_head_rows": ckpt.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in ckpt.tensors else None,
+            "embedding_rows": ckpt.tensors[embedding_tensor(spec)].shape[0],
+            "lm_head_rows": ckpt.tensors[head_tensor(spec)].shape[0] if head_tensor(spec) in ckpt.tensors else None,
             "tokenizer": ckpt.tokenizer.vocab_size,
         },
         "weights": [
@@ -97,7 +114,73 @@ def inspect_json(analysis: Analysis) -> dict:
             for r in analysis.rows
         ],
         "warnings": warnings(analysis),
+        "backend": _backend_json(analysis),
     }
+
+
+def decisions(spec) -> list[str]:
+    """What the port computes, in the order a reader meets it in model.py."""
+    n = spec.names
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    qkv = f"{n['self_attn']}.{n['qkv_proj']}"
+    how = {
+        "separate": f"q, k, v are separate tensors, loaded into `{qkv}` (`QKVParallelLinear`) as shards q, k, v",
+        "fused": f"the checkpoint's `{qkv}` holds q, k, v rows one after another; load_weights cuts it into "
+                 "shards q, k, v so tensor parallelism shards each projection",
+        "interleaved": f"the checkpoint's `{qkv}` holds q, k, v per head ([heads, 3, head_dim] rows); "
+                       "load_weights regroups it into shards q, k, v",
+    }[spec.qkv_layout]
+    out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
+           f"scale {'head_dim ** -0.5' if spec.attention_scale is None else spec.source('attention_scale').detail}"
+           + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    if spec.qk_norm != "none":
+        out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
+    rope = f"rotary embedding: {'NeoX' if spec.rope_neox_style else 'GPT-J (interleaved pairs)'} style"
+    if spec.partial_rotary_factor != 1.0:
+        rope += f" over {spec.partial_rotary_factor:g} of each head"
+    if spec.no_rope_layers:
+        rope += f"; layers {spec.no_rope_layers} skip it"
+    out.append(f"- {rope}.")
+    if spec.sliding_window:
+        out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
+                   "the other layers attend fully.")
+    if spec.mlp_kind == "gated":
+        where = ("gate and up are separate tensors, loaded as shards 0 and 1" if spec.gate_up_layout == "separate"
+                 else "the checkpoint's gate_up_proj holds gate rows then up rows; load_weights cuts it into "
+                      "shards 0 and 1")
+        out.append(f"- MLP: gated, {where} of `{n['mlp']}.{n['gate_up_proj']}` (`MergedColumnParallelLinear`, "
+                   f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` fused with the multiply.")
+    else:
+        out.append(f"- MLP: plain, `{n['mlp']}.{n['up_proj']}` (`ColumnParallelLinear`) then `{_md(spec.hidden_act)}` "
+                   f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`).")
+    if spec.gate_extra_bias:
+        out.append(f"- `mlp.{spec.gate_extra_bias}` is added to the gate half of gate_up_proj's output before the "
+                   f"activation ({spec.source('gate_extra_bias').detail}); it is sharded like the gate rows.")
+    norm = {"rms": "RMSNorm", "layer": "LayerNorm"}[spec.norm_kind]
+    if spec.norm_kind == "rms" and spec.norm_offset:
+        norm = "GemmaRMSNorm (scales by 1 + weight)"
+    elif spec.norm_kind == "layer":
+        norm += " with bias" if spec.norm_bias else " without bias"
+    block = {"pre_norm": "norm before attention and before the MLP",
+             "sandwich": "norms before and after both attention and the MLP",
+             "post_norm": "norm after attention and after the MLP, before each residual add",
+             "parallel": "attention and MLP both read the layer input and add to it"
+                         + ("" if "mlp_norm" in n else ", through one shared norm")}[spec.block]
+    out.append(f"- block: {spec.block} ({block}); norms are {norm}.")
+    scales = []
+    if spec.embedding_multiplier is not None:
+        scales.append(f"embeddings x {spec.source('embedding_multiplier').expr or spec.embedding_multiplier}")
+    if spec.residual_multiplier is not None:
+        scales.append(f"sublayer outputs x {spec.residual_multiplier:g} before the residual add")
+    if spec.logits_scale is not None:
+        scales.append(f"logits x {spec.logits_scale:g}")
+    if spec.final_logit_softcap is not None:
+        scales.append(f"logits soft-capped at {spec.final_logit_softcap:g}")
+    if scales:
+        out.append("- scaling: " + "; ".join(scales) + ".")
+    tied = f"tied: {n['lm_head']} is {n['embed_tokens']}" if spec.tie_word_embeddings else "untied"
+    out.append(f"- embeddings {tied}.")
+    return out
 
 
 def review_markdown(analysis: Analysis) -> str:
@@ -105,7 +188,7 @@ def review_markdown(analysis: Analysis) -> str:
     out = [
         f"# Review: {spec.architecture} port",
         "",
-        f"Generated by vllm-scaffold {__version__} from `{ckpt.path}`. Read this instead of the diff: it says what "
+        f"Generated by vllm-scaffold {__version__} from `{_md(ckpt.path)}`. Read this instead of the diff: it says what "
         "the generator understood, where each value came from, and what it could not decide.",
         "",
         "## Spec",
@@ -114,29 +197,21 @@ def review_markdown(analysis: Analysis) -> str:
         "| --- | --- | --- |",
     ]
     for name, value, source in spec_rows(analysis):
-        out.append(f"| {name} | `{value}` | {source} |")
+        out.append(f"| {name} | `{_md(value)}` | {_md(source)} |")
     out += [
         "",
         "## Decisions",
         "",
-        f"- q/k/v: {spec.qkv_layout} in the checkpoint, loaded into one `QKVParallelLinear` as shards q, k, v "
-        f"({spec.num_heads * spec.head_dim} + {spec.num_kv_heads * spec.head_dim} + "
-        f"{spec.num_kv_heads * spec.head_dim} rows).",
-        f"- gate/up: loaded into one `MergedColumnParallelLinear` as shards 0 and 1 "
-        f"({spec.intermediate_size} rows each), activation `{spec.hidden_act}` fused with the multiply.",
     ]
-    if spec.gate_extra_bias:
-        out.append(f"- `mlp.{spec.gate_extra_bias}` is added to the gate half of gate_up_proj's output before the "
-                   f"activation ({spec.source('gate_extra_bias').detail}); it is sharded like the gate rows.")
-    if spec.sliding_window:
-        out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
-                   "the other layers attend fully.")
-    out.append(f"- embeddings {'tied: lm_head is embed_tokens' if spec.tie_word_embeddings else 'untied'}.")
+    out += decisions(spec)
     out += ["", "## Warnings", ""]
-    out += [f"- {w}" for w in warnings(analysis)] or ["- none"]
+    out += [f"- {_md(w)}" for w in warnings(analysis)] or ["- none"]
     out += ["", "## Weights", "", "| checkpoint tensor | shape | vLLM parameter | shard |", "| --- | --- | --- | --- |"]
     for r in analysis.rows:
         target = f"`{r.param}`" if r.param else f"skipped: {r.note}"
-        out.append(f"| `{r.checkpoint}` | {list(r.shape)} | {target} | {_shard(r.shard)} |")
+        out.append(f"| `{_md(r.checkpoint)}` | {list(r.shape)} | {_md(target)} | {_md(_shard(r.shard))} |")
+    from scaffold.backend.sections import compliance_markdown
+
+    out += [""] + compliance_markdown(analysis)
     out += ["", "## Verify results", "", VERIFY_MARKER, "", "Not verified yet: run `scaffold verify` on this folder.", ""]
     return "\n".join(out)
