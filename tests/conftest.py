@@ -30,6 +30,12 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("scaffold")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def reference_cache(tmp_path_factory):
+    """One transformers reference per checkpoint and prompt set for the whole run (verify's SCAFFOLD_CACHE)."""
+    os.environ.setdefault("SCAFFOLD_CACHE", str(tmp_path_factory.mktemp("reference-cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny(workdir):
     """tiny(model_type, architecture, **overrides) -> checkpoint path, built once per argument set."""

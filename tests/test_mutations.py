@@ -80,11 +80,8 @@ MUTANTS = [
 
 
 @pytest.fixture(scope="module")
-def bases(tiny, workdir, tmp_path_factory):
+def bases(tiny, workdir):
     """Good checkpoints and their good ports; the transformers reference is cached across mutants."""
-    import os
-
-    os.environ["SCAFFOLD_CACHE"] = str(tmp_path_factory.mktemp("reference-cache"))
     checkpoints = {
         "demolm": EXAMPLES / "demolm",
         "qwen2": tiny("qwen2", "MutantQwen2ForCausalLM"),
