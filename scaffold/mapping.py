@@ -2,8 +2,16 @@
 
 The same table drives `scaffold inspect`, the static checks and REVIEW.md. The
 generated model's `load_weights` encodes it independently (its
-`stacked_params_mapping`), and the generated tests hold the two against each
-other on the real checkpoint.
+`stacked_params_mapping` and `split_params_mapping`), and the generated tests hold
+the two against each other on the real checkpoint.
+
+The port names its modules after the checkpoint's (spec.names), so most tensors
+load under their own name. Three kinds of tensor load into part of a parameter:
+- stacked: separate q/k/v (gate/up) tensors, each one shard of a fused parameter;
+- split: one checkpoint tensor holding q, k, v (gate, up) one after another, cut
+  into its shards;
+- interleaved: one tensor holding q, k, v per head ([heads, 3, head_dim] rows),
+  regrouped into the q, k, v shards.
 """
 
 from __future__ import annotations
@@ -14,9 +22,7 @@ from dataclasses import dataclass
 from scaffold.checkpoint import Checkpoint
 from scaffold.spec import Spec
 
-LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-
-# (checkpoint module within a decoder layer, fused vLLM module, shard id)
+# (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
     ("self_attn.q_proj", "self_attn.qkv_proj", "q"),
     ("self_attn.k_proj", "self_attn.qkv_proj", "k"),
@@ -24,18 +30,10 @@ STACKED = (
     ("mlp.gate_proj", "mlp.gate_up_proj", 0),
     ("mlp.up_proj", "mlp.gate_up_proj", 1),
 )
-# Per-layer modules loaded as they are (weight and, where present, bias).
-PLAIN_LAYER_MODULES = (
-    "input_layernorm",
-    "post_attention_layernorm",
-    "self_attn.o_proj",
-    "self_attn.q_norm",
-    "self_attn.k_norm",
-    "mlp.down_proj",
-)
-PLAIN_TOP = ("model.embed_tokens.weight", "model.norm.weight", "model.norm.bias", "lm_head.weight", "lm_head.bias")
 # Buffers some checkpoints save that the port recomputes.
-SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)rotary_emb\.(cos|sin)_cached$")
+SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)rotary_emb\.(cos|sin)_cached$|(^|\.)attention\.(bias|masked_bias)$")
+QKV = ("q", "k", "v")
+GATE_UP = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -48,60 +46,115 @@ class WeightRow:
 
 
 def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
-    """The (checkpoint module, fused module, shard id) entries this spec uses."""
+    """The (checkpoint module, fused module, shard id) entries this spec uses, inside a decoder layer."""
+    n = spec.names
     rows = []
     if spec.qkv_layout == "separate":
-        rows += [r for r in STACKED if r[1] == "self_attn.qkv_proj"]
-    if spec.mlp_kind == "gated":
-        rows += [r for r in STACKED if r[1] == "mlp.gate_up_proj"]
+        attn = n["self_attn"]
+        rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_proj", "k_proj", "v_proj"), QKV)]
+    if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate":
+        mlp = n["mlp"]
+        rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
     return rows
 
 
-def map_tensor(spec: Spec, name: str) -> tuple[str | None, str | int | None] | None:
-    """(vLLM parameter, shard id) for one checkpoint tensor; None if the port has no home for it."""
+def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
+    """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
+    n = spec.names
+    rows = []
+    if spec.qkv_layout in ("fused", "interleaved"):
+        rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
+    if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
+        rows.append((f"{n['mlp']}.{n['gate_up_proj']}", GATE_UP))
+    return rows
+
+
+def plain_layer_modules(spec: Spec) -> list[str]:
+    """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
+    n = spec.names
+    out = [f"{n['self_attn']}.{n['o_proj']}", f"{n['mlp']}.{n['down_proj']}"]
+    if spec.qk_norm != "none":
+        out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
+    if spec.mlp_kind == "plain":
+        out.append(f"{n['mlp']}.{n['up_proj']}")
+    out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
+    return out
+
+
+def layer_prefix(spec: Spec) -> str:
+    return f"{spec.names['model']}.{spec.names['layers']}."
+
+
+def shard_rows(spec: Spec, shards: tuple) -> list[tuple[str | int, int, int]]:
+    """(shard id, first row, rows) of a split tensor, in checkpoint row order."""
+    if shards == QKV:
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        return [("q", 0, q), ("k", q, kv), ("v", q + kv, kv)]
+    inter = spec.intermediate_size
+    return [(0, 0, inter), (1, inter, inter)]
+
+
+def map_tensor(spec: Spec, name: str) -> list[tuple[str | None, str | int | None, str]] | None:
+    """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
+    n = spec.names
     if SKIPPED.search(name):
-        return None, None
-    if name in PLAIN_TOP:
-        if name.startswith("lm_head") and spec.tie_word_embeddings and name == "lm_head.weight":
-            return None, None  # tied: the head is the embedding
-        return name, None
-    m = LAYER.match(name)
-    if not m:
+        return [(None, None, "recomputed buffer")]
+    top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['model']}.{n['norm']}.weight",
+           f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
+    if name in top:
+        if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
+            return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
+        return [(name, None, "")]
+    prefix = layer_prefix(spec)
+    if not name.startswith(prefix):
         return None
-    layer, rest = m.groups()
+    layer, _, rest = name[len(prefix):].partition(".")
+    if not layer.isdigit():
+        return None
     module, _, kind = rest.rpartition(".")
+    base = f"{prefix}{layer}."
     if kind not in ("weight", "bias"):
-        if spec.gate_extra_bias and rest == f"mlp.{spec.gate_extra_bias}":
-            return name, None
+        if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
+            return [(name, None, "")]
         return None
     for ckpt_module, fused, shard in stacked_modules(spec):
         if module == ckpt_module:
-            return f"model.layers.{layer}.{fused}.{kind}", shard
-    if module in PLAIN_LAYER_MODULES:
-        return name, None
-    if spec.qkv_layout == "fused" and module == "self_attn.qkv_proj":
-        return name, None
-    if spec.mlp_kind == "gated" and module == "mlp.gate_up_proj":
-        return name, None
+            return [(f"{base}{fused}.{kind}", shard, "")]
+    for fused, shards in split_modules(spec):
+        if module == fused:
+            if spec.qkv_layout == "interleaved" and shards == QKV:
+                return [(name, s, f"rows of every head's {s} block") for s in shards]
+            return [(name, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
+    if module in plain_layer_modules(spec):
+        return [(name, None, "")]
     return None
 
 
 def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[str]]:
-    """Rows for every checkpoint tensor, and the names that have no home in the port."""
+    """Rows for every checkpoint tensor (one per shard it fills), and the names that have no home in the port."""
     rows, homeless = [], []
     for name in sorted(ckpt.tensors, key=_natural):
         info = ckpt.tensors[name]
-        target = map_tensor(spec, name)
-        if target is None:
+        targets = map_tensor(spec, name)
+        if targets is None:
             homeless.append(name)
             continue
-        param, shard = target
-        note = ""
-        if param is None:
-            note = "tied to model.embed_tokens.weight" if name.startswith("lm_head") else "recomputed buffer"
-        rows.append(WeightRow(name, param, shard, info.shape, note))
+        for param, shard, note in targets:
+            rows.append(WeightRow(name, param, shard, info.shape, note))
     return rows, homeless
 
 
 def _natural(name: str):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+
+
+def embedding_tensor(spec: Spec) -> str:
+    """The checkpoint's embedding matrix (model.embed_tokens.weight for Llama)."""
+    return f"{spec.names['model']}.{spec.names['embed_tokens']}.weight"
+
+
+def head_tensor(spec: Spec) -> str:
+    """The checkpoint's output head (lm_head.weight for Llama), absent when tied."""
+    return f"{spec.names['lm_head']}.weight"

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+
+import tomllib
 
 from scaffold.errors import SpecError
 
@@ -44,11 +45,48 @@ class Source:
 # Choices of the enumerated fields, checked on overrides.
 CHOICES = {
     "qkv_layout": ("separate", "fused", "interleaved"),
+    "gate_up_layout": ("separate", "fused"),
     "qk_norm": ("none", "per_head", "full"),
     "mlp_kind": ("gated", "plain"),
     "norm_kind": ("rms", "layer"),
     "block": ("pre_norm", "post_norm", "sandwich", "parallel"),
 }
+
+
+# The roles a checkpoint module can play, with Llama's names. Top level: the base
+# model's prefix, its embedding, layer list and final norm, and the head. Inside a
+# decoder layer: the attention and MLP containers, their projections (relative to
+# the container), and the norms around each sublayer. The norm roles are
+# attn_norm / mlp_norm (before a sublayer) and attn_post_norm / mlp_post_norm
+# (after it, before the residual add); a role a checkpoint lacks is left out.
+DEFAULT_NAMES = {
+    "model": "model",
+    "embed_tokens": "embed_tokens",
+    "layers": "layers",
+    "norm": "norm",
+    "lm_head": "lm_head",
+    "self_attn": "self_attn",
+    "q_proj": "q_proj",
+    "k_proj": "k_proj",
+    "v_proj": "v_proj",
+    "qkv_proj": "qkv_proj",
+    "o_proj": "o_proj",
+    "q_norm": "q_norm",
+    "k_norm": "k_norm",
+    "mlp": "mlp",
+    "gate_proj": "gate_proj",
+    "up_proj": "up_proj",
+    "gate_up_proj": "gate_up_proj",
+    "down_proj": "down_proj",
+    "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+}
+NAME_ROLES = (
+    "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
+    "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
+    "attn_post_norm", "mlp_norm", "mlp_post_norm",
+)
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass
@@ -71,6 +109,10 @@ class Spec:
     vocab_size: int = 0
     max_position: int = 2048
 
+    # Checkpoint module names, by role (see NAME_ROLES). The port names its modules
+    # the same way, so most tensors load under their own name.
+    names: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NAMES))
+
     # Attention.
     qkv_layout: str = "separate"
     qkv_bias: bool = False
@@ -78,14 +120,18 @@ class Spec:
     qk_norm: str = "none"
     sliding_window: int | None = None
     sliding_window_layers: list[int] = field(default_factory=list)
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    attn_logit_softcap: float | None = None
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     partial_rotary_factor: float = 1.0
     rope_neox_style: bool = True
+    no_rope_layers: list[int] = field(default_factory=list)  # layers without rotary embedding
 
     # MLP.
     mlp_kind: str = "gated"
+    gate_up_layout: str = "separate"
     hidden_act: str = "silu"
     mlp_bias: bool = False
     gate_extra_bias: str | None = None
@@ -95,10 +141,15 @@ class Spec:
     norm_kind: str = "rms"
     norm_eps: float = 1e-6
     norm_offset: float = 0.0
+    norm_bias: bool = False
+    residual_multiplier: float | None = None
 
     # Embeddings and head.
     tie_word_embeddings: bool = False
     lm_head_bias: bool = False
+    embedding_multiplier: float | None = None
+    logits_scale: float | None = None
+    final_logit_softcap: float | None = None
 
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = "float32"
@@ -140,6 +191,7 @@ class Spec:
                 continue  # the detected value, with its detected source
             self.set(name, value, Source("override", origin))
         validate_identifiers(self, origin)
+        validate_names(self, origin)
 
 
 FIELDS = [f.name for f in dataclasses.fields(Spec) if f.name != "provenance"]
@@ -165,15 +217,40 @@ def _fits(value: Any, expected: Any) -> bool:
 
 
 def validate_identifiers(spec: Spec, origin: str) -> None:
-    """Names that become Python identifiers in generated code must be identifiers."""
+    """Names that become Python identifiers in generated code must be identifiers.
+
+    model_type is not an identifier but is written into docstrings and comments, so
+    it must be a plain name too (letters, digits, _ and -).
+    """
     for name in ("class_prefix", "package", "config_class", "gate_extra_bias"):
         value = getattr(spec, name)
         if value is None or value == "" and name == "config_class":
             continue
         if not isinstance(value, str) or not IDENTIFIER.match(value) or keyword.iskeyword(value):
             raise SpecError(f"spec field {name!r} = {value!r} is not a valid Python identifier.", origin)
-    if not IDENTIFIER.match(spec.architecture or ""):
-        raise SpecError(f"architecture {spec.architecture!r} is not a valid Python class name.", origin)
+    arch = spec.architecture
+    if not isinstance(arch, str) or not IDENTIFIER.match(arch) or keyword.iskeyword(arch):
+        raise SpecError(f"architecture {arch!r} is not a valid Python class name.", origin)
+    if not isinstance(spec.model_type, str) or not re.match(r"^[A-Za-z0-9_\-]{1,100}$", spec.model_type):
+        raise SpecError(f"spec field 'model_type' = {spec.model_type!r} is not a simple name "
+                        "(letters, digits, _ and -).", origin)
+
+
+def validate_names(spec: Spec, origin: str) -> None:
+    """Module names become attribute names in generated code: known roles, plain identifiers."""
+    names = spec.names
+    if not isinstance(names, dict):
+        raise SpecError("spec field 'names' must be a table of role = module name.", origin)
+    for role, value in names.items():
+        if role not in NAME_ROLES:
+            raise SpecError(f"spec field 'names' has unknown role {role!r}; known roles: {', '.join(NAME_ROLES)}.",
+                            origin)
+        if not isinstance(value, str) or not IDENTIFIER.match(value) or keyword.iskeyword(value):
+            raise SpecError(f"spec field names.{role} = {value!r} is not a valid Python identifier.", origin)
+    for role in ("model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "o_proj", "qkv_proj", "mlp",
+                 "down_proj", "up_proj"):
+        if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
+            raise SpecError(f"spec field 'names' needs a module name for role {role!r}.", origin)
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:
@@ -192,22 +269,50 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ TOML out
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(value: Any) -> str:
+    """A TOML basic string holding `value` exactly, whatever characters it has."""
+    out = []
+    for char in str(value):
+        if char in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F or not char.isprintable():
+            if 0xD800 <= ord(char) <= 0xDFFF:
+                raise SpecError(f"the string {value!r} holds an unpaired surrogate and cannot be written as TOML.")
+            out.append(f"\\u{ord(char):04X}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08X}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def toml_comment(text: Any) -> str:
+    """One comment line: line breaks and control characters escaped, so nothing after # becomes TOML."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return repr(value)
+        return repr(value)  # nan, inf and -inf are TOML floats too
     if isinstance(value, str):
-        return '"' + value.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
-    if isinstance(value, list):
+        return toml_string(value)
+    if isinstance(value, (list, tuple)):
+        if any(v is None for v in value):
+            raise SpecError(f"the list {value!r} holds null, which TOML cannot write.")
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(value)
+        # TOML has no null: an entry set to None is left out, as a field set to None is.
+        items = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    raise SpecError(f"a value of type {type(value).__name__} cannot be written as TOML.")
 
 
-def _toml_key(key: str) -> str:
-    return key if re.match(r"^[A-Za-z0-9_-]+$", key) else _toml_value(key)
+def _toml_key(key: Any) -> str:
+    key = str(key)
+    return key if re.match(r"^[A-Za-z0-9_-]+$", key) else toml_string(key)
 
 
 def to_toml(spec: Spec) -> str:
@@ -220,7 +325,7 @@ def to_toml(spec: Spec) -> str:
     ]
     for name in FIELDS:
         value = getattr(spec, name)
-        lines.append(f"# {spec.source(name)}")
+        lines.append(f"# {toml_comment(spec.source(name))}")
         if value is None:
             lines.append(f"# {name} = (none)")
         else:

@@ -7,10 +7,10 @@ and sets spec fields with their Source. Nothing here executes checkpoint code.
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import attention, identity, layout, mlp, norms, rope, sizes
-from scaffold.spec import Spec, validate_identifiers
+from scaffold.detect import attention, identity, layout, mlp, norms, rope, scaling, sizes
+from scaffold.spec import Spec, validate_identifiers, validate_names
 
-DETECTORS = (identity, sizes, layout, attention, rope, mlp, norms)
+DETECTORS = (identity, sizes, layout, attention, rope, mlp, norms, scaling)
 
 
 def detect(ckpt: Checkpoint) -> Spec:
@@ -18,4 +18,5 @@ def detect(ckpt: Checkpoint) -> Spec:
     for detector in DETECTORS:
         detector.detect(ckpt, spec)
     validate_identifiers(spec, str(ckpt.config_file))
+    validate_names(spec, str(ckpt.config_file))
     return spec

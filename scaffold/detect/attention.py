@@ -15,21 +15,28 @@ def _rows(ckpt: Checkpoint, name: str) -> int | None:
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
+    n = spec.names
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    expected = {"q_proj": q, "k_proj": kv, "v_proj": kv} if spec.qkv_layout == "separate" else {"qkv_proj": q + 2 * kv}
+    if spec.qkv_layout == "separate":
+        expected = {n["q_proj"]: q, n["k_proj"]: kv, n["v_proj"]: kv}
+    else:  # fused or interleaved: one tensor
+        expected = {n["qkv_proj"]: q + 2 * kv}
+    expected[n["o_proj"]] = spec.hidden_size
     for layer in range(spec.num_layers):
         for proj, rows in expected.items():
-            name = f"model.layers.{layer}.self_attn.{proj}.weight"
+            name = f"{n['model']}.{n['layers']}.{layer}.{n['self_attn']}.{proj}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
-            if info.shape != (rows, spec.hidden_size):
+            cols = q if proj == n["o_proj"] else spec.hidden_size
+            if info.shape != (rows, cols):
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.num_heads} query heads and "
                     f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
-                    f"need [{rows}, {spec.hidden_size}].",
+                    f"need [{rows}, {cols}].",
                     where,
                 )
+    _scale_and_softcap(ckpt, spec)
     if spec.head_dim % 2:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
 
@@ -56,3 +63,29 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("sliding_window_layers", list(range(spec.num_layers)),
                  Source("config", "sliding_window without layer_types: every layer"))
+
+
+def _number(ckpt: Checkpoint, key: str):
+    value = ckpt.config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise CheckpointError(f"config key {key!r} must be a positive number, not {value!r}.", ckpt.config_file)
+    return float(value)
+
+
+def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
+    """The attention score scale (head_dim ** -0.5 unless the config says otherwise) and soft-capping."""
+    if (scalar := _number(ckpt, "query_pre_attn_scalar")) is not None:
+        spec.set("attention_scale", scalar**-0.5, Source("config", "config.json query_pre_attn_scalar ** -0.5",
+                                                         "config.query_pre_attn_scalar**-0.5"))
+    elif (mult := _number(ckpt, "attention_multiplier")) is not None:
+        spec.set("attention_scale", mult, Source("config", "config.json attention_multiplier",
+                                                 "config.attention_multiplier"))
+    else:
+        spec.set("attention_scale", None, Source("default", "head_dim ** -0.5"))
+    if (cap := _number(ckpt, "attn_logit_softcapping")) is not None:
+        spec.set("attn_logit_softcap", cap, Source("config", "config.json attn_logit_softcapping",
+                                                   "config.attn_logit_softcapping"))
+    else:
+        spec.set("attn_logit_softcap", None, Source("default", "no attn_logit_softcapping in config.json"))

@@ -1,7 +1,10 @@
-"""Tensor layout: which projections are fused, which carry biases, what is tied.
+"""Tensor layout: module names, which projections are fused, the block, the norms, biases, ties.
 
 The tensors are the ground truth here; config flags such as attention_bias only
-say what the author meant.
+say what the author meant. Where the tensors cannot tell two computations apart
+(a fused q/k/v tensor stored per head or per projection, an RMSNorm from a
+LayerNorm without bias, a norm that scales by 1 + w), the modeling source is
+read as text: the checkpoint's own code, else transformers' modeling file.
 """
 
 from __future__ import annotations
@@ -9,9 +12,14 @@ from __future__ import annotations
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.sourcecode import added_to_call
+from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
+
+BACKEND_HINT = (
+    " vLLM's transformers backend (`vllm serve CKPT --model-impl transformers`) may serve it if the model's "
+    "transformers code is compliant with it."
+)
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
@@ -20,10 +28,23 @@ UNSUPPORTED_MARKERS = (
     (re.compile(r"\.(experts|block_sparse_moe|shared_expert)\."), "mixture-of-experts blocks"),
 )
 
+LAYER = re.compile(r"^([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)$")
 
-def _layer0(ckpt: Checkpoint, rest: str) -> str | None:
-    name = f"model.layers.0.{rest}"
-    return name if name in ckpt.tensors else None
+# Module names a role goes by in the checkpoints the generator knows (first match wins).
+CANDIDATES = {
+    "self_attn": ("self_attn", "attention"),
+    "qkv_proj": ("qkv_proj", "query_key_value"),
+    "o_proj": ("o_proj", "dense"),
+    "mlp": ("mlp",),
+    "plain_up": ("c_fc", "dense_h_to_4h", "up_proj"),
+    "down_proj": ("down_proj", "c_proj", "dense_4h_to_h"),
+}
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def _unsupported(feature: str, where, model_type: str | None) -> UnsupportedArchitecture:
+    hint = BACKEND_HINT if model_type else ""
+    return UnsupportedArchitecture(f"{feature}; the generator cannot express this yet.{hint}", where)
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -33,90 +54,241 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if hits:
             raise UnsupportedArchitecture(
                 f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}), which the generator cannot express "
-                "yet. If the model's code is compliant with vLLM's transformers backend, serve it with "
-                "`vllm serve CKPT --model-impl transformers` instead.",
+                "yet." + BACKEND_HINT,
                 where,
             )
-    if "model.embed_tokens.weight" not in ckpt.tensors or not _layer0(ckpt, "input_layernorm.weight"):
+    names: dict[str, str] = {}
+    prefixes = sorted({m.group(1) for n in ckpt.tensors if (m := LAYER.match(n))})
+    if len(prefixes) != 1:
         sample = ", ".join(sorted(ckpt.tensors)[:4])
         raise UnsupportedArchitecture(
-            "the tensors do not follow the decoder layout the generator knows "
-            f"(model.embed_tokens, model.layers.N.input_layernorm, ...); found e.g. {sample}.",
+            "the tensors do not follow a decoder layout the generator knows (PREFIX.layers.N....); "
+            f"found {'layer lists under ' + ', '.join(prefixes) if prefixes else 'no layer list'}, e.g. {sample}.",
+            where,
+        )
+    prefix = names["model"] = prefixes[0]
+    names["layers"] = "layers"
+    layer_ids = {int(m.group(2)) for n in ckpt.tensors if (m := LAYER.match(n))}
+    if layer_ids != set(range(spec.num_layers)):
+        raise CheckpointError(
+            f"config.json says {spec.num_layers} layers but the tensors hold layers "
+            f"{min(layer_ids)}..{max(layer_ids)} ({len(layer_ids)} of them).",
             where,
         )
 
+    # Top level: the embedding and final norm under the prefix, the head beside it.
+    vocab, hidden = spec.vocab_size, spec.hidden_size
+    top = {n: info for n, info in ckpt.tensors.items() if not LAYER.match(n)}
+    inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".") and n.count(".") == 2}
+    embeds = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and len(i.shape) == 2)
+    norms = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and i.shape == (hidden,))
+    heads = sorted(n.rsplit(".", 1)[0] for n, i in top.items()
+                   if n.count(".") == 1 and n.endswith(".weight") and len(i.shape) == 2)
+    if len(embeds) != 1:
+        raise UnsupportedArchitecture(
+            f"expected one embedding matrix directly under {prefix!r}, found {embeds or 'none'}.", where)
+    if len(norms) != 1:
+        raise UnsupportedArchitecture(f"expected one final norm directly under {prefix!r}, found {norms or 'none'}.",
+                                      where)
+    if len(heads) > 1:
+        raise UnsupportedArchitecture(f"expected at most one output head beside {prefix!r}, found {heads}.", where)
+    names["embed_tokens"], names["norm"] = embeds[0], norms[0]
+    names["lm_head"] = heads[0] if heads else "lm_head"
+    embed_name, head_name = f"{prefix}.{embeds[0]}.weight", f"{names['lm_head']}.weight"
+
+    # Layer 0: which module plays which role.
+    layer0 = {m.group(3): ckpt.tensors[n] for n in ckpt.tensors if (m := LAYER.match(n)) and m.group(2) == "0"}
+
     def has(rest: str) -> bool:
-        return _layer0(ckpt, rest) is not None
+        return rest in layer0
 
-    def tensor_source(rest: str) -> Source:
-        return Source("tensor", f"model.layers.0.{rest}")
+    def src(rest: str) -> Source:
+        return Source("tensor", f"{prefix}.layers.0.{rest}")
 
-    if has("self_attn.q_proj.weight"):
-        spec.set("qkv_layout", "separate", tensor_source("self_attn.q_proj.weight"))
-        spec.set("qkv_bias", has("self_attn.q_proj.bias"), tensor_source("self_attn.q_proj.bias"))
-    elif has("self_attn.qkv_proj.weight"):
-        spec.set("qkv_layout", "fused", tensor_source("self_attn.qkv_proj.weight"))
-        spec.set("qkv_bias", has("self_attn.qkv_proj.bias"), tensor_source("self_attn.qkv_proj.bias"))
-    else:
-        raise UnsupportedArchitecture("layer 0 has no q_proj and no qkv_proj weight.", where)
-    spec.set("o_bias", has("self_attn.o_proj.bias"), tensor_source("self_attn.o_proj.bias"))
-    if has("self_attn.q_norm.weight"):
-        rows = ckpt.tensors["model.layers.0.self_attn.q_norm.weight"].shape[0]
-        kind = "per_head" if rows == spec.head_dim else "full"
-        spec.set("qk_norm", kind, Source("tensor", f"model.layers.0.self_attn.q_norm.weight has {rows} rows"))
-    else:
-        spec.set("qk_norm", "none", tensor_source("self_attn.q_norm.weight (absent)"))
+    def first(role: str, inside_of: str = "") -> str | None:
+        for cand in CANDIDATES[role]:
+            path = f"{inside_of}.{cand}" if inside_of else cand
+            if has(f"{path}.weight") or any(r.startswith(path + ".") for r in layer0):
+                return cand
+        return None
 
-    if has("mlp.gate_proj.weight") or has("mlp.gate_up_proj.weight"):
-        spec.set("mlp_kind", "gated", tensor_source("mlp.gate_proj.weight"))
-        spec.set("mlp_bias", has("mlp.gate_proj.bias") or has("mlp.down_proj.bias"), tensor_source("mlp.down_proj.bias"))
+    attn = first("self_attn")
+    if attn is None:
+        raise UnsupportedArchitecture(f"layer 0 has no attention module (looked for {CANDIDATES['self_attn']}).",
+                                      where)
+    names["self_attn"] = attn
+    sources = modeling_sources(ckpt)
+    if all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
+        names.update(q_proj="q_proj", k_proj="k_proj", v_proj="v_proj", qkv_proj="qkv_proj")
+        spec.set("qkv_layout", "separate", src(f"{attn}.q_proj.weight"))
+        qkv_bias = has(f"{attn}.q_proj.bias")
+        spec.set("qkv_bias", qkv_bias, src(f"{attn}.q_proj.bias"))
+    elif (fused := first("qkv_proj", attn)) is not None:
+        names["qkv_proj"] = fused
+        found = interleaved_qkv(sources, fused)
+        if found is not None:
+            spec.set("qkv_layout", "interleaved",
+                     Source("code", f"{found}: {fused} output viewed as [heads, 3 * head_size]"))
+            _one_kv_head_per_head(ckpt, spec, f"{prefix}.layers.0.{attn}.{fused}.weight")
+        else:
+            detail = "q, k, v rows one after another" + (
+                "" if sources else " (no modeling source to say otherwise)")
+            spec.set("qkv_layout", "fused", Source("tensor", f"{prefix}.layers.0.{attn}.{fused}.weight: {detail}"))
+        spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
-        raise UnsupportedArchitecture("layer 0 has no gated MLP (gate_proj / up_proj / down_proj).", where)
+        raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight.",
+                                      where)
+    o_proj = first("o_proj", attn)
+    if o_proj is None:
+        raise UnsupportedArchitecture(f"layer 0's {attn} has no output projection.", where)
+    names["o_proj"] = o_proj
+    spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
+    if has(f"{attn}.q_norm.weight"):
+        info = layer0[f"{attn}.q_norm.weight"]
+        if len(info.shape) != 1 or not has(f"{attn}.k_norm.weight"):
+            raise _unsupported(f"q/k norm weights of shape {list(info.shape)} (one norm per head)", where,
+                               spec.model_type)
+        kind = "per_head" if info.shape[0] == spec.head_dim else "full"
+        names.update(q_norm="q_norm", k_norm="k_norm")
+        spec.set("qk_norm", kind, Source("tensor", f"{prefix}.layers.0.{attn}.q_norm.weight has {info.shape[0]} rows"))
+    else:
+        spec.set("qk_norm", "none", src(f"{attn}.q_norm.weight (absent)"))
+
+    mlp = first("mlp")
+    if mlp is None:
+        raise UnsupportedArchitecture("layer 0 has no MLP module.", where)
+    names["mlp"] = mlp
+    down = first("down_proj", mlp)
+    if has(f"{mlp}.gate_proj.weight") and has(f"{mlp}.up_proj.weight"):
+        names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj")
+        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_proj.weight"))
+        spec.set("gate_up_layout", "separate", src(f"{mlp}.gate_proj.weight"))
+        up = "gate_proj"
+    elif has(f"{mlp}.gate_up_proj.weight"):
+        names["gate_up_proj"] = "gate_up_proj"
+        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_up_proj.weight"))
+        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.layers.0.{mlp}.gate_up_proj.weight: "
+                                                             "gate rows, then up rows"))
+        up = "gate_up_proj"
+    elif (up := first("plain_up", mlp)) is not None and down is not None:
+        names["up_proj"] = up
+        spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.layers.0.{mlp}.{up}.weight without a gate"))
+        spec.set("gate_up_layout", "separate", Source("default", "no gate"))
+    else:
+        raise UnsupportedArchitecture(f"layer 0's {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) nor "
+                                      "a plain one (an up projection and a down projection).", where)
+    if down is None:
+        raise UnsupportedArchitecture(f"layer 0's {mlp} has no down projection.", where)
+    names["down_proj"] = down
+    spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias"))
 
     # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
-    extra = sorted(
-        n.rsplit(".", 1)[1]
-        for n in ckpt.tensors
-        if n.startswith("model.layers.0.mlp.") and n.count(".") == 4
-    )
+    extra = sorted(rest.split(".", 1)[1] for rest in layer0 if rest.startswith(mlp + ".") and rest.count(".") == 1)
     for name in extra:
-        found = added_to_call(ckpt, "gate_proj", name)
+        found = added_to_call(ckpt, names.get("gate_proj", "gate_proj"), name)
         if found is None:
             raise UnsupportedArchitecture(
-                f"tensor model.layers.0.mlp.{name} has no home in the port: the modeling source does not show "
-                "it added to gate_proj's output, and the generator does not know where else it would go.",
+                f"tensor {prefix}.layers.0.{mlp}.{name} has no home in the port: the modeling source does not "
+                "show it added to gate_proj's output, and the generator does not know where else it would go.",
                 where,
             )
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
-    spec.set("norm_kind", "layer" if has("input_layernorm.bias") else "rms",
-             tensor_source("input_layernorm.bias"))
+    _norms_and_block(ckpt, spec, names, layer0, sources, inside)
 
-    head = "lm_head.weight" in ckpt.tensors
+    # Whatever layer 0 holds that no role claimed would be dropped: refuse instead.
+    claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+               if r in names}
+    claimed.add(f"{attn}.{names['qkv_proj']}")
+    claimed |= {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
+    claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
+    claimed |= {f"{mlp}.{e}" for e in extra}
+    stray = sorted(r for r in layer0 if r.rsplit(".", 1)[0] not in claimed and r not in claimed
+                   and "rotary_emb." not in r)
+    if stray:
+        raise _unsupported(f"layer 0 holds tensor(s) that no part of the port computes with "
+                           f"({', '.join(f'{prefix}.layers.0.{s}' for s in stray[:3])})", where, spec.model_type)
+    spec.set("names", names, Source("tensor", "module names of the embedding, layer 0 and the head"))
+
     key = "tie_word_embeddings"
     configured = ckpt.config.get(key)
+    head = head_name in ckpt.tensors
     if not head:
         if configured is False:
             raise CheckpointError(
-                "config.json says tie_word_embeddings is false but the checkpoint has no lm_head.weight: "
+                f"config.json says tie_word_embeddings is false but the checkpoint has no {head_name}: "
                 "the output head would have no weights.",
                 where,
             )
-        spec.set("tie_word_embeddings", True, Source("tensor", "no lm_head.weight: the head is the embedding"))
+        spec.set("tie_word_embeddings", True, Source("tensor", f"no {head_name}: the head is the embedding"))
     else:
         spec.set("tie_word_embeddings", bool(configured),
-                 Source("config", f"config.json {key}" if configured is not None else "lm_head.weight present"))
-    spec.set("lm_head_bias", "lm_head.bias" in ckpt.tensors, Source("tensor", "lm_head.bias"))
+                 Source("config", f"config.json {key}" if configured is not None else f"{head_name} present"))
+    spec.set("lm_head_bias", f"{names['lm_head']}.bias" in ckpt.tensors, Source("tensor", f"{names['lm_head']}.bias"))
 
-    embed_rows = ckpt.tensors["model.embed_tokens.weight"].shape[0]
-    if embed_rows != spec.vocab_size:
+    embed_rows = ckpt.tensors[embed_name].shape[0]
+    if embed_rows != vocab:
+        raise CheckpointError(f"config.json vocab_size is {vocab} but {embed_name} has {embed_rows} rows.", where)
+    if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(
-            f"config.json vocab_size is {spec.vocab_size} but model.embed_tokens.weight has {embed_rows} rows.",
-            where,
-        )
-    if head and ckpt.tensors["lm_head.weight"].shape[0] != spec.vocab_size:
-        raise CheckpointError(
-            f"config.json vocab_size is {spec.vocab_size} but lm_head.weight has "
-            f"{ckpt.tensors['lm_head.weight'].shape[0]} rows.",
-            where,
-        )
+            f"config.json vocab_size is {vocab} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
+    """Per-head interleaved q/k/v has as many KV heads as query heads, whatever the config says."""
+    rows = ckpt.tensors[tensor].shape[0]
+    if rows != 3 * spec.num_heads * spec.head_dim:
+        raise CheckpointError(f"tensor {tensor} has {rows} rows; per-head q/k/v over {spec.num_heads} heads of "
+                              f"size {spec.head_dim} needs {3 * spec.num_heads * spec.head_dim}.", ckpt.config_file)
+    spec.set("num_kv_heads", spec.num_heads, Source("tensor", f"{tensor}: q, k and v rows for every head",
+                                                    spec.source("num_heads").expr))
+
+
+def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict) -> None:
+    where = ckpt.config_file
+    have = {n for n in NORMS if f"{n}.weight" in layer0}
+    parallel = ckpt.config.get("use_parallel_residual")
+    if have == set(NORMS):
+        block, detail = "sandwich", "norms before and after both attention and MLP"
+        names.update(attn_norm="input_layernorm", attn_post_norm="post_attention_layernorm",
+                     mlp_norm="pre_feedforward_layernorm", mlp_post_norm="post_feedforward_layernorm")
+    elif have == {"post_attention_layernorm", "post_feedforward_layernorm"}:
+        block, detail = "post_norm", "norms after attention and after MLP, none before"
+        names.update(attn_post_norm="post_attention_layernorm", mlp_post_norm="post_feedforward_layernorm")
+    elif have == {"input_layernorm", "post_attention_layernorm"}:
+        names.update(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm")
+        if parallel is True:
+            block, detail = "parallel", "config.json use_parallel_residual: attention and MLP both read the input"
+        else:
+            block, detail = "pre_norm", "input_layernorm before attention, post_attention_layernorm before MLP"
+    elif have == {"input_layernorm"}:
+        names["attn_norm"] = "input_layernorm"
+        block, detail = "parallel", "one norm per layer: attention and MLP both read its output"
+    else:
+        raise _unsupported(f"layer 0 has the norms {sorted(have) or 'none'}, a block layout the generator does "
+                           "not know", where, spec.model_type)
+    if parallel is False and block == "parallel":
+        raise _unsupported("config.json use_parallel_residual is false but each layer has one norm", where,
+                           spec.model_type)
+    spec.set("block", block, Source("tensor", detail))
+
+    norm_attr = names.get("attn_norm") or names.get("attn_post_norm")
+    code = norm_code(sources, norm_attr)
+    has_bias = f"{norm_attr}.bias" in layer0
+    if code is not None:
+        kind = "layer" if code.centered else "rms"
+        spec.set("norm_kind", kind, Source("code", f"{code.where}: {code.cls} "
+                                                   f"{'subtracts the mean' if code.centered else 'is an RMS norm'}"))
+        spec.set("norm_offset", code.weight_offset,
+                 Source("code", f"{code.where}: {code.cls} scales by "
+                                f"{'(1 + weight)' if code.weight_offset else 'weight'}"))
+    else:
+        spec.set("norm_kind", "layer" if has_bias else "rms",
+                 Source("tensor", f"{norm_attr}.bias {'present' if has_bias else 'absent'} (no modeling source)"))
+        spec.set("norm_offset", 0.0, Source("default", "norm output is x_normed * weight"))
+    if has_bias and spec.norm_kind == "rms":
+        raise _unsupported(f"{norm_attr} has a bias but its code is an RMS norm", where, spec.model_type)
+    spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.layers.0.{norm_attr}.bias"))
+    final_bias = f"{names['norm']}.bias" in inside
+    if final_bias != has_bias:
+        raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)

@@ -2,40 +2,68 @@
 
 from __future__ import annotations
 
+import ast
+
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.common import set_from_config
+from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Spec
 
 # Activations with a fused act-and-mul kernel in vLLM (get_act_and_mul_fn).
 GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh")
+# Activations vLLM's get_act_fn knows, for a plain MLP.
+PLAIN_ACTIVATIONS = ("gelu", "gelu_fast", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "quick_gelu")
+ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
+
+
+def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
+    """The config keys to read the activation from: the one the code indexes ACT2FN with, first."""
+    for text in modeling_sources(ckpt).values():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "ACT2FN"
+                    and isinstance(node.slice, ast.Attribute) and node.slice.attr in ACT_KEYS):
+                return (node.slice.attr,) + tuple(k for k in ACT_KEYS if k != node.slice.attr)
+    return ACT_KEYS
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
-    act = set_from_config(spec, ckpt, "hidden_act", ("hidden_act", "hidden_activation", "activation_function"), str,
-                          default="silu", runtime=False)
-    if spec.mlp_kind == "gated" and act not in GATED_ACTIVATIONS:
-        raise UnsupportedArchitecture(
-            f"gated MLP activation {act!r} has no fused act-and-mul in vLLM; supported: {', '.join(GATED_ACTIVATIONS)}.",
-            where,
-        )
+    act = set_from_config(spec, ckpt, "hidden_act", activation_keys(ckpt), str, default="silu", runtime=False)
+    allowed = GATED_ACTIVATIONS if spec.mlp_kind == "gated" else PLAIN_ACTIVATIONS
+    if act not in allowed:
+        what = "gated MLP activation" if spec.mlp_kind == "gated" else "MLP activation"
+        kernel = "fused act-and-mul kernel" if spec.mlp_kind == "gated" else "activation of that name"
+        raise UnsupportedArchitecture(f"{what} {act!r} has no {kernel} in vLLM; supported: {', '.join(allowed)}.",
+                                      where)
+    n = spec.names
+    base = f"{n['model']}.{n['layers']}"
+    inter, hidden = spec.intermediate_size, spec.hidden_size
+    if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
+        shapes = {"gate_up_proj": (2 * inter, hidden)}
+    elif spec.mlp_kind == "gated":
+        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden)}
+    else:
+        shapes = {"up_proj": (inter, hidden)}
+    shapes["down_proj"] = (hidden, inter)
     for layer in range(spec.num_layers):
-        for proj, shape in (
-            ("gate_proj", (spec.intermediate_size, spec.hidden_size)),
-            ("up_proj", (spec.intermediate_size, spec.hidden_size)),
-            ("down_proj", (spec.hidden_size, spec.intermediate_size)),
-        ):
-            name = f"model.layers.{layer}.mlp.{proj}.weight"
+        for role, shape in shapes.items():
+            name = f"{base}.{layer}.{n['mlp']}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
-            if info is not None and info.shape != shape:
+            if info is None:
+                raise CheckpointError(f"tensor {name} is missing.", where)
+            if info.shape != shape:
                 raise CheckpointError(
-                    f"tensor {name} has shape {list(info.shape)}, but hidden size {spec.hidden_size} and "
-                    f"intermediate size {spec.intermediate_size} need {list(shape)}.",
+                    f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden} and "
+                    f"intermediate size {inter} need {list(shape)}.",
                     where,
                 )
         if spec.gate_extra_bias:
-            name = f"model.layers.{layer}.mlp.{spec.gate_extra_bias}"
+            name = f"{base}.{layer}.{n['mlp']}.{spec.gate_extra_bias}"
             info = ckpt.tensors.get(name)
-            if info is None or info.shape != (spec.intermediate_size,):
-                raise CheckpointError(f"tensor {name} must exist with shape [{spec.intermediate_size}].", where)
+            if info is None or info.shape != (inter,):
+                raise CheckpointError(f"tensor {name} must exist with shape [{inter}].", where)

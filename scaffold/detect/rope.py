@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.sourcecode import config_default
+from scaffold.detect.sourcecode import config_default, modeling_sources, rotate_half_style
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 DEFAULT_THETA = 10000.0
+NEEDS_ORIGINAL_MAX = ("longrope", "yarn", "llama3")
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -37,18 +38,40 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 params["rope_theta"] = DEFAULT_THETA
                 source = Source("default", "no rope_theta in config.json or the modeling source")
     params.setdefault("rope_type", "default")
+    if (params["rope_type"] in NEEDS_ORIGINAL_MAX and "original_max_position_embeddings" not in params
+            and isinstance(cfg.get("original_max_position_embeddings"), int)):
+        # vLLM's get_rope reads it from the rope parameters; transformers from the config's top level.
+        params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        source = Source(source.kind, f"{source.detail} + config.json original_max_position_embeddings")
     if not isinstance(params["rope_theta"], (int, float)) or params["rope_theta"] <= 0:
         raise CheckpointError(f"rope_theta must be a positive number, not {params['rope_theta']!r}.", where)
     params["rope_theta"] = float(params["rope_theta"])
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
+    factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", params.get("partial_rotary_factor")))
+    # The spec field partial_rotary_factor is the one source of truth; the template adds it back.
+    params.pop("partial_rotary_factor", None)
     spec.set("rope_parameters", params, source)
 
-    factor = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor"))
     if factor is not None:
         if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise CheckpointError(f"partial_rotary_factor must be in (0, 1], not {factor!r}.", where)
         spec.set("partial_rotary_factor", float(factor), Source("config", "config.json partial_rotary_factor"))
     else:
         spec.set("partial_rotary_factor", 1.0, Source("default", "rotary embedding over the whole head"))
-    spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
+    gptj = rotate_half_style(modeling_sources(ckpt))
+    if gptj is not None:
+        spec.set("rope_neox_style", False, Source("code", f"{gptj}: rotate_half pairs even and odd channels"))
+    else:
+        spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
+
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        spec.set("no_rope_layers", [], Source("default", "rotary embedding in every layer"))
+        return
+    if (not isinstance(flags, list) or len(flags) != spec.num_layers
+            or any(f not in (0, 1) or isinstance(f, float) for f in flags)):
+        raise CheckpointError(f"config key 'no_rope_layers' must list 0 or 1 for each of {spec.num_layers} layers.",
+                              where)
+    spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
+             Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))

@@ -82,3 +82,142 @@ def added_to_call(ckpt: Checkpoint, callee: str, attribute: str) -> Found | None
             if calls and attrs:
                 return Found(attribute, name, node.lineno)
     return None
+
+
+# ------------------------------------------------- the modeling code, as text
+def modeling_sources(ckpt: Checkpoint) -> dict[str, str]:
+    """The code that defines the model: the checkpoint's own files, else transformers' modeling file.
+
+    Both are read as text and parsed, never imported.
+    """
+    if ckpt.sources:
+        return dict(ckpt.sources)
+    import importlib.util
+    from pathlib import Path
+
+    model_type = ckpt.config.get("model_type")
+    found = importlib.util.find_spec("transformers")
+    if not isinstance(model_type, str) or found is None or not found.submodule_search_locations:
+        return {}
+    root = Path(next(iter(found.submodule_search_locations))) / "models"
+    for folder in {model_type, model_type.replace("-", "_")}:
+        path = root / folder / f"modeling_{folder}.py"
+        if path.is_file():
+            return {f"transformers/models/{folder}/{path.name}": path.read_text(encoding="utf-8")}
+    return {}
+
+
+def _parsed(sources: dict[str, str]):
+    for name, text in sources.items():
+        try:
+            yield name, ast.parse(text)
+        except SyntaxError:
+            continue
+
+
+def _classes(sources: dict[str, str]) -> dict[str, tuple[str, ast.ClassDef]]:
+    return {node.name: (name, node) for name, tree in _parsed(sources) for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef)}
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def module_class(sources: dict[str, str], attribute: str) -> tuple[str, Found] | None:
+    """The class assigned to `self.<attribute> = Class(...)` somewhere in the code."""
+    for name, tree in _parsed(sources):
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
+                    and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
+                return _dotted(node.value.func), Found(attribute, name, node.lineno)
+    return None
+
+
+@dataclass(frozen=True)
+class NormCode:
+    """What a norm class computes, read from its forward."""
+
+    cls: str
+    where: Found
+    centered: bool  # subtracts the mean: LayerNorm, not RMSNorm
+    weight_offset: float  # 1.0 when it scales by (1 + weight)
+
+
+def norm_code(sources: dict[str, str], attribute: str) -> NormCode | None:
+    """How the norm at `self.<attribute>` computes, from its class's forward (or torch's nn.LayerNorm)."""
+    found = module_class(sources, attribute)
+    if found is None:
+        return None
+    cls, where = found
+    short = cls.rsplit(".", 1)[-1]
+    if cls in ("nn.LayerNorm", "torch.nn.LayerNorm", "LayerNorm") and short not in _classes(sources):
+        return NormCode(cls, where, True, 0.0)
+    classes = _classes(sources)
+    seen = set()
+    while short in classes and short not in seen:
+        seen.add(short)
+        file, node = classes[short]
+        centered = offset = False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add):
+                sides = (sub.left, sub.right)
+                if any(isinstance(s, ast.Constant) and s.value in (1, 1.0) for s in sides) and any(
+                        "self.weight" in ast.unparse(s) for s in sides):
+                    offset = True
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and "mean" in ast.unparse(sub.right):
+                centered = True
+            if isinstance(sub, ast.Call) and _dotted(sub.func).endswith("layer_norm"):
+                centered = True
+        has_forward = any(isinstance(n, ast.FunctionDef) and n.name == "forward" for n in node.body)
+        if has_forward:
+            return NormCode(cls, Found(short, file, node.lineno), centered, 1.0 if offset else 0.0)
+        bases = [_dotted(b) for b in node.bases]
+        if any(b in ("nn.LayerNorm", "torch.nn.LayerNorm") for b in bases):
+            return NormCode(cls, Found(short, file, node.lineno), True, 0.0)
+        short = bases[0].rsplit(".", 1)[-1] if bases else ""
+    return None
+
+
+def rotate_half_style(sources: dict[str, str]) -> Found | None:
+    """Where rotate_half pairs even and odd channels (GPT-J style), if it does."""
+    for name, tree in _parsed(sources):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "rotate_half":
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Slice) and isinstance(sub.step, ast.Constant) and sub.step.value == 2:
+                        return Found("gptj", name, sub.lineno)
+    return None
+
+
+def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
+    """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] (per-head q, k, v)."""
+    for name, tree in _parsed(sources):
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            calls = [n for n in ast.walk(func) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}"]
+            if not calls:
+                continue
+            for sub in ast.walk(func):
+                if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult)
+                        and any(isinstance(s, ast.Constant) and s.value == 3 for s in (sub.left, sub.right))
+                        and any("head" in ast.unparse(s) for s in (sub.left, sub.right))):
+                    return Found("interleaved", name, sub.lineno)
+    return None
+
+
+def sqrt_hidden_scale(sources: dict[str, str]) -> Found | None:
+    """Where the code scales by hidden_size ** 0.5 (embeddings multiplied by a normalizer)."""
+    for name, tree in _parsed(sources):
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
+                    and isinstance(node.right, ast.Constant) and node.right.value == 0.5
+                    and ast.unparse(node.left).endswith("hidden_size")):
+                return Found("hidden_size ** 0.5", name, node.lineno)
+    return None

@@ -8,7 +8,7 @@ from collections import defaultdict
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import detect
 from scaffold.errors import ScaffoldError
-from scaffold.mapping import STACKED, weight_table
+from scaffold.mapping import STACKED, embedding_tensor, head_tensor, weight_table
 from scaffold.spec import FIELDS, Spec
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
@@ -19,37 +19,48 @@ SHARDS_OF = {"self_attn.qkv_proj": ("q", "k", "v"), "mlp.gate_up_proj": (0, 1)}
 
 
 def expected_params(spec: Spec) -> dict[str, tuple]:
-    """Every parameter the port holds that a checkpoint tensor must fill -> the shards it needs."""
-    params: dict[str, tuple] = {"model.embed_tokens.weight": (None,), "model.norm.weight": (None,)}
-    if spec.norm_kind == "layer":
-        params["model.norm.bias"] = (None,)
+    """Every parameter the port holds that a checkpoint tensor must fill -> the shards it needs.
+
+    Written from the spec's structure (block, layouts, biases), not from mapping.py's table,
+    so the two can be held against each other.
+    """
+    n = spec.names
+    top, head = f"{n['model']}.", f"{n['lm_head']}."
+    params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,), f"{top}{n['norm']}.weight": (None,)}
+    if spec.norm_bias:
+        params[f"{top}{n['norm']}.bias"] = (None,)
     if not spec.tie_word_embeddings:
-        params["lm_head.weight"] = (None,)
+        params[f"{head}weight"] = (None,)
     if spec.lm_head_bias:
-        params["lm_head.bias"] = (None,)
+        params[f"{head}bias"] = (None,)
+    norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
+             "post_norm": ("attn_post_norm", "mlp_post_norm"),
+             "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
+    attn, mlp = n["self_attn"], n["mlp"]
     for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        kinds = ("weight", "bias") if spec.norm_kind == "layer" else ("weight",)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        p = f"{top}{n['layers']}.{i}."
+        kinds = ("weight", "bias") if spec.norm_bias else ("weight",)
+        for role in norms:
+            if role not in n:  # a parallel block may share one norm
+                continue
             for kind in kinds:
-                params[f"{p}{norm}.{kind}"] = (None,)
-        qkv = SHARDS_OF["self_attn.qkv_proj"] if spec.qkv_layout == "separate" else (None,)
-        params[f"{p}self_attn.qkv_proj.weight"] = qkv
-        if spec.qkv_bias:
-            params[f"{p}self_attn.qkv_proj.bias"] = qkv
-        params[f"{p}self_attn.o_proj.weight"] = (None,)
-        if spec.o_bias:
-            params[f"{p}self_attn.o_proj.bias"] = (None,)
+                params[f"{p}{n[role]}.{kind}"] = (None,)
+        qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
+        for kind in qkv_kinds:
+            params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
+        for kind in ("weight", "bias") if spec.o_bias else ("weight",):
+            params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.qk_norm != "none":
-            params[f"{p}self_attn.q_norm.weight"] = (None,)
-            params[f"{p}self_attn.k_norm.weight"] = (None,)
-        params[f"{p}mlp.gate_up_proj.weight"] = SHARDS_OF["mlp.gate_up_proj"]
-        params[f"{p}mlp.down_proj.weight"] = (None,)
-        if spec.mlp_bias:
-            params[f"{p}mlp.gate_up_proj.bias"] = SHARDS_OF["mlp.gate_up_proj"]
-            params[f"{p}mlp.down_proj.bias"] = (None,)
+            params[f"{p}{attn}.{n['q_norm']}.weight"] = (None,)
+            params[f"{p}{attn}.{n['k_norm']}.weight"] = (None,)
+        for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
+            if spec.mlp_kind == "gated":
+                params[f"{p}{mlp}.{n['gate_up_proj']}.{kind}"] = SHARDS_OF["mlp.gate_up_proj"]
+            else:
+                params[f"{p}{mlp}.{n['up_proj']}.{kind}"] = (None,)
+            params[f"{p}{mlp}.{n['down_proj']}.{kind}"] = (None,)
         if spec.gate_extra_bias:
-            params[f"{p}mlp.{spec.gate_extra_bias}"] = (None,)
+            params[f"{p}{mlp}.{spec.gate_extra_bias}"] = (None,)
     return params
 
 
@@ -74,31 +85,47 @@ def check_mapping(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
 
 
 def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
+    n = spec.names
     q, kv, inter, hidden = (spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim,
                             spec.intermediate_size, spec.hidden_size)
-    want = {"self_attn.q_proj": q, "self_attn.k_proj": kv, "self_attn.v_proj": kv,
-            "self_attn.qkv_proj": q + 2 * kv, "mlp.gate_proj": inter, "mlp.up_proj": inter,
-            "mlp.gate_up_proj": 2 * inter, "self_attn.o_proj": hidden, "mlp.down_proj": hidden}
-    problems = []
+    attn, mlp = n["self_attn"], n["mlp"]
+    want = {f"{attn}.{n['o_proj']}": hidden, f"{mlp}.{n['down_proj']}": hidden}
+    if spec.qkv_layout == "separate":
+        want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['k_proj']}": kv, f"{attn}.{n['v_proj']}": kv})
+    else:
+        want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
+    if spec.mlp_kind == "plain":
+        want[f"{mlp}.{n['up_proj']}"] = inter
+    elif spec.gate_up_layout == "separate":
+        want.update({f"{mlp}.{n['gate_proj']}": inter, f"{mlp}.{n['up_proj']}": inter})
+    else:
+        want[f"{mlp}.{n['gate_up_proj']}"] = 2 * inter
+    prefix = f"{n['model']}.{n['layers']}."
+    problems, seen = [], set()
     for name, info in ckpt.tensors.items():
-        parts = name.split(".")
-        if parts[:2] != ["model", "layers"] or parts[-1] != "weight":
+        if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
-        module = ".".join(parts[3:-1])
-        if module in want and info.shape[0] != want[module]:
-            problems.append(f"{name} has {info.shape[0]} rows, the spec needs {want[module]}")
+        module = name[len(prefix):].split(".", 1)[1].rsplit(".", 1)[0]
+        if module in want:
+            seen.add(module)
+            if info.shape[0] != want[module]:
+                problems.append(f"{name} has {info.shape[0]} rows, the spec needs {want[module]}")
+    problems += [f"no checkpoint tensor for {m}" for m in sorted(set(want) - seen)]
+    mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     report.add("per-shard shapes", not problems, problems[0] if problems else
-               f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}); gate/up {inter} rows each")
+               f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
+               f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''}); {mlp_detail}")
 
 
 def stacked_mapping_of(model_file) -> list[tuple]:
     """The stacked_params_mapping literal of a generated model file, read with ast."""
     tree = ast.parse(model_file.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "stacked_params_mapping" for t in node.targets
-        ):
-            return [tuple(t) for t in ast.literal_eval(node.value)]
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if node_value := getattr(node, "value", None):
+            if any(isinstance(t, ast.Name) and t.id == "stacked_params_mapping" for t in targets):
+                return [tuple(t) for t in ast.literal_eval(node_value)]
     raise ScaffoldError("the model file has no stacked_params_mapping.", model_file)
 
 
@@ -130,8 +157,8 @@ def check_concat_order(report: Report, spec: Spec, model_file) -> None:
 
 
 def check_vocab(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
-    rows = ckpt.tensors["model.embed_tokens.weight"].shape[0]
-    head = ckpt.tensors.get("lm_head.weight")
+    rows = ckpt.tensors[embedding_tensor(spec)].shape[0]
+    head = ckpt.tensors.get(head_tensor(spec))
     tok = ckpt.tokenizer.vocab_size
     problems = []
     if spec.vocab_size != rows:
@@ -147,9 +174,9 @@ def check_vocab(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
 
 
 def check_tied(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
-    has_head = "lm_head.weight" in ckpt.tensors
+    has_head = head_tensor(spec) in ckpt.tensors
     if spec.tie_word_embeddings and has_head:
-        same = _tensors_equal(ckpt, "lm_head.weight", "model.embed_tokens.weight")
+        same = _tensors_equal(ckpt, head_tensor(spec), embedding_tensor(spec))
         report.add("tied embeddings", same, "lm_head.weight equals embed_tokens" if same else
                    "the port ties lm_head to embed_tokens, but the checkpoint's lm_head.weight differs from it")
     elif spec.tie_word_embeddings:

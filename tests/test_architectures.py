@@ -1,0 +1,270 @@
+"""Architecture coverage: one table entry per architecture, each proved numerically in vLLM.
+
+Each entry of ARCHITECTURES is (transformers model_type, config overrides). The test
+builds a tiny random checkpoint from transformers, renames its `architectures` so
+vLLM has no class of its own for it, runs `scaffold new` and `scaffold verify --json`,
+and requires float32 max |dlogp| <= 1e-4 over the top-20 tokens at every position and
+identical greedy continuations. Overrides pick values that make each feature matter
+on a tiny model (soft caps below the logit range, multipliers far from 1).
+
+UNSUPPORTED lists architectures the generator must refuse, naming the feature.
+
+Every run rewrites docs/coverage.md from the collected results (scripts/coverage.py
+runs this file); a partial run (-k) updates the rows it ran and keeps the others'
+earlier results, which the document carries as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from conftest import REPO, scaffold
+
+TOLERANCE = 1e-4
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+ARCHITECTURES = {
+    "gemma": ("gemma", {}),
+    "phi3": ("phi3", TOKENS),
+    "phi3-longrope": ("phi3", {**TOKENS, "max_position_embeddings": 1024, "original_max_position_embeddings": 256,
+                               "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                   "short_factor": [1.0 + 0.05 * i for i in range(16)],
+                                                   "long_factor": [1.0 + 0.3 * i for i in range(16)]}}),
+    "stablelm": ("stablelm", {"use_qkv_bias": True}),
+    "stablelm-parallel": ("stablelm", {"use_parallel_residual": True}),
+    "starcoder2": ("starcoder2", {}),
+    "gemma2": ("gemma2", {"sliding_window": 8, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 1.0,
+                          "final_logit_softcapping": 1.0}),
+    "olmo2": ("olmo2", {}),
+    "gpt_neox": ("gpt_neox", {"num_key_value_heads": 4}),
+    "gpt_neox-sequential": ("gpt_neox", {"num_key_value_heads": 4, "use_parallel_residual": False,
+                                         "rotary_pct": 0.5}),
+    "granite": ("granite", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.05,
+                            "logits_scaling": 4.0}),
+    "cohere": ("cohere", {**TOKENS, "logit_scale": 0.5}),
+    "smollm3": ("smollm3", {**TOKENS, "no_rope_layers": [1, 0, 1]}),
+}
+
+# Spec values detection must find for the entry's feature to be exercised at all.
+EXPECTED_SPEC = {
+    "gemma": {"norm_offset": 1.0, "hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": 128**0.5},
+    "phi3": {"qkv_layout": "fused", "gate_up_layout": "fused"},
+    "phi3-longrope": {"qkv_layout": "fused"},
+    "stablelm": {"norm_kind": "layer", "norm_bias": True, "partial_rotary_factor": 0.25, "qkv_bias": True},
+    "stablelm-parallel": {"block": "parallel", "norm_kind": "layer"},
+    "starcoder2": {"mlp_kind": "plain", "norm_kind": "layer", "mlp_bias": True, "o_bias": True, "qkv_bias": True},
+    "gemma2": {"block": "sandwich", "attn_logit_softcap": 1.0, "final_logit_softcap": 1.0,
+               "sliding_window_layers": [0, 2], "attention_scale": 48**-0.5},
+    "olmo2": {"block": "post_norm", "qk_norm": "full"},
+    "gpt_neox": {"qkv_layout": "interleaved", "block": "parallel", "partial_rotary_factor": 0.25,
+                 "num_kv_heads": 4},
+    "gpt_neox-sequential": {"qkv_layout": "interleaved", "block": "pre_norm", "partial_rotary_factor": 0.5},
+    "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_scale": 0.05,
+                "logits_scale": 0.25},
+    "cohere": {"block": "parallel", "norm_kind": "layer", "norm_bias": False, "rope_neox_style": False,
+               "logits_scale": 0.5},
+    "smollm3": {"no_rope_layers": [1]},
+}
+
+# (model_type, overrides, words the refusal must contain)
+UNSUPPORTED = {
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, "mixture-of-experts"),
+    "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
+    "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
+}
+
+RESULTS: dict[str, dict] = {}
+COVERAGE = REPO / "docs" / "coverage.md"
+
+
+def architecture_class(name: str) -> str:
+    return "Scaffold" + "".join(p.capitalize() for p in name.replace("_", "-").split("-")) + "ForCausalLM"
+
+
+BUILT: dict[str, Path] = {}
+
+
+def checkpoint_for(name: str, table: dict, workdir: Path) -> Path:
+    """The tiny checkpoint of a table entry, built once per session (overrides may hold dicts)."""
+    from scaffold.tiny import build_tiny
+
+    if name not in BUILT:
+        model_type, overrides = table[name][:2]
+        BUILT[name] = build_tiny(model_type, workdir / f"ckpt-arch-{name}", architecture=architecture_class(name),
+                                 overrides=overrides)
+    return BUILT[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def coverage_doc():
+    """After the module: rewrite docs/coverage.md with this run's results.
+
+    Rows this run did not reach keep the result recorded in the document by an earlier
+    run (kept as JSON inside it); entries no longer in the tables are dropped.
+    """
+    yield
+    if not RESULTS:
+        return
+    merged = {**recorded_results(), **RESULTS}
+    merged = {k: v for k, v in merged.items() if k in ARCHITECTURES or k in UNSUPPORTED}
+    COVERAGE.write_text(render_coverage(merged), encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_port_matches_transformers(name, workdir):
+    model_type, _ = ARCHITECTURES[name]
+    ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
+    out = workdir / f"port-{name}"
+    row = RESULTS[name] = {"model_type": model_type, "status": "error", "features": [], "max_delta": None,
+                           "greedy": None}
+    scaffold("new", ckpt, "-o", out, "--force")
+    spec = tomllib.loads((out / "scaffold_spec.toml").read_text(encoding="utf-8"))["spec"]
+    row["features"] = spec_features(spec)
+    proc = scaffold("verify", out, "--json", check=False)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    logp = checks.get("parity: log-probabilities", {})
+    greedy = checks.get("parity: greedy continuation", {})
+    row["max_delta"] = logp.get("max_delta")
+    row["greedy"] = greedy.get("detail")
+    row["status"] = "pass" if report["passed"] else "fail: " + "; ".join(
+        f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "fail")
+    assert report["passed"], json.dumps(report, indent=2)
+    assert checks["port loaded by vLLM"]["status"] == "pass"
+    assert logp["max_delta"] <= TOLERANCE
+    assert greedy["status"] == "pass"
+    for field, value in EXPECTED_SPEC.get(name, {}).items():
+        assert spec.get(field) == pytest.approx(value), f"{field}: detected {spec.get(field)!r}, expected {value!r}"
+
+
+@pytest.mark.parametrize("name", list(UNSUPPORTED))
+def test_unsupported_architecture_is_refused_by_name(name, workdir):
+    model_type, _, feature = UNSUPPORTED[name]
+    ckpt = checkpoint_for(name, UNSUPPORTED, workdir)
+    out = workdir / f"port-{name}"
+    proc = scaffold("new", ckpt, "-o", out, "--force", check=False)
+    message = " ".join(proc.stderr.split())
+    shown = message.replace(str(ckpt), "CKPT")
+    RESULTS[name] = {"model_type": model_type, "status": f"refused (exit {proc.returncode}): {shown}",
+                     "features": [], "max_delta": None, "greedy": None, "unsupported": True}
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert feature in message and "--model-impl transformers" in message, message
+    assert str(ckpt) in message
+    assert not out.exists()
+
+
+# The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2")
+
+
+@pytest.mark.parametrize("name", OWN_TESTS)
+def test_generated_weight_mapping_tests_pass(name, workdir):
+    from scaffold.verify.port import load_port, stage_install
+
+    ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
+    out = workdir / f"port-{name}"
+    if not (out / "scaffold_spec.toml").exists():
+        scaffold("new", ckpt, "-o", out, "--force")
+    port = load_port(out)
+    stage = stage_install(port)
+    env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS=port.spec.package)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(out / "tests" / "test_weight_mapping.py")],
+                          check=False, capture_output=True, text=True, env=env, cwd=out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= 7 and "failed" not in summary and "error" not in summary, summary
+
+
+# ------------------------------------------------------------ coverage.md
+DEFAULTS = {
+    "qkv_layout": "separate", "gate_up_layout": "separate", "qkv_bias": False, "o_bias": False, "qk_norm": "none",
+    "attention_scale": None, "attn_logit_softcap": None, "partial_rotary_factor": 1.0, "rope_neox_style": True,
+    "no_rope_layers": [], "mlp_kind": "gated", "hidden_act": "silu", "mlp_bias": False, "gate_extra_bias": None,
+    "block": "pre_norm", "norm_kind": "rms", "norm_offset": 0.0, "norm_bias": False, "residual_multiplier": None,
+    "tie_word_embeddings": False, "lm_head_bias": False, "embedding_multiplier": None, "logits_scale": None,
+    "final_logit_softcap": None,
+}
+LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
+               "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",
+               "down_proj": "down_proj", "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+
+
+def spec_features(spec: dict) -> list[str]:
+    """The spec fields where the generated spec differs from a plain Llama, as `field=value`."""
+    out = []
+    for field, default in DEFAULTS.items():
+        value = spec.get(field)
+        if value != default:
+            out.append(f"{field}={_short(value)}")
+    if spec.get("sliding_window"):
+        out.append(f"sliding_window={spec['sliding_window']} on layers {spec.get('sliding_window_layers')}")
+    names = spec.get("names", {})
+    renamed = [f"{k}={v}" for k, v in names.items() if k in LLAMA_NAMES and LLAMA_NAMES[k] != v]
+    renamed += [f"{k}={v}" for k, v in names.items() if k not in LLAMA_NAMES and k in (
+        "attn_post_norm", "mlp_post_norm", "qkv_proj", "up_proj") and v not in ("qkv_proj", "up_proj")]
+    if renamed:
+        out.append("names: " + ", ".join(renamed))
+    return out
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+MARK = "<!-- results (read by tests/test_architectures.py): "
+
+
+def recorded_results() -> dict[str, dict]:
+    """The results an earlier run wrote into docs/coverage.md."""
+    if not COVERAGE.exists():
+        return {}
+    for line in COVERAGE.read_text(encoding="utf-8").splitlines():
+        if line.startswith(MARK) and line.endswith(" -->"):
+            try:
+                return json.loads(line[len(MARK):-4])
+            except ValueError:
+                return {}
+    return {}
+
+
+def render_coverage(results: dict[str, dict]) -> str:
+    lines = [
+        "# Architecture coverage",
+        "",
+        "Generated by `python scripts/coverage.py` (it runs `pytest tests/test_architectures.py`); do not edit.",
+        "Each architecture is a tiny random-weight checkpoint built from transformers with its `architectures`",
+        "renamed, so vLLM can only serve it through the generated port. Parity: float32, max |dlogp| over the",
+        f"top-20 tokens at every position of 4 prompts plus 16 greedy tokens each (tolerance {TOLERANCE:.0e}).",
+        "Features are the spec fields where the generated `scaffold_spec.toml` differs from a plain Llama.",
+        "",
+        "| architecture | model_type | spec features exercised | max \\|dlogp\\| | greedy | status |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in list(ARCHITECTURES) + list(UNSUPPORTED):
+        row = results.get(name)
+        if row is None:
+            continue
+        delta = f"{row['max_delta']:.2e}" if row["max_delta"] is not None else "-"
+        features = "<br>".join(f"`{f}`" for f in row["features"]) or "-"
+        status = row["status"].replace("|", "\\|")
+        lines.append(f"| {name} | {row['model_type']} | {features} | {delta} | {row['greedy'] or '-'} | {status} |")
+    missing = [n for n in list(ARCHITECTURES) + list(UNSUPPORTED) if n not in results]
+    if missing:
+        lines += ["", f"Not run yet: {', '.join(missing)}."]
+    lines += ["", MARK + json.dumps(results, sort_keys=True).replace("--", "-\\u002d") + " -->", ""]
+    return "\n".join(lines)
+
+
