@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def tiny(workdir):
     built: dict = {}
 
     def make(model_type: str, architecture: str, **overrides) -> Path:
-        key = (model_type, architecture, tuple(sorted(overrides.items(), key=str)))
+        key = (model_type, architecture, json.dumps(overrides, sort_keys=True))
         if key not in built:
             built[key] = build_tiny(model_type, workdir / f"ckpt-{architecture}", architecture=architecture,
                                     overrides=overrides)

@@ -207,6 +207,9 @@ def spec_features(spec: dict) -> list[str]:
         value = spec.get(field)
         if value != default:
             out.append(f"{field}={_short(value)}")
+    rope_type = spec.get("rope_parameters", {}).get("rope_type", "default")
+    if rope_type != "default":
+        out.append(f"rope_type={rope_type}")
     if spec.get("sliding_window"):
         out.append(f"sliding_window={spec['sliding_window']} on layers {spec.get('sliding_window_layers')}")
     names = spec.get("names", {})

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, scaffold
+
 from scaffold.backend.compliance import check
 from scaffold.checkpoint import read_checkpoint
 

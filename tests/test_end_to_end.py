@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import EXAMPLES, scaffold
 
 TOLERANCE = 1e-4

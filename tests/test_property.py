@@ -30,15 +30,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
+from ckpt_factory import FAMILIES, Shape, read_header, shard_of, write_checkpoint
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ckpt_factory import FAMILIES, Shape, read_header, shard_of, write_checkpoint
 from robustness_doc import write_section
 
 from scaffold.cli import main

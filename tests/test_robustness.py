@@ -14,11 +14,10 @@ import math
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from ckpt_factory import Shape, config_for, write_checkpoint
 from conftest import scaffold
 from robustness_cases import BASE, CASES, marker_code

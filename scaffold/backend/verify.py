@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from scaffold.backend import census as census_mod
 from scaffold.backend.compliance import ExpectedFusion, check

@@ -6,9 +6,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from scaffold.errors import ScaffoldError
 from scaffold.spec import FIELDS, Source, Spec

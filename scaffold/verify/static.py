@@ -8,7 +8,7 @@ from collections import defaultdict
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import detect
 from scaffold.errors import ScaffoldError
-from scaffold.mapping import STACKED, embedding_tensor, head_tensor, weight_table
+from scaffold.mapping import STACKED, embedding_tensor, head_tensor, stacked_modules, weight_table
 from scaffold.spec import FIELDS, Spec
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
@@ -130,30 +130,36 @@ def stacked_mapping_of(model_file) -> list[tuple]:
 
 
 def check_concat_order(report: Report, spec: Spec, model_file) -> None:
-    problems = []
+    """The model file's stacked_params_mapping against what each checkpoint module is.
+
+    Catches hand edits and broken generations: a k_proj loaded as shard "v", gate as 1.
+    """
+    expected = {shard_name: (fused, shard_id) for shard_name, fused, shard_id in stacked_modules(spec)}
     mapping = stacked_mapping_of(model_file)
-    seen = set()
+    problems, seen, ids = [], set(), {}
     for param, shard_name, shard_id in mapping:
-        expected = CANONICAL_SHARDS.get(shard_name)
-        if expected is None:
-            problems.append(f"{shard_name} is not a known shard of a fused projection")
-        elif (param, shard_id) != expected:
+        want = expected.get(shard_name)
+        ids[shard_name.rsplit(".", 1)[-1]] = shard_id
+        if want is None:
+            problems.append(f"{shard_name} is not a shard of a fused projection in this port")
+        elif (param, shard_id) != want:
             problems.append(f"{shard_name} loads into {param} shard {shard_id!r}, but belongs in "
-                            f"{expected[0]} shard {expected[1]!r}")
+                            f"{want[0]} shard {want[1]!r}")
         seen.add(shard_name)
-    if spec.qkv_layout == "separate":
-        missing = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"} - seen
-        problems += [f"{m} has no entry" for m in sorted(missing)]
-    if spec.mlp_kind == "gated" and spec.qkv_layout == "separate":
-        problems += [f"{m} has no entry" for m in sorted({"mlp.gate_proj", "mlp.up_proj"} - seen)]
+    problems += [f"{m} has no entry" for m in sorted(set(expected) - seen)]
+    n = spec.names
     swapped = ""
-    ids = {name: sid for _, name, sid in mapping}
-    if ids.get("self_attn.k_proj") == "v" and ids.get("self_attn.v_proj") == "k":
+    if ids.get(n["k_proj"]) == "v" and ids.get(n["v_proj"]) == "k":
         swapped = " (k and v are swapped)"
-    if ids.get("mlp.gate_proj") == 1 and ids.get("mlp.up_proj") == 0:
+    if ids.get(n["gate_proj"]) == 1 and ids.get(n["up_proj"]) == 0:
         swapped = " (gate and up are swapped)"
-    report.add("q/k/v and gate/up order", not problems,
-               (problems[0] + swapped) if problems else "q, k, v -> qkv_proj shards q, k, v; gate, up -> 0, 1")
+    if problems:
+        report.add("q/k/v and gate/up order", False, problems[0] + swapped)
+    elif expected:
+        report.add("q/k/v and gate/up order", True,
+                   ", ".join(f"{k.rsplit('.', 1)[-1]} -> {v[0].rsplit('.', 1)[-1]}[{v[1]!r}]" for k, v in expected.items()))
+    else:
+        report.add("q/k/v and gate/up order", True, "the checkpoint stores fused projections; split by load_weights")
 
 
 def check_vocab(report: Report, spec: Spec, ckpt: Checkpoint) -> None:

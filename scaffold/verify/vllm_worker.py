@@ -14,7 +14,6 @@ import json
 import sys
 import time
 
-
 CAPTURED: dict = {}
 HANDLES: list = []
 
