@@ -147,7 +147,7 @@ def check_concat_order(report: Report, spec: Spec, model_file) -> None:
                             f"{want[0]} shard {want[1]!r}")
         seen.add(shard_name)
     problems += [f"{m} has no entry" for m in sorted(set(expected) - seen)]
-    n = spec.names
+    n = {role: spec.names.get(role, role) for role in ("k_proj", "v_proj", "gate_proj", "up_proj")}
     swapped = ""
     if ids.get(n["k_proj"]) == "v" and ids.get(n["v_proj"]) == "k":
         swapped = " (k and v are swapped)"
