@@ -126,13 +126,15 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
 @click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True, help="Tensor-parallel size.")
 @click.option("--static-only", is_flag=True, help="Run the static checks only, no engine.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--twin", is_flag=True, help="For a checkpoint too large for this machine: static checks on its "
+              "headers only, parity on a shrunk random twin with the same spec.")
 def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_parallel: int, static_only: bool,
-           as_json: bool) -> None:
+           as_json: bool, twin: bool) -> None:
     """Check that PORT computes what the original model computes."""
     from scaffold import verify as verifier
 
     report = verifier.run(port, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
-                          tensor_parallel_size=tensor_parallel, static_only=static_only,
+                          tensor_parallel_size=tensor_parallel, static_only=static_only, twin=twin,
                           progress=None if as_json else lambda line: click.echo(line, err=True))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.render())
     verifier.record_in_review(port, report)

@@ -6,6 +6,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from scaffold.checkpoint import read_checkpoint
@@ -13,7 +14,7 @@ from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.verify.port import Port, load_port, stage_install
 from scaffold.verify.probes import FEEDS, localize, probes_for
-from scaffold.verify.report import Report
+from scaffold.verify.report import SKIP, Report
 from scaffold.verify.static import run_static
 
 
@@ -40,21 +41,43 @@ def run(
     static_only: bool = False,
     tensor_parallel_proof: bool = True,
     progress: Callable[[str], None] | None = None,
+    twin: bool = False,
 ) -> Report:
+    """Verify the port at `port_dir`.
+
+    twin=True: for a checkpoint too large for this machine. The static checks read the
+    real checkpoint's headers only; the tensor-parallel proof and parity run on a
+    shrunk random twin of it (scaffold.verify.twin).
+    """
     say = progress or (lambda line: None)
     from scaffold.backend import verify as backend  # a package serving the checkpoint through vLLM's backend
 
     if backend.is_backend_port(port_dir):
+        if twin:
+            raise ScaffoldError("--twin verifies generated native ports; this port serves the checkpoint through "
+                                "vLLM's transformers backend, which has no model code of its own to run on a twin.",
+                                port_dir)
         return backend.run(port_dir, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
                            tensor_parallel_size=tensor_parallel_size, static_only=static_only, progress=progress)
     port = load_port(port_dir, checkpoint)
     ckpt = read_checkpoint(port.checkpoint)
     report = Report(str(port.path), str(ckpt.path))
-    say("static checks")
-    drift = run_static(report, port, ckpt)
+    if twin:
+        from scaffold.verify.twin import check_buildable
+
+        check_buildable(ckpt, trust_remote_code or port.trust_remote_code)
+        say("static checks (the checkpoint's headers only)")
+        with _headers_only(report):
+            drift = run_static(report, port, ckpt)
+    else:
+        say("static checks")
+        drift = run_static(report, port, ckpt)
     say("installing the port into a private folder")
     stage = stage_install(port)
     try:
+        if twin:
+            return _on_twin(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, static_only,
+                            tensor_parallel_proof, say)
         if tensor_parallel_proof:
             say("tensor-parallel sharding, simulated ranks")
             _tensor_parallel_proof(report, port, ckpt, stage)
@@ -64,6 +87,98 @@ def run(
         return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say)
     finally:
         shutil.rmtree(stage.parent, ignore_errors=True)
+
+
+@contextmanager
+def _headers_only(report: Report):
+    """run_static without reading tensor data: the one check that reads data (a tied head stored beside the
+    embedding, compared value by value) is reported as not compared."""
+    from scaffold.verify import static
+
+    first = len(report.checks)
+    compare = static._tensors_equal
+    static._tensors_equal = lambda ckpt, a, b: None  # the check reports None as skipped
+    try:
+        yield
+    finally:
+        static._tensors_equal = compare
+    for check in report.checks[first:]:
+        check.data["on"] = "checkpoint"
+        if check.name == "tied embeddings" and check.status == SKIP:
+            check.detail = ("the port ties lm_head to embed_tokens and the checkpoint also stores lm_head.weight; "
+                            "their values were not compared (--twin reads no tensor data of the checkpoint)")
+
+
+def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
+             tensor_parallel_size: int, static_only: bool, tensor_parallel_proof: bool, say) -> Report:
+    """Build the twin of the port's checkpoint and run the TP proof and parity on it."""
+    from scaffold.detect import detect
+    from scaffold.verify import twin as twins
+
+    trusted = trust_remote_code or port.trust_remote_code
+    folder, kept = twins.twin_dir(ckpt)
+    first = len(report.checks)
+    try:
+        say(f"building the twin ({'cached in ' + str(folder) if kept else 'temporary'})")
+        twins.build_twin(ckpt, folder, trust_remote_code=trusted)
+        twin_ckpt = read_checkpoint(folder)
+        try:
+            real_detected = detect(ckpt)
+        except ScaffoldError:
+            real_detected = None
+        try:
+            twin_detected = detect(twin_ckpt)
+        except ScaffoldError as exc:
+            report.add("twin", False, f"the twin built from {ckpt.config_file} is not understood as the checkpoint "
+                                      f"is: {exc.message}")
+            return report
+        spec, unexpected = twins.twin_spec(port.spec, real_detected, twin_detected)
+        summary = twins.info(folder)["summary"]
+        report.note("twin", summary + "; the checks after this line ran on the twin", path=str(folder),
+                    changes=twins.info(folder)["changes"])
+        if unexpected:
+            report.note("twin spec", "the twin also differs from the checkpoint in " + ", ".join(
+                f"{name} ({getattr(real_detected, name)!r} -> {getattr(twin_detected, name)!r})"
+                for name in unexpected))
+        problems, compared = twins.layout_problems(port.spec, ckpt, twin_ckpt, spec)
+        if problems:
+            report.add("twin layout", False, "the twin does not store the tensors the checkpoint stores for its "
+                       f"first {spec.num_layers} layers ({'; '.join(problems)}), so it cannot stand for it")
+            report.add("parity", None, "not run: the twin does not stand for the checkpoint")
+            return report
+        report.add("twin layout", True, f"the twin stores the same {compared} tensor names as the checkpoint's "
+                                        f"first {spec.num_layers} layers")
+        twin_port = Port(port.path, spec, twin_ckpt.path, port.trust_remote_code)
+        if tensor_parallel_proof:
+            say("tensor-parallel sharding, simulated ranks (on the twin)")
+            _tensor_parallel_proof(report, twin_port, twin_ckpt, stage)
+            _servable_at_real_sizes(report, port.spec)
+        if static_only:
+            report.add("parity", None, "not run (--static-only)")
+            return report
+        return _parity(report, twin_port, twin_ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say)
+    finally:
+        for check in report.checks[first:]:
+            check.data.setdefault("on", "twin")
+            if check.name not in ("twin", "twin spec", "twin layout") and check.status != SKIP:
+                check.detail = f"on the twin: {check.detail}"
+        if not kept:
+            shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def _servable_at_real_sizes(report: Report, spec, tp_sizes=(2, 4, 8)) -> None:
+    """The twin proves the sharding at its own sizes; whether the real sizes divide is arithmetic on headers."""
+    check = report.checks[-1]
+    if check.name != "tensor-parallel sharding" or check.status == SKIP:
+        return
+    heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    divides = [tp for tp in tp_sizes if not (heads % tp or (kv < tp and tp % kv) or (kv >= tp and kv % tp)
+                                             or inter % tp)]
+    others = [tp for tp in tp_sizes if tp not in divides]
+    check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {inter} MLP rows) "
+                     f"TP={', '.join(map(str, divides)) or 'none'} divide"
+                     + (f", TP={', '.join(map(str, others))} do not" if others else ""))
+    check.data["servable_at_checkpoint_sizes"] = divides
 
 
 def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
