@@ -34,6 +34,12 @@ STACKED = (
 SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)rotary_emb\.(cos|sin)_cached$|(^|\.)attention\.(bias|masked_bias)$")
 QKV = ("q", "k", "v")
 GATE_UP = (0, 1)
+# Where vLLM's FusedMoE (0.24 to 0.32) keeps the weights of every expert, inside the
+# experts module: gate and up stacked as w13 ([experts, 2 * intermediate, hidden]),
+# down as w2 ([experts, hidden, intermediate]). Shard ids are (expert, w1 | w2 | w3).
+EXPERT_PARAMS = {"w1": "routed_experts.w13_weight", "w3": "routed_experts.w13_weight",
+                 "w2": "routed_experts.w2_weight"}
+EXPERT_SHARDS = (("expert_gate_proj", "w1"), ("expert_up_proj", "w3"), ("expert_down_proj", "w2"))
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,29 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
     if spec.qkv_layout == "separate":
         attn = n["self_attn"]
         rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_proj", "k_proj", "v_proj"), QKV)]
-    if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate":
-        mlp = n["mlp"]
+    mlp = n["mlp"]
+    if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and has_dense_mlp(spec):
         rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
+    if "shared_expert" in n:
+        shared = f"{mlp}.{n['shared_expert']}"
+        rows += [(f"{shared}.{n[r]}", f"{shared}.{n['gate_up_proj']}", s)
+                 for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
     return rows
+
+
+def has_dense_mlp(spec: Spec) -> bool:
+    """Whether some layer has a dense MLP (every layer but those of a mixture-of-experts model)."""
+    return not spec.is_moe or bool(spec.dense_layers)
+
+
+def expert_modules(spec: Spec) -> dict[str, tuple[str, tuple[int, str]]]:
+    """Expert projection (module inside a sparse layer) -> (vLLM parameter inside the layer, (expert, shard id))."""
+    if not spec.is_moe:
+        return {}
+    n = spec.names
+    experts = f"{n['mlp']}.{n['experts']}"
+    return {f"{experts}.{e}.{n[role]}": (f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard))
+            for e in range(spec.num_experts) for role, shard in EXPERT_SHARDS}
 
 
 def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
@@ -72,11 +97,17 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
 def plain_layer_modules(spec: Spec) -> list[str]:
     """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
     n = spec.names
-    out = [f"{n['self_attn']}.{n['o_proj']}", f"{n['mlp']}.{n['down_proj']}"]
+    out = [f"{n['self_attn']}.{n['o_proj']}"]
+    if has_dense_mlp(spec):
+        out.append(f"{n['mlp']}.{n['down_proj']}")
     if spec.qk_norm != "none":
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
     if spec.mlp_kind == "plain":
         out.append(f"{n['mlp']}.{n['up_proj']}")
+    if spec.is_moe:
+        out.append(f"{n['mlp']}.{n['router']}")
+    if "shared_expert" in n:
+        out += [f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}", f"{n['mlp']}.{n['shared_expert_gate']}"]
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
     return out
 
@@ -120,6 +151,10 @@ def map_tensor(spec: Spec, name: str) -> list[tuple[str | None, str | int | None
     for ckpt_module, fused, shard in stacked_modules(spec):
         if module == ckpt_module:
             return [(f"{base}{fused}.{kind}", shard, "")]
+    expert = expert_modules(spec).get(module)
+    if expert is not None and kind == "weight":
+        param, (e, shard) = expert
+        return [(f"{base}{param}", (e, shard), f"expert {e}, {shard}")]
     for fused, shards in split_modules(spec):
         if module == fused:
             if spec.qkv_layout == "interleaved" and shards == QKV:

@@ -81,11 +81,17 @@ DEFAULT_NAMES = {
     "attn_norm": "input_layernorm",
     "mlp_norm": "post_attention_layernorm",
 }
+# A mixture-of-experts layer keeps its block under the `mlp` role, with the roles
+# router (the gating linear), experts (the list of experts), expert_gate_proj /
+# expert_up_proj / expert_down_proj (the projections inside one expert) and, where
+# the architecture has one, shared_expert and shared_expert_gate.
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
-    "attn_post_norm", "mlp_norm", "mlp_post_norm",
+    "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
+    "expert_down_proj", "shared_expert", "shared_expert_gate",
 )
+MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -136,6 +142,17 @@ class Spec:
     mlp_bias: bool = False
     gate_extra_bias: str | None = None
 
+    # Mixture of experts. num_experts 0 means a dense MLP in every layer; otherwise
+    # every layer not in dense_layers routes each token to num_experts_per_tok of
+    # num_experts gated experts (vLLM's FusedMoE), plus a shared expert scaled by a
+    # sigmoid gate when shared_expert_intermediate_size is not 0.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_renormalize: bool = True  # the top-k routing weights are rescaled to sum to 1
+    shared_expert_intermediate_size: int = 0
+    dense_layers: list[int] = field(default_factory=list)
+
     # Norms and block.
     block: str = "pre_norm"
     norm_kind: str = "rms"
@@ -169,6 +186,17 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in FIELDS}
+
+    @property
+    def is_moe(self) -> bool:
+        return "experts" in self.names
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """Layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return []
+        return [i for i in range(self.num_layers) if i not in set(self.dense_layers)]
 
     @property
     def layers_with_window(self) -> set[int]:
@@ -251,6 +279,14 @@ def validate_names(spec: Spec, origin: str) -> None:
                  "down_proj", "up_proj"):
         if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
             raise SpecError(f"spec field 'names' needs a module name for role {role!r}.", origin)
+    if spec.is_moe and spec.num_experts <= 0:
+        raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
+    if spec.num_experts:
+        for role in MOE_ROLES + (("shared_expert", "shared_expert_gate") if spec.shared_expert_intermediate_size
+                                 else ()):
+            if role not in names:
+                raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
+                                f"{spec.num_experts} experts).", origin)
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

@@ -50,6 +50,11 @@ ARCHITECTURES = {
                             "logits_scaling": 4.0}),
     "cohere": ("cohere", {**TOKENS, "logit_scale": 0.5}),
     "smollm3": ("smollm3", {**TOKENS, "no_rope_layers": [1, 0, 1]}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                "shared_expert_intermediate_size": 96}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -71,11 +76,18 @@ EXPECTED_SPEC = {
     "cohere": {"block": "parallel", "norm_kind": "layer", "norm_bias": False, "rope_neox_style": False,
                "logits_scale": 0.5},
     "smollm3": {"no_rope_layers": [1]},
+    "mixtral": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "moe_renormalize": True,
+                "dense_layers": []},
+    "qwen3_moe": {"num_experts": 4, "moe_intermediate_size": 64, "moe_renormalize": True, "dense_layers": [1],
+                  "qk_norm": "per_head"},
+    "qwen2_moe": {"num_experts": 4, "moe_renormalize": False, "shared_expert_intermediate_size": 96,
+                  "qkv_bias": True},
 }
 
 # (model_type, overrides, words the refusal must contain)
 UNSUPPORTED = {
-    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, "mixture-of-experts"),
+    "mixtral-gelu-experts": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                         "hidden_act": "gelu_pytorch_tanh"}, "gated experts with activation"),
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
 }
@@ -163,7 +175,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe")
 
 
 @pytest.mark.parametrize("name", OWN_TESTS)
@@ -193,7 +205,8 @@ DEFAULTS = {
     "no_rope_layers": [], "mlp_kind": "gated", "hidden_act": "silu", "mlp_bias": False, "gate_extra_bias": None,
     "block": "pre_norm", "norm_kind": "rms", "norm_offset": 0.0, "norm_bias": False, "residual_multiplier": None,
     "tie_word_embeddings": False, "lm_head_bias": False, "embedding_multiplier": None, "logits_scale": None,
-    "final_logit_softcap": None,
+    "final_logit_softcap": None, "num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
+    "moe_renormalize": True, "shared_expert_intermediate_size": 0, "dense_layers": [],
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",
@@ -215,7 +228,8 @@ def spec_features(spec: dict) -> list[str]:
     names = spec.get("names", {})
     renamed = [f"{k}={v}" for k, v in names.items() if k in LLAMA_NAMES and LLAMA_NAMES[k] != v]
     renamed += [f"{k}={v}" for k, v in names.items() if k not in LLAMA_NAMES and k in (
-        "attn_post_norm", "mlp_post_norm", "qkv_proj", "up_proj") and v not in ("qkv_proj", "up_proj")]
+        "attn_post_norm", "mlp_post_norm", "qkv_proj", "up_proj", "router", "expert_gate_proj", "expert_up_proj",
+        "expert_down_proj", "shared_expert") and v not in ("qkv_proj", "up_proj")]
     if renamed:
         out.append("names: " + ", ".join(renamed))
     return out

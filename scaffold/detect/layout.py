@@ -12,20 +12,17 @@ from __future__ import annotations
 import re
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import moe
+from scaffold.detect.common import BACKEND_HINT
+from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
-
-BACKEND_HINT = (
-    " vLLM's transformers backend (`vllm serve CKPT --model-impl transformers`) may serve it if the model's "
-    "transformers code is compliant with it."
-)
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
     (re.compile(r"\.(mamba|ssm|mixer)\.|\.A_log$|\.dt_bias$|\.conv1d\."), "state-space (Mamba-style) blocks"),
     (re.compile(r"\.linear_attn\.|\.(recurrent|rwkv|time_mix)\w*\."), "linear or recurrent attention"),
-    (re.compile(r"\.(experts|block_sparse_moe|shared_expert)\."), "mixture-of-experts blocks"),
 )
 
 LAYER = re.compile(r"^([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)$")
@@ -42,9 +39,6 @@ CANDIDATES = {
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
-def _unsupported(feature: str, where, model_type: str | None) -> UnsupportedArchitecture:
-    hint = BACKEND_HINT if model_type else ""
-    return UnsupportedArchitecture(f"{feature}; the generator cannot express this yet.{hint}", where)
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -97,18 +91,22 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     embed_name, head_name = f"{prefix}.{embeds[0]}.weight", f"{names['lm_head']}.weight"
 
     # Layer 0: which module plays which role.
-    layer0 = {m.group(3): ckpt.tensors[n] for n in ckpt.tensors if (m := LAYER.match(n)) and m.group(2) == "0"}
+    per_layer: dict[int, dict] = {i: {} for i in layer_ids}
+    for n, info in ckpt.tensors.items():
+        if m := LAYER.match(n):
+            per_layer[int(m.group(2))][m.group(3)] = info
+    layer0 = per_layer[0]
 
-    def has(rest: str) -> bool:
-        return rest in layer0
+    def has(rest: str, tensors: dict = layer0) -> bool:
+        return rest in tensors
 
-    def src(rest: str) -> Source:
-        return Source("tensor", f"{prefix}.layers.0.{rest}")
+    def src(rest: str, layer: int = 0) -> Source:
+        return Source("tensor", f"{prefix}.layers.{layer}.{rest}")
 
-    def first(role: str, inside_of: str = "") -> str | None:
+    def first(role: str, inside_of: str = "", tensors: dict = layer0) -> str | None:
         for cand in CANDIDATES[role]:
             path = f"{inside_of}.{cand}" if inside_of else cand
-            if has(f"{path}.weight") or any(r.startswith(path + ".") for r in layer0):
+            if has(f"{path}.weight", tensors) or any(r.startswith(path + ".") for r in tensors):
                 return cand
         return None
 
@@ -154,36 +152,35 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("qk_norm", "none", src(f"{attn}.q_norm.weight (absent)"))
 
-    mlp = first("mlp")
+    # The MLP: dense in layer 0, or a mixture of experts whose dense parts (the MLP of
+    # the layers without experts, or the shared expert) are read like a dense MLP.
+    expert_modules = moe.find_layout(ckpt, spec, names, prefix, per_layer)
+    ref, ref_layer, ref_name = layer0, 0, "layer 0"
+    if expert_modules is not None:
+        sparse = min(set(per_layer) - set(spec.dense_layers))
+        if spec.dense_layers:
+            ref_layer = spec.dense_layers[0]
+            ref, ref_name = per_layer[ref_layer], f"layer {ref_layer}"
+        elif "shared_expert" in names:
+            ref, ref_layer = moe.shared_expert_tensors(per_layer[sparse], names), sparse
+            ref_name = f"layer {sparse}'s shared expert"
+        else:
+            ref = None
+    mlp = names["mlp"] if expert_modules is not None else first("mlp")
     if mlp is None:
         raise UnsupportedArchitecture("layer 0 has no MLP module.", where)
     names["mlp"] = mlp
-    down = first("down_proj", mlp)
-    if has(f"{mlp}.gate_proj.weight") and has(f"{mlp}.up_proj.weight"):
-        names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj")
-        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_proj.weight"))
-        spec.set("gate_up_layout", "separate", src(f"{mlp}.gate_proj.weight"))
-        up = "gate_proj"
-    elif has(f"{mlp}.gate_up_proj.weight"):
-        names["gate_up_proj"] = "gate_up_proj"
-        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_up_proj.weight"))
-        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.layers.0.{mlp}.gate_up_proj.weight: "
-                                                             "gate rows, then up rows"))
-        up = "gate_up_proj"
-    elif (up := first("plain_up", mlp)) is not None and down is not None:
-        names["up_proj"] = up
-        spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.layers.0.{mlp}.{up}.weight without a gate"))
-        spec.set("gate_up_layout", "separate", Source("default", "no gate"))
+    extra = []
+    if ref is None:
+        # Experts only: the dense roles keep their conventional names and are not used.
+        names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj", down_proj="down_proj")
+        spec.set("mlp_kind", "gated", Source("tensor", f"{prefix}.layers.{sparse}.{mlp}.experts: gated experts"))
+        spec.set("gate_up_layout", "separate", Source("default", "no dense MLP"))
+        spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
-        raise UnsupportedArchitecture(f"layer 0's {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) nor "
-                                      "a plain one (an up projection and a down projection).", where)
-    if down is None:
-        raise UnsupportedArchitecture(f"layer 0's {mlp} has no down projection.", where)
-    names["down_proj"] = down
-    spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias"))
-
-    # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
-    extra = sorted(rest.split(".", 1)[1] for rest in layer0 if rest.startswith(mlp + ".") and rest.count(".") == 1)
+        _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where)
+        # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
+        extra = sorted(rest.split(".", 1)[1] for rest in ref if rest.startswith(mlp + ".") and rest.count(".") == 1)
     for name in extra:
         found = added_to_call(ckpt, names.get("gate_proj", "gate_proj"), name)
         if found is None:
@@ -196,18 +193,24 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     _norms_and_block(ckpt, spec, names, layer0, sources, inside)
 
-    # Whatever layer 0 holds that no role claimed would be dropped: refuse instead.
+    # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
                if r in names}
     claimed.add(f"{attn}.{names['qkv_proj']}")
-    claimed |= {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
-    claimed |= {f"{mlp}.{e}" for e in extra}
-    stray = sorted(r for r in layer0 if r.rsplit(".", 1)[0] not in claimed and r not in claimed
-                   and "rotary_emb." not in r)
-    if stray:
-        raise _unsupported(f"layer 0 holds tensor(s) that no part of the port computes with "
-                           f"({', '.join(f'{prefix}.layers.0.{s}' for s in stray[:3])})", where, spec.model_type)
+    dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
+    dense |= {f"{mlp}.{e}" for e in extra}
+    sparse_layers = sorted(set(per_layer) - set(spec.dense_layers)) if expert_modules is not None else []
+    checked = {0: claimed | (expert_modules if 0 in sparse_layers else dense)}
+    for layer in sparse_layers[:1] + spec.dense_layers[:1]:
+        checked[layer] = claimed | (expert_modules if layer in sparse_layers else dense)
+    for layer, mine in checked.items():
+        stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
+                       and "rotary_emb." not in r)
+        if stray:
+            raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
+                               f"({', '.join(f'{prefix}.layers.{layer}.{s}' for s in stray[:3])})", where,
+                               spec.model_type)
     spec.set("names", names, Source("tensor", "module names of the embedding, layer 0 and the head"))
 
     key = "tie_word_embeddings"
@@ -232,6 +235,42 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(
             f"config.json vocab_size is {vocab} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
+               where) -> None:
+    """The dense MLP's kind, layout, names and biases, read from the tensors `ref` of one layer."""
+    prefix = names["model"]
+
+    def has(rest: str) -> bool:
+        return rest in ref
+
+    down = first("down_proj", mlp, ref)
+    if has(f"{mlp}.gate_proj.weight") and has(f"{mlp}.up_proj.weight"):
+        names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj")
+        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_proj.weight", layer))
+        spec.set("gate_up_layout", "separate", src(f"{mlp}.gate_proj.weight", layer))
+        up = "gate_proj"
+    elif has(f"{mlp}.gate_up_proj.weight"):
+        names["gate_up_proj"] = "gate_up_proj"
+        spec.set("mlp_kind", "gated", src(f"{mlp}.gate_up_proj.weight", layer))
+        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.layers.{layer}.{mlp}.gate_up_proj.weight: "
+                                                             "gate rows, then up rows"))
+        up = "gate_up_proj"
+    elif (up := first("plain_up", mlp, ref)) is not None and down is not None:
+        names["up_proj"] = up
+        spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.layers.{layer}.{mlp}.{up}.weight without a gate"))
+        spec.set("gate_up_layout", "separate", Source("default", "no gate"))
+    else:
+        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) "
+                                      "nor a plain one (an up projection and a down projection).", where)
+    if down is None:
+        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} has no down projection.", where)
+    names["down_proj"] = down
+    spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias", layer))
+    if "shared_expert" in names and spec.mlp_kind != "gated":
+        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is not a gated MLP; the generator's mixture-of-experts "
+                                      "layers are gated.", where)
 
 
 def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:

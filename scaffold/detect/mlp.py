@@ -50,7 +50,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         shapes = {"up_proj": (inter, hidden)}
     shapes["down_proj"] = (hidden, inter)
+    sparse = set(spec.sparse_layers)  # their experts are checked by detect.moe
     for layer in range(spec.num_layers):
+        if layer in sparse:
+            continue
         for role, shape in shapes.items():
             name = f"{base}.{layer}.{n['mlp']}.{n[role]}.weight"
             info = ckpt.tensors.get(name)

@@ -8,7 +8,15 @@ from collections import defaultdict
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import detect
 from scaffold.errors import ScaffoldError
-from scaffold.mapping import STACKED, embedding_tensor, head_tensor, stacked_modules, weight_table
+from scaffold.mapping import (
+    EXPERT_PARAMS,
+    STACKED,
+    embedding_tensor,
+    has_dense_mlp,
+    head_tensor,
+    stacked_modules,
+    weight_table,
+)
 from scaffold.spec import FIELDS, Spec
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
@@ -37,6 +45,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
              "post_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
     attn, mlp = n["self_attn"], n["mlp"]
+    sparse = set(spec.sparse_layers)
     for i in range(spec.num_layers):
         p = f"{top}{n['layers']}.{i}."
         kinds = ("weight", "bias") if spec.norm_bias else ("weight",)
@@ -53,6 +62,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         if spec.qk_norm != "none":
             params[f"{p}{attn}.{n['q_norm']}.weight"] = (None,)
             params[f"{p}{attn}.{n['k_norm']}.weight"] = (None,)
+        if i in sparse:
+            params.update(_expert_params(spec, p))
+            continue
         for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
             if spec.mlp_kind == "gated":
                 params[f"{p}{mlp}.{n['gate_up_proj']}.{kind}"] = SHARDS_OF["mlp.gate_up_proj"]
@@ -61,6 +73,21 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{mlp}.{n['down_proj']}.{kind}"] = (None,)
         if spec.gate_extra_bias:
             params[f"{p}{mlp}.{spec.gate_extra_bias}"] = (None,)
+    return params
+
+
+def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
+    """The parameters of one mixture-of-experts block (p: the layer's prefix) and the shards each needs."""
+    n = spec.names
+    mlp, experts = f"{p}{n['mlp']}", range(spec.num_experts)
+    params: dict[str, tuple] = {f"{mlp}.{n['router']}.weight": (None,)}
+    params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w1']}"] = tuple((e, w) for e in experts for w in ("w1", "w3"))
+    params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w2']}"] = tuple((e, "w2") for e in experts)
+    if "shared_expert" in n:
+        shared = f"{mlp}.{n['shared_expert']}"
+        params[f"{shared}.{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
+        params[f"{shared}.{n['down_proj']}.weight"] = (None,)
+        params[f"{mlp}.{n['shared_expert_gate']}.weight"] = (None,)
     return params
 
 
@@ -94,12 +121,21 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['k_proj']}": kv, f"{attn}.{n['v_proj']}": kv})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
-    if spec.mlp_kind == "plain":
+    if not has_dense_mlp(spec):
+        del want[f"{mlp}.{n['down_proj']}"]
+    elif spec.mlp_kind == "plain":
         want[f"{mlp}.{n['up_proj']}"] = inter
     elif spec.gate_up_layout == "separate":
         want.update({f"{mlp}.{n['gate_proj']}": inter, f"{mlp}.{n['up_proj']}": inter})
     else:
         want[f"{mlp}.{n['gate_up_proj']}"] = 2 * inter
+    if spec.is_moe:
+        want[f"{mlp}.{n['router']}"] = spec.num_experts
+        for e in range(spec.num_experts):
+            experts = f"{mlp}.{n['experts']}.{e}"
+            want.update({f"{experts}.{n['expert_gate_proj']}": spec.moe_intermediate_size,
+                         f"{experts}.{n['expert_up_proj']}": spec.moe_intermediate_size,
+                         f"{experts}.{n['expert_down_proj']}": hidden})
     prefix = f"{n['model']}.{n['layers']}."
     problems, seen = [], set()
     for name, info in ckpt.tensors.items():
@@ -112,6 +148,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                 problems.append(f"{name} has {info.shape[0]} rows, the spec needs {want[module]}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted(set(want) - seen)]
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
+    if spec.is_moe:
+        mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
+                      + (f"; dense MLP gate/up {inter} rows each" if has_dense_mlp(spec) else ""))
     report.add("per-shard shapes", not problems, problems[0] if problems else
                f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
                f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''}); {mlp_detail}")
@@ -127,6 +166,37 @@ def stacked_mapping_of(model_file) -> list[tuple]:
             if any(isinstance(t, ast.Name) and t.id == "stacked_params_mapping" for t in targets):
                 return [tuple(t) for t in ast.literal_eval(node_value)]
     raise ScaffoldError("the model file has no stacked_params_mapping.", model_file)
+
+
+def module_constant(model_file, name: str):
+    """A literal assigned to a module-level name in a generated model file, read with ast; None if absent."""
+    tree = ast.parse(model_file.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def check_expert_roles(report: Report, spec: Spec, model_file) -> None:
+    """The model file's EXPERT_PROJECTIONS: which checkpoint projection FusedMoE treats as gate, up and down."""
+    if not spec.is_moe:
+        return
+    n = spec.names
+    want = {"ckpt_gate_proj_name": n["expert_gate_proj"], "ckpt_up_proj_name": n["expert_up_proj"],
+            "ckpt_down_proj_name": n["expert_down_proj"]}
+    got = module_constant(model_file, "EXPERT_PROJECTIONS")
+    if not isinstance(got, dict):
+        report.add("expert projections", False, "the model file has no EXPERT_PROJECTIONS table")
+        return
+    wrong = [f"{key} is {got.get(key)!r}, the checkpoint's {key[5:-10]} projection is {value!r}"
+             for key, value in want.items() if got.get(key) != value]
+    if got.get("ckpt_gate_proj_name") == want["ckpt_up_proj_name"] and got.get("ckpt_up_proj_name") == \
+            want["ckpt_gate_proj_name"]:
+        wrong.insert(0, "the experts' gate and up projections are swapped")
+    report.add("expert projections", not wrong, wrong[0] if wrong else
+               f"{spec.num_experts} experts: gate {want['ckpt_gate_proj_name']} -> w1, up {want['ckpt_up_proj_name']}"
+               f" -> w3, down {want['ckpt_down_proj_name']} -> w2; top-{spec.num_experts_per_tok} routing"
+               f"{', renormalized' if spec.moe_renormalize else ''}")
 
 
 def check_concat_order(report: Report, spec: Spec, model_file) -> None:
@@ -237,6 +307,7 @@ def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
     check_mapping(report, spec, ckpt)
     check_shapes(report, spec, ckpt)
     check_concat_order(report, spec, port.model_file)
+    check_expert_roles(report, spec, port.model_file)
     check_vocab(report, spec, ckpt)
     check_tied(report, spec, ckpt)
     check_rope(report, spec, detected)
