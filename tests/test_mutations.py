@@ -22,7 +22,7 @@ CAUGHT: dict[str, bool] = {}
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    base: str  # "demolm", "qwen2", "llama-tied"
+    base: str  # a key of the bases fixture: "demolm", "qwen2", "llama-tied", "mixtral", ...
     # One way of breaking the port:
     edit: tuple[str, str] | None = None  # (text in the generated model.py, replacement)
     spec: str | None = None  # TOML [spec] body for regeneration
@@ -76,6 +76,15 @@ MUTANTS = [
            check="divergence", says=("layer 0", "likely cause: block")),
     Mutant("sliding window on the wrong layers", "demolm", spec="sliding_window_layers = [0, 1, 2, 3, 4, 5]",
            check="divergence", says=("layer 2 self_attn", "likely cause: sliding_window_layers")),
+    Mutant("experts' gate and up swapped", "mixtral",
+           edit=('"ckpt_gate_proj_name": "w1",\n    "ckpt_down_proj_name": "w2",\n    "ckpt_up_proj_name": "w3",',
+                 '"ckpt_gate_proj_name": "w3",\n    "ckpt_down_proj_name": "w2",\n    "ckpt_up_proj_name": "w1",'),
+           check="expert projections", says=("gate and up", "swapped"), static=True),
+    Mutant("top-k routing weights not renormalized", "mixtral", spec="moe_renormalize = false",
+           check="divergence", says=("layer 0 block_sparse_moe", "likely cause: moe_renormalize")),
+    Mutant("shared expert's sigmoid gate dropped", "qwen2_moe",
+           edit=("output + torch.sigmoid(shared_gate) * self.shared_expert(", "output + self.shared_expert("),
+           check="divergence", says=("layer 0 mlp", "shared_expert_intermediate_size")),
 ]
 
 
@@ -90,6 +99,9 @@ def bases(tiny, workdir):
         "stablelm": tiny("stablelm", "MutantStableLmForCausalLM", partial_rotary_factor=0.25),
         "gpt_neox": tiny("gpt_neox", "MutantGPTNeoXForCausalLM", num_key_value_heads=4, use_parallel_residual=True,
                          rotary_pct=0.25),
+        "mixtral": tiny("mixtral", "MutantMixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+        "qwen2_moe": tiny("qwen2_moe", "MutantQwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=64, shared_expert_intermediate_size=96),
     }
     ports = {}
     for name, ckpt in checkpoints.items():

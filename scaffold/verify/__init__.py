@@ -259,6 +259,10 @@ def _tensor_parallel_proof(report: Report, port: Port, ckpt, stage: Path, tp_siz
     layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
               if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
               ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") and n.endswith(".weight")}
+    if spec.is_moe:
+        report.add("tensor-parallel sharding", None, "not simulated: the experts are sharded by vLLM's FusedMoE "
+                                                     "loader; run verify --tp N to check sharded parity live")
+        return
     if spec.qkv_layout != "separate" or spec.mlp_kind != "gated" or len(layer0) != 5:
         report.add("tensor-parallel sharding", None, "not simulated: the checkpoint does not store q, k, v, gate "
                                                      "and up separately")

@@ -60,7 +60,12 @@ def probes_for(spec) -> list[Probe]:
         for role, kind, mode in parts:
             if names.get(role):
                 path = _path(layer, names[role])
-                out.append(Probe(f"layer {i} {names[role]}", kind, path, path, mode))
+                hf_path = path
+                if role == "mlp" and names[role] != "mlp":
+                    # transformers may rename a checkpoint's MLP module on load (Mixtral's
+                    # block_sparse_moe is `mlp` in transformers 5): either path will do.
+                    hf_path = f"{path}|{_path(layer, 'mlp')}"
+                out.append(Probe(f"layer {i} {names[role]}", kind, hf_path, path, mode))
         out.append(Probe(f"layer {i} output", "layer", layer, layer, "stream"))
     norm = _path(root, names["norm"])
     out.append(Probe("final norm", "final_norm", norm, norm, "first"))
@@ -71,6 +76,8 @@ def probes_for(spec) -> list[Probe]:
 def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
     """Hook (label, module path, mode) points; the first call of each saves its output into `store`.
 
+    A path may list alternatives separated by "|"; the first the model has is hooked.
+
     mode "tensor": the output as is; "first": the first element of a tuple output
     (a transformers layer, or a vLLM norm that returns (normed, residual));
     "stream": hidden + residual of a vLLM decoder layer, i.e. the residual stream.
@@ -78,10 +85,15 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
     import torch
 
     handles = []
-    for label, path, mode in points:
-        try:
-            module = model.get_submodule(path)
-        except AttributeError:  # this side has no such module; the probe is left out
+    for label, paths, mode in points:
+        module = None
+        for path in paths.split("|"):  # alternatives, first match wins
+            try:
+                module = model.get_submodule(path)
+                break
+            except AttributeError:
+                continue
+        if module is None:  # this side has no such module; the probe is left out
             continue
 
         def hook(_module, _inputs, output, label=label, mode=mode):
