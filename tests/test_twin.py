@@ -3,8 +3,9 @@
 The "large" checkpoint has Qwen3-4B's shape (36 layers, hidden 2560, 8 GB of bf16 weights)
 but is sparse: real config.json, index and shard headers, holes for the data
 (benchmarks/checkpoints.py). Its data must never be read: static checks run on its
-headers, parity on the twin. Two engine runs in all (the second reuses the cached twin
-and its transformers reference).
+headers, parity on the twin. A Qwen3-235B-A22B-shaped mixture of experts (94 layers,
+128 experts, 118 shards) goes the same way. Three engine runs in all (the second reuses
+the cached twin and its transformers reference).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from conftest import EXAMPLES, REPO, scaffold
 from scaffold.verify.twin import HEAD_DIMS, VOCAB, plan_twin
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from checkpoints import QWEN3_4B, decoder_tensors, write_sparse
+from checkpoints import QWEN3_4B, QWEN3_235B_A22B, decoder_tensors, write_sparse
 
 TOLERANCE = 1e-4
 ARCH = "ScaffoldBigQwen3ForCausalLM"
@@ -248,3 +249,24 @@ def test_twin_catches_a_port_that_is_wrong(big, workdir):
     assert checks["parity: log-probabilities"]["max_delta"] > 1e-2
     assert checks["divergence"]["module"] == "layer 0 self_attn"
     print(f"mutant (rope_theta 1e6 -> 1e4) on the twin: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
+
+
+def test_twin_verifies_a_mixture_of_experts_shaped_like_qwen3_235b(workdir):
+    """94 layers of 128 experts: the mapping of all ~37k tensors statically, parity on a 4-expert twin."""
+    ckpt = write_sparse(workdir / "ckpt-big-qwen3-moe", QWEN3_235B_A22B, shards=118, architecture="ScaffoldBigMoeForCausalLM")
+    port = workdir / "port-big-qwen3-moe"
+    scaffold("new", ckpt, "-o", port, "--force")
+    rc, report, rchar = verify_twin(port)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 0 and report["passed"], json.dumps(report, indent=2)
+    tensors = len(decoder_tensors(QWEN3_235B_A22B))
+    assert checks["mapping coverage"]["on"] == "checkpoint"
+    assert checks["mapping coverage"]["detail"].startswith(f"{tensors} tensors"), checks["mapping coverage"]
+    assert "128 experts with gate/up 1536 rows each" in checks["per-shard shapes"]["detail"]
+    assert checks["expert projections"]["status"] == "pass"
+    assert "3 of 94 layers" in checks["twin"]["detail"], checks["twin"]
+    for name in ("port loaded by vLLM", "parity: log-probabilities", "parity: greedy continuation"):
+        assert checks[name]["status"] == "pass" and checks[name]["on"] == "twin", checks[name]
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    print(f"MoE twin parity: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e} "
+          f"({tensors} real tensors mapped; verify read {rchar / 2**20:.0f} MiB)")
