@@ -131,6 +131,9 @@ class Spec:
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = field(default_factory=dict)
+    # Rotary parameters of the sliding-window layers where they differ (Gemma 3's local
+    # base); empty when every layer uses rope_parameters.
+    sliding_rope_parameters: dict[str, Any] = field(default_factory=dict)
     partial_rotary_factor: float = 1.0
     rope_neox_style: bool = True
     no_rope_layers: list[int] = field(default_factory=list)  # layers without rotary embedding

@@ -42,6 +42,12 @@ ARCHITECTURES = {
     "starcoder2": ("starcoder2", {}),
     "gemma2": ("gemma2", {"sliding_window": 8, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 1.0,
                           "final_logit_softcapping": 1.0}),
+    "gemma3": ("gemma3_text", {"sliding_window": 8, "query_pre_attn_scalar": 48,
+                               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                               "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                      "rope_theta": 1000000.0},
+                                                   "sliding_attention": {"rope_type": "default",
+                                                                         "rope_theta": 10000.0}}}),
     "olmo2": ("olmo2", {}),
     "gpt_neox": ("gpt_neox", {"num_key_value_heads": 4}),
     "gpt_neox-sequential": ("gpt_neox", {"num_key_value_heads": 4, "use_parallel_residual": False,
@@ -67,6 +73,10 @@ EXPECTED_SPEC = {
     "starcoder2": {"mlp_kind": "plain", "norm_kind": "layer", "mlp_bias": True, "o_bias": True, "qkv_bias": True},
     "gemma2": {"block": "sandwich", "attn_logit_softcap": 1.0, "final_logit_softcap": 1.0,
                "sliding_window_layers": [0, 2], "attention_scale": 48**-0.5},
+    "gemma3": {"block": "sandwich", "qk_norm": "per_head", "norm_offset": 1.0, "sliding_window_layers": [0, 2],
+               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+               "sliding_rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+               "embedding_multiplier": 128**0.5, "attention_scale": 48**-0.5},
     "olmo2": {"block": "post_norm", "qk_norm": "full"},
     "gpt_neox": {"qkv_layout": "interleaved", "block": "parallel", "partial_rotary_factor": 0.25,
                  "num_kv_heads": 4},
@@ -225,6 +235,8 @@ def spec_features(spec: dict) -> list[str]:
         out.append(f"rope_type={rope_type}")
     if spec.get("sliding_window"):
         out.append(f"sliding_window={spec['sliding_window']} on layers {spec.get('sliding_window_layers')}")
+    if spec.get("sliding_rope_parameters"):
+        out.append(f"sliding_rope_parameters={_short(spec['sliding_rope_parameters'])}")
     names = spec.get("names", {})
     renamed = [f"{k}={v}" for k, v in names.items() if k in LLAMA_NAMES and LLAMA_NAMES[k] != v]
     renamed += [f"{k}={v}" for k, v in names.items() if k not in LLAMA_NAMES and k in (

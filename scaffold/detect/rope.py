@@ -12,11 +12,25 @@ DEFAULT_THETA = 10000.0
 NEEDS_ORIGINAL_MAX = ("longrope", "yarn", "llama3")
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     cfg = ckpt.config
     params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:
+    sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
+    if isinstance(params, dict) and set(params) & set(LAYER_TYPES) and "rope_theta" not in params:
+        # One set of parameters per layer type (Gemma 3 in transformers 5).
+        per_type = params
+        if not all(isinstance(per_type.get(t), dict) and "rope_theta" in per_type[t] for t in LAYER_TYPES):
+            raise CheckpointError("config key 'rope_parameters' is keyed by layer type but does not give "
+                                  f"rope_theta for each of {', '.join(LAYER_TYPES)}.", where)
+        params = dict(per_type["full_attention"])
+        source = Source("config", "config.json rope_parameters.full_attention")
+        sliding = _checked(dict(per_type["sliding_attention"]), where)
+        sliding_source = Source("config", "config.json rope_parameters.sliding_attention")
+    elif isinstance(params, dict) and "rope_theta" in params:
         params = dict(params)
         source = Source("config", "config.json rope_parameters")
     else:
@@ -37,6 +51,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             else:
                 params["rope_theta"] = DEFAULT_THETA
                 source = Source("default", "no rope_theta in config.json or the modeling source")
+        local = cfg.get("rope_local_base_freq")  # Gemma 3 configs of transformers 4
+        if local is not None:
+            sliding = _checked({"rope_type": "default", "rope_theta": local}, where)
+            sliding_source = Source("config", "config.json rope_local_base_freq")
+    if sliding == params or not spec.layers_with_window:
+        sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
+    spec.set("sliding_rope_parameters", sliding, sliding_source)
     params.setdefault("rope_type", "default")
     if (params["rope_type"] in NEEDS_ORIGINAL_MAX and "original_max_position_embeddings" not in params
             and isinstance(cfg.get("original_max_position_embeddings"), int)):
@@ -75,3 +96,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+def _checked(params: dict, where) -> dict:
+    """Rotary parameters of one layer type, with a positive rope_theta and a supported type."""
+    params.setdefault("rope_type", "default")
+    theta = params.get("rope_theta")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise CheckpointError(f"rope_theta must be a positive number, not {theta!r}.", where)
+    params["rope_theta"] = float(theta)
+    if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
+    if "partial_rotary_factor" in params:
+        raise UnsupportedArchitecture("a partial_rotary_factor for one layer type only is not supported.", where)
+    return params

@@ -99,8 +99,10 @@ def modeling_sources(ckpt: Checkpoint) -> dict[str, str]:
     found = importlib.util.find_spec("transformers")
     if not isinstance(model_type, str) or found is None or not found.submodule_search_locations:
         return {}
+    from scaffold.detect.identity import transformers_module_name
+
     root = Path(next(iter(found.submodule_search_locations))) / "models"
-    for folder in {model_type, model_type.replace("-", "_")}:
+    for folder in dict.fromkeys((model_type, model_type.replace("-", "_"), transformers_module_name(model_type))):
         path = root / folder / f"modeling_{folder}.py"
         if path.is_file():
             return {f"transformers/models/{folder}/{path.name}": path.read_text(encoding="utf-8")}

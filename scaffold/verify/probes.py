@@ -16,7 +16,7 @@ FEEDS = {
     "embed": ["vocab_size", "hidden_size", "embedding_multiplier", "names", "dtype"],
     "input_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
     "self_attn": ["num_heads", "num_kv_heads", "head_dim", "qkv_layout", "qkv_bias", "o_bias", "qk_norm",
-                  "rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
+                  "rope_parameters", "sliding_rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
                   "sliding_window", "sliding_window_layers", "attention_scale", "attn_logit_softcap"],
     "post_attention_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
     "mlp": ["mlp_kind", "gate_up_layout", "hidden_act", "mlp_bias", "gate_extra_bias", "intermediate_size",
