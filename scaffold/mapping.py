@@ -125,14 +125,33 @@ def shard_rows(spec: Spec, shards: tuple) -> list[tuple[str | int, int, int]]:
     return [(0, 0, inter), (1, inter, inter)]
 
 
-def map_tensor(spec: Spec, name: str) -> list[tuple[str | None, str | int | None, str]] | None:
+@dataclass(frozen=True)
+class _Modules:
+    """What each module inside a decoder layer is, computed once per spec (the tables are per layer)."""
+
+    stacked: dict[str, tuple[str, str | int]]
+    experts: dict[str, tuple[str, tuple[int, str]]]
+    split: dict[str, tuple]
+    plain: frozenset[str]
+    top: frozenset[str]  # tensors outside the decoder layers
+
+    @classmethod
+    def of(cls, spec: Spec) -> _Modules:
+        n = spec.names
+        top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['model']}.{n['norm']}.weight",
+               f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
+        return cls({m: (fused, shard) for m, fused, shard in stacked_modules(spec)}, expert_modules(spec),
+                   dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top))
+
+
+def map_tensor(spec: Spec, name: str, modules: _Modules | None = None
+               ) -> list[tuple[str | None, str | int | tuple | None, str]] | None:
     """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
     n = spec.names
-    if SKIPPED.search(name):
+    modules = modules or _Modules.of(spec)
+    if ("rotary_emb." in name or name.endswith("bias")) and SKIPPED.search(name):
         return [(None, None, "recomputed buffer")]
-    top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['model']}.{n['norm']}.weight",
-           f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
-    if name in top:
+    if name in modules.top:
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
         return [(name, None, "")]
@@ -148,19 +167,18 @@ def map_tensor(spec: Spec, name: str) -> list[tuple[str | None, str | int | None
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
             return [(name, None, "")]
         return None
-    for ckpt_module, fused, shard in stacked_modules(spec):
-        if module == ckpt_module:
-            return [(f"{base}{fused}.{kind}", shard, "")]
-    expert = expert_modules(spec).get(module)
-    if expert is not None and kind == "weight":
-        param, (e, shard) = expert
+    if module in modules.stacked:
+        fused, shard = modules.stacked[module]
+        return [(f"{base}{fused}.{kind}", shard, "")]
+    if module in modules.experts and kind == "weight":
+        param, (e, shard) = modules.experts[module]
         return [(f"{base}{param}", (e, shard), f"expert {e}, {shard}")]
-    for fused, shards in split_modules(spec):
-        if module == fused:
-            if spec.qkv_layout == "interleaved" and shards == QKV:
-                return [(name, s, f"rows of every head's {s} block") for s in shards]
-            return [(name, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
-    if module in plain_layer_modules(spec):
+    if module in modules.split:
+        shards = modules.split[module]
+        if spec.qkv_layout == "interleaved" and shards == QKV:
+            return [(name, s, f"rows of every head's {s} block") for s in shards]
+        return [(name, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
+    if module in modules.plain:
         return [(name, None, "")]
     return None
 
@@ -168,9 +186,10 @@ def map_tensor(spec: Spec, name: str) -> list[tuple[str | None, str | int | None
 def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[str]]:
     """Rows for every checkpoint tensor (one per shard it fills), and the names that have no home in the port."""
     rows, homeless = [], []
+    modules = _Modules.of(spec)
     for name in sorted(ckpt.tensors, key=_natural):
         info = ckpt.tensors[name]
-        targets = map_tensor(spec, name)
+        targets = map_tensor(spec, name, modules)
         if targets is None:
             homeless.append(name)
             continue
@@ -179,8 +198,11 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
     return rows, homeless
 
 
+DIGITS = re.compile(r"(\d+)")
+
+
 def _natural(name: str):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+    return [int(p) if p.isdigit() else p for p in DIGITS.split(name)]
 
 
 

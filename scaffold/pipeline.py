@@ -41,7 +41,8 @@ def generate(analysis: Analysis, out: str | Path, *, force: bool = False, trust_
     from scaffold.review import review_markdown
 
     review = review_markdown(analysis)
-    rendered = render(analysis.spec, analysis.ckpt, trust_remote_code=trust_remote_code, review=review)
+    rendered = render(analysis.spec, analysis.ckpt, trust_remote_code=trust_remote_code, review=review,
+                      table=(analysis.rows, []))
     return write_package(rendered, Path(out), force=force)
 
 

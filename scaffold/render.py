@@ -96,7 +96,9 @@ def py_literal(value: Any, _depth: int = 0) -> str:
 
 def markdown_text(value: Any) -> str:
     """Text for a markdown line: no line breaks, control characters or markup that escapes a code span."""
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
     return text.replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
 
 
@@ -221,7 +223,7 @@ def display_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@%+=:,-]", "_", name) or "checkpoint"
 
 
-def check_coverage(spec: Spec, ckpt: Checkpoint) -> None:
+def check_coverage(spec: Spec, ckpt: Checkpoint, table=None) -> None:
     """Refuse a port that some checkpoint tensor would not fill (a layer lacking a bias, say).
 
     The same check `scaffold verify` runs; a port that failed it would serve
@@ -231,17 +233,19 @@ def check_coverage(spec: Spec, ckpt: Checkpoint) -> None:
     from scaffold.verify.static import check_mapping
 
     report = Report("", str(ckpt.path))
-    check_mapping(report, spec, ckpt)
+    check_mapping(report, spec, ckpt, table)
     failure = report.first_failure
     if failure is not None:
         raise CheckpointError(f"the tensors do not fill the port's parameters exactly once: {failure.detail}.",
                               ckpt.path)
 
 
-def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, review: str = "") -> Rendered:
+def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, review: str = "",
+           table=None) -> Rendered:
+    """The package's files. `table`: the weight table of spec and ckpt, when the caller already made it."""
     env = environment()
     check_spec(spec, ckpt.config_file)
-    check_coverage(spec, ckpt)
+    check_coverage(spec, ckpt, table)
 
     def cfg(field: str) -> str:
         source = spec.source(field)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from typing import TYPE_CHECKING
 
@@ -58,6 +60,36 @@ def _md(value) -> str:
     from scaffold.render import markdown_text
 
     return markdown_text(value)
+
+
+EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def weight_rows_markdown(rows) -> list[str]:
+    """The weights table: one row per tensor, except that the experts of one layer and projection
+    share a row (a 128-expert model would otherwise list 384 rows per layer)."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        match = EXPERT_INDEX.search(r.checkpoint) if isinstance(r.shard, tuple) else None
+        if match is None:
+            groups[(r.checkpoint, r.param, r.shard)] = [r]
+        else:
+            key = (EXPERT_INDEX.sub(".experts.{E}.", r.checkpoint, count=1), r.param, r.shard[1], r.shape)
+            groups.setdefault(key, []).append(r)
+    out = []
+    for members in groups.values():
+        r = members[0]
+        target = f"`{r.param}`" if r.param else f"skipped: {r.note}"
+        if len(members) == 1 and not isinstance(r.shard, tuple):
+            out.append(f"| `{_md(r.checkpoint)}` | {list(r.shape)} | {_md(target)} | {_md(_shard(r.shard))} |")
+            continue
+        experts = sorted(m.shard[0] for m in members)
+        span = (f"{experts[0]}..{experts[-1]}" if experts == list(range(experts[0], experts[-1] + 1))
+                else ", ".join(map(str, experts)))
+        name = EXPERT_INDEX.sub(".experts.{E}.", r.checkpoint, count=1)
+        out.append(f"| `{_md(name)}`, E = {span} | {list(r.shape)} each | {_md(target)} | "
+                   f"(E, {_md(repr(r.shard[1]))}) |")
+    return out
 
 
 def _shard(shard) -> str:
@@ -207,9 +239,7 @@ def review_markdown(analysis: Analysis) -> str:
     out += ["", "## Warnings", ""]
     out += [f"- {_md(w)}" for w in warnings(analysis)] or ["- none"]
     out += ["", "## Weights", "", "| checkpoint tensor | shape | vLLM parameter | shard |", "| --- | --- | --- | --- |"]
-    for r in analysis.rows:
-        target = f"`{r.param}`" if r.param else f"skipped: {r.note}"
-        out.append(f"| `{_md(r.checkpoint)}` | {list(r.shape)} | {_md(target)} | {_md(_shard(r.shard))} |")
+    out += weight_rows_markdown(analysis.rows)
     from scaffold.backend.sections import compliance_markdown
 
     out += [""] + compliance_markdown(analysis)

@@ -120,6 +120,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                             ("down_proj", (hidden, shared))):
             shapes[f"{mlp}.{n['shared_expert']}.{proj}.weight"] = shape
         shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
+    expert_tensors: dict[int, list[str]] = {}
+    inside_experts = re.compile(rf"^{re.escape(base)}\.(\d+)\.{re.escape(mlp)}\.{re.escape(n['experts'])}\.")
+    for name in ckpt.tensors:
+        if match := inside_experts.match(name):
+            expert_tensors.setdefault(int(match.group(1)), []).append(name)
     for layer in spec.sparse_layers:
         for rest, shape in shapes.items():
             name = f"{base}.{layer}.{rest}"
@@ -130,8 +135,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden}, "
                                       f"{experts} experts of intermediate size {inter} need {list(shape)}.", where)
         inside = f"{base}.{layer}."
-        extra = sorted(name for name in ckpt.tensors if name.startswith(f"{inside}{mlp}.{n['experts']}.")
-                       and name[len(inside):] not in shapes)
+        extra = sorted(name for name in expert_tensors.get(layer, ()) if name[len(inside):] not in shapes)
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)

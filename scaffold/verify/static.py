@@ -91,8 +91,9 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
     return params
 
 
-def check_mapping(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
-    rows, homeless = weight_table(spec, ckpt)
+def check_mapping(report: Report, spec: Spec, ckpt: Checkpoint, table=None) -> None:
+    """Every shard of every parameter filled exactly once. `table`: weight_table(spec, ckpt) if already made."""
+    rows, homeless = table or weight_table(spec, ckpt)
     filled: dict[str, list] = defaultdict(list)
     for row in rows:
         if row.param:
