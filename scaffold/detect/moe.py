@@ -16,6 +16,7 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
+STACKED_EXPERTS = re.compile(r"^\w+\.experts\.[A-Za-z_]\w*$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
 EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROUTER_NAMES = ("gate", "router")
@@ -32,6 +33,12 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     None when no layer has experts.
     """
     where = ckpt.config_file
+    for layer, tensors in per_layer.items():
+        stacked = sorted(rest for rest, info in tensors.items() if STACKED_EXPERTS.match(rest) and len(info.shape) == 3)
+        if stacked:
+            raise unsupported(f"the experts are stored as one 3-D tensor per projection ({prefix}.layers.{layer}."
+                              f"{stacked[0]}); the generator expresses experts stored one tensor per expert "
+                              "(MLP.experts.N.PROJ.weight)", where, spec.model_type)
     sparse: dict[int, dict] = {}
     for layer, tensors in per_layer.items():
         found = {m.groups() for rest in tensors if (m := EXPERT_TENSOR.match(rest))}
