@@ -64,6 +64,21 @@ QWEN3_235B_A22B = {
     "router_aux_loss_coef": 0.001,
 }
 
+# Qwen3-30B-A3B's shape: 48 layers, 128 experts of 768 of which 8 are routed per token, width 2048,
+# 32 heads of 128 with 4 KV heads (its config.json on the Hub, weights aside). Cut to fewer layers
+# with --layers (6 layers: 8.7 GB of bf16 weights, for three engines on one GPU).
+QWEN3_30B_A3B = {
+    **QWEN3_235B_A22B,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+}
+
+SHAPES = {"qwen3-4b": QWEN3_4B, "qwen3-235b-a22b": QWEN3_235B_A22B, "qwen3-30b-a3b": QWEN3_30B_A3B}
+
 
 def decoder_tensors(config: dict) -> dict[str, list[int]]:
     """Tensor names and shapes of a Llama/Qwen3-family decoder (Qwen3-MoE experts where the config has them)."""
@@ -165,7 +180,24 @@ def write_random(root: Path, config: dict, architecture: str, device: str = "cud
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [architecture]
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    # transformers 5 holds a layer's experts as fused 3-D tensors and splits them back on save;
+    # make sure what was saved is the per-expert layout a released checkpoint has.
+    saved, expected = saved_tensors(root), decoder_tensors(config)
+    if saved != expected:
+        diff = sorted(set(saved) ^ set(expected)) or [k for k in expected if saved[k] != expected[k]]
+        raise RuntimeError(f"saved tensors differ from the release layout, e.g. {diff[:3]}")
     return Path(root)
+
+
+def saved_tensors(root: Path) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in the safetensors files of `root`, from their headers."""
+    tensors = {}
+    for path in sorted(Path(root).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        tensors.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return tensors
 
 
 def _numel(shape: list[int]) -> int:
@@ -180,13 +212,17 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=["sparse", "random"])
-    parser.add_argument("shape", choices=["qwen3-4b", "qwen3-235b-a22b"])
+    parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--architecture", default=None)
     parser.add_argument("--shards", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    parser.add_argument("--device", default="cuda", help="where random weights are made (random only)")
     args = parser.parse_args()
-    shape = {"qwen3-4b": QWEN3_4B, "qwen3-235b-a22b": QWEN3_235B_A22B}[args.shape]
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
     if args.kind == "sparse":
         print(write_sparse(args.out, shape, args.shards, args.architecture))
     else:
-        print(write_random(args.out, shape, args.architecture or shape["architectures"][0]))
+        print(write_random(args.out, shape, args.architecture or shape["architectures"][0], device=args.device))
