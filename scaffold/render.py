@@ -198,12 +198,28 @@ def check_spec(spec: Spec, where: str | Path | None = None) -> None:
     validate_identifiers(spec, str(where or "spec"))
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs (compiling them is a good part of `scaffold new`'s time).
+
+    Jinja keys each entry on the template's name and a checksum of its source, so an edited
+    template is compiled afresh. No cache when the folder cannot be made.
+    """
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(root, "vllm-scaffold", f"jinja-{__version__}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(folder)
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
     env.filters["py"] = py_literal
     env.filters["toml"] = toml_string

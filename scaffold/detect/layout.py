@@ -52,7 +52,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 where,
             )
     names: dict[str, str] = {}
-    prefixes = sorted({m.group(1) for n in ckpt.tensors if (m := LAYER.match(n))})
+    matches = {n: m for n in ckpt.tensors if (m := LAYER.match(n))}  # the tensors inside decoder layers
+    prefixes = sorted({m.group(1) for m in matches.values()})
     if len(prefixes) != 1:
         sample = ", ".join(sorted(ckpt.tensors)[:4])
         raise UnsupportedArchitecture(
@@ -62,7 +63,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         )
     prefix = names["model"] = prefixes[0]
     names["layers"] = "layers"
-    layer_ids = {int(m.group(2)) for n in ckpt.tensors if (m := LAYER.match(n))}
+    layer_ids = {int(m.group(2)) for m in matches.values()}
     if layer_ids != set(range(spec.num_layers)):
         raise CheckpointError(
             f"config.json says {spec.num_layers} layers but the tensors hold layers "
@@ -72,7 +73,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     # Top level: the embedding and final norm under the prefix, the head beside it.
     vocab, hidden = spec.vocab_size, spec.hidden_size
-    top = {n: info for n, info in ckpt.tensors.items() if not LAYER.match(n)}
+    top = {n: info for n, info in ckpt.tensors.items() if n not in matches}
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".") and n.count(".") == 2}
     embeds = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and len(i.shape) == 2)
     norms = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and i.shape == (hidden,))
@@ -92,9 +93,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     # Layer 0: which module plays which role.
     per_layer: dict[int, dict] = {i: {} for i in layer_ids}
-    for n, info in ckpt.tensors.items():
-        if m := LAYER.match(n):
-            per_layer[int(m.group(2))][m.group(3)] = info
+    for n, m in matches.items():
+        per_layer[int(m.group(2))][m.group(3)] = ckpt.tensors[n]
     layer0 = per_layer[0]
 
     def has(rest: str, tensors: dict = layer0) -> bool:

@@ -6,7 +6,7 @@ import ast
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.common import set_from_config
-from scaffold.detect.sourcecode import modeling_sources
+from scaffold.detect.sourcecode import modeling_sources, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Spec
 
@@ -19,15 +19,10 @@ ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 
 def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
     """The config keys to read the activation from: the one the code indexes ACT2FN with, first."""
-    for text in modeling_sources(ckpt).values():
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "ACT2FN"
-                    and isinstance(node.slice, ast.Attribute) and node.slice.attr in ACT_KEYS):
-                return (node.slice.attr,) + tuple(k for k in ACT_KEYS if k != node.slice.attr)
+    for _, node in walk(modeling_sources(ckpt)):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "ACT2FN"
+                and isinstance(node.slice, ast.Attribute) and node.slice.attr in ACT_KEYS):
+            return (node.slice.attr,) + tuple(k for k in ACT_KEYS if k != node.slice.attr)
     return ACT_KEYS
 
 

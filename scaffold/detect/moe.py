@@ -34,14 +34,15 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     """
     where = ckpt.config_file
     for layer, tensors in per_layer.items():
-        stacked = sorted(rest for rest, info in tensors.items() if STACKED_EXPERTS.match(rest) and len(info.shape) == 3)
+        stacked = sorted(rest for rest, info in tensors.items()
+                         if ".experts." in rest and STACKED_EXPERTS.match(rest) and len(info.shape) == 3)
         if stacked:
             raise unsupported(f"the experts are stored as one 3-D tensor per projection ({prefix}.layers.{layer}."
                               f"{stacked[0]}); the generator expresses experts stored one tensor per expert "
                               "(MLP.experts.N.PROJ.weight)", where, spec.model_type)
     sparse: dict[int, dict] = {}
     for layer, tensors in per_layer.items():
-        found = {m.groups() for rest in tensors if (m := EXPERT_TENSOR.match(rest))}
+        found = {m.groups() for rest in tensors if ".experts." in rest and (m := EXPERT_TENSOR.match(rest))}
         if found:
             sparse[layer] = found
     if not sparse:
@@ -99,7 +100,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k"), int)
     key, _ = config_value(ckpt, "moe_intermediate_size")
     set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
-    key, value = config_value(ckpt, "norm_topk_prob")
+    key, _ = config_value(ckpt, "norm_topk_prob")
     if key is not None:
         set_from_config(spec, ckpt, "moe_renormalize", (key,), bool)
     else:
@@ -130,7 +131,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     expert_tensors: dict[int, list[str]] = {}
     inside_experts = re.compile(rf"^{re.escape(base)}\.(\d+)\.{re.escape(mlp)}\.{re.escape(n['experts'])}\.")
     for name in ckpt.tensors:
-        if match := inside_experts.match(name):
+        if ".experts." in name and (match := inside_experts.match(name)):
             expert_tensors.setdefault(int(match.group(1)), []).append(name)
     for layer in spec.sparse_layers:
         for rest, shape in shapes.items():

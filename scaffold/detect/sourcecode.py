@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 
 from scaffold.checkpoint import Checkpoint
 
@@ -18,12 +19,41 @@ class Found:
         return f"{self.file}:{self.line}"
 
 
+@lru_cache(maxsize=64)
+def parse(text: str) -> ast.Module | None:
+    """A module's syntax tree, parsed once per text (detectors read the same files many times); None if
+    it does not parse. The trees are shared: read them, never change them."""
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def _walk_module(tree: ast.Module) -> tuple[ast.AST, ...]:
+    """ast.walk over a whole parsed module, listed once and kept on the (shared) tree."""
+    nodes = getattr(tree, "_scaffold_nodes", None)
+    if nodes is None:
+        nodes = tree._scaffold_nodes = tuple(ast.walk(tree))
+    return nodes
+
+
+def _nodes(text: str) -> tuple[ast.AST, ...]:
+    tree = parse(text)
+    return _walk_module(tree) if tree is not None else ()
+
+
+def walk(sources: dict[str, str]):
+    """(file name, node) for every node of every source, in ast.walk order."""
+    for name, text in sources.items():
+        for node in _nodes(text):
+            yield name, node
+
+
 def _trees(ckpt: Checkpoint):
     for name, text in ckpt.sources.items():
-        try:
-            yield name, ast.parse(text)
-        except SyntaxError:
-            continue
+        tree = parse(text)
+        if tree is not None:
+            yield name, tree
 
 
 def _module_constants(tree: ast.Module) -> dict[str, object]:
@@ -50,7 +80,7 @@ def config_default(ckpt: Checkpoint, key: str) -> Found | None:
     """
     for name, tree in _trees(ckpt):
         constants = _module_constants(tree)
-        for node in ast.walk(tree):
+        for node in _walk_module(tree):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -72,7 +102,7 @@ def config_default(ckpt: Checkpoint, key: str) -> Found | None:
 def added_to_call(ckpt: Checkpoint, callee: str, attribute: str) -> Found | None:
     """Where the code adds `self.<attribute>` to the result of `self.<callee>(...)`."""
     for name, tree in _trees(ckpt):
-        for node in ast.walk(tree):
+        for node in _walk_module(tree):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
                 continue
             sides = (node.left, node.right)
@@ -111,14 +141,13 @@ def modeling_sources(ckpt: Checkpoint) -> dict[str, str]:
 
 def _parsed(sources: dict[str, str]):
     for name, text in sources.items():
-        try:
-            yield name, ast.parse(text)
-        except SyntaxError:
-            continue
+        tree = parse(text)
+        if tree is not None:
+            yield name, tree
 
 
 def _classes(sources: dict[str, str]) -> dict[str, tuple[str, ast.ClassDef]]:
-    return {node.name: (name, node) for name, tree in _parsed(sources) for node in ast.walk(tree)
+    return {node.name: (name, node) for name, tree in _parsed(sources) for node in _walk_module(tree)
             if isinstance(node, ast.ClassDef)}
 
 
@@ -133,7 +162,7 @@ def _dotted(node: ast.AST) -> str:
 def module_class(sources: dict[str, str], attribute: str) -> tuple[str, Found] | None:
     """The class assigned to `self.<attribute> = Class(...)` somewhere in the code."""
     for name, tree in _parsed(sources):
-        for node in ast.walk(tree):
+        for node in _walk_module(tree):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                     and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
@@ -189,7 +218,7 @@ def norm_code(sources: dict[str, str], attribute: str) -> NormCode | None:
 def rotate_half_style(sources: dict[str, str]) -> Found | None:
     """Where rotate_half pairs even and odd channels (GPT-J style), if it does."""
     for name, tree in _parsed(sources):
-        for node in ast.walk(tree):
+        for node in _walk_module(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "rotate_half":
                 for sub in ast.walk(node):
                     if isinstance(sub, ast.Slice) and isinstance(sub.step, ast.Constant) and sub.step.value == 2:
@@ -200,7 +229,7 @@ def rotate_half_style(sources: dict[str, str]) -> Found | None:
 def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
     """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] (per-head q, k, v)."""
     for name, tree in _parsed(sources):
-        for func in ast.walk(tree):
+        for func in _walk_module(tree):
             if not isinstance(func, ast.FunctionDef):
                 continue
             calls = [n for n in ast.walk(func) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}"]
@@ -217,7 +246,7 @@ def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
 def sqrt_hidden_scale(sources: dict[str, str]) -> Found | None:
     """Where the code scales by hidden_size ** 0.5 (embeddings multiplied by a normalizer)."""
     for name, tree in _parsed(sources):
-        for node in ast.walk(tree):
+        for node in _walk_module(tree):
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
                     and isinstance(node.right, ast.Constant) and node.right.value == 0.5
                     and ast.unparse(node.left).endswith("hidden_size")):
