@@ -37,9 +37,9 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         stacked = sorted(rest for rest, info in tensors.items()
                          if ".experts." in rest and STACKED_EXPERTS.match(rest) and len(info.shape) == 3)
         if stacked:
-            raise unsupported(f"the experts are stored as one 3-D tensor per projection ({prefix}.layers.{layer}."
-                              f"{stacked[0]}); the generator expresses experts stored one tensor per expert "
-                              "(MLP.experts.N.PROJ.weight)", where, spec.model_type)
+            raise unsupported(f"mixture-of-experts blocks whose experts are stored as one 3-D tensor per projection "
+                              f"({prefix}.layers.{layer}.{stacked[0]}); the generator expresses experts stored one "
+                              "tensor per expert (MLP.experts.N.PROJ.weight)", where, spec.model_type)
     sparse: dict[int, dict] = {}
     for layer, tensors in per_layer.items():
         found = {m.groups() for rest in tensors if ".experts." in rest and (m := EXPERT_TENSOR.match(rest))}
