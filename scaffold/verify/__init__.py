@@ -6,6 +6,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -198,18 +199,29 @@ def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tru
         max_len = min(port.spec.max_position, 256)
         probes = probes_for(port.spec)
         longest = max(prompts, key=len)
-        say("transformers reference (own process)")
-        hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, probe={
-            "prompt": longest, "points": [(p.label, p.hf_module, "first") for p in probes]})
-        say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})")
-        try:
-            vl = parity.vllm_run(ckpt.path, prompts, stage, port.spec.package, max_len, workdir,
-                                 tensor_parallel_size, probe={
-                                     "prompt": longest,
-                                     "points": [(p.label, p.port_module, p.port_output) for p in probes]})
-        except ScaffoldError as exc:
-            report.add("port loads in vLLM", False, _error_line(exc.message))
-            return report
+        hf_probe = {"prompt": longest, "points": [(p.label, p.hf_module, "first") for p in probes]}
+        # The two processes are independent: run them side by side when two copies of the
+        # model fit in memory with room to spare (most of each is start-up, on one core).
+        together = _fits_twice(ckpt)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            say("transformers reference (own process)" + (", beside the engine" if together else ""))
+            if together:
+                hf_job = pool.submit(parity.hf_reference, ckpt.path, prompts, trusted, workdir, probe=hf_probe)
+            else:
+                hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, probe=hf_probe)
+            say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})")
+            try:
+                vl = parity.vllm_run(ckpt.path, prompts, stage, port.spec.package, max_len, workdir,
+                                     tensor_parallel_size, probe={
+                                         "prompt": longest,
+                                         "points": [(p.label, p.port_module, p.port_output) for p in probes]})
+            except ScaffoldError as exc:
+                if together:
+                    hf_job.result()  # a failing reference is reported first, as when run one after the other
+                report.add("port loads in vLLM", False, _error_line(exc.message))
+                return report
+            if together:
+                hf = hf_job.result()
         result = parity.compare(hf, vl, prompts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -229,6 +241,20 @@ def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tru
     if not (ok and result.greedy_ok):
         _localize(report, hf.get("probes", {}), vl.get("probes", {}), probes, drift)
     return report
+
+
+def _fits_twice(ckpt) -> bool:
+    """Whether the transformers reference and the engine, each holding the model in float32, fit in
+    a third of the memory available now."""
+    import math
+
+    fp32_bytes = sum(4 * math.prod(info.shape) for info in ckpt.tensors.values())
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return 2 * fp32_bytes < available / 3
 
 
 def record_in_review(port_dir: str | Path, report: Report) -> None:
