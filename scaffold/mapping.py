@@ -59,18 +59,13 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
         attn = n["self_attn"]
         rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_proj", "k_proj", "v_proj"), QKV)]
     mlp = n["mlp"]
-    if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and has_dense_mlp(spec):
+    if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and spec.has_dense_mlp:
         rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
     if "shared_expert" in n:
         shared = f"{mlp}.{n['shared_expert']}"
         rows += [(f"{shared}.{n[r]}", f"{shared}.{n['gate_up_proj']}", s)
                  for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
     return rows
-
-
-def has_dense_mlp(spec: Spec) -> bool:
-    """Whether some layer has a dense MLP (every layer but those of a mixture-of-experts model)."""
-    return not spec.is_moe or bool(spec.dense_layers)
 
 
 def expert_modules(spec: Spec) -> dict[str, tuple[str, tuple[int, str]]]:
@@ -98,7 +93,7 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
     n = spec.names
     out = [f"{n['self_attn']}.{n['o_proj']}"]
-    if has_dense_mlp(spec):
+    if spec.has_dense_mlp:
         out.append(f"{n['mlp']}.{n['down_proj']}")
     if spec.qk_norm != "none":
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]

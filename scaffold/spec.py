@@ -195,6 +195,11 @@ class Spec:
         return "experts" in self.names
 
     @property
+    def has_dense_mlp(self) -> bool:
+        """Whether some layer has a dense MLP: every model but one whose every layer routes to experts."""
+        return not self.is_moe or bool(self.dense_layers)
+
+    @property
     def sparse_layers(self) -> list[int]:
         """Layers whose MLP is a mixture of experts."""
         if not self.is_moe:

@@ -28,6 +28,21 @@ BASE = dict(
 )
 
 
+def randomize(model, std: float) -> None:
+    """Deterministic-under-the-seed random weights that make every part matter: norm weights
+    1 + noise (never the identity), non-zero biases, other weights N(0, std)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1 and name.endswith("weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                param.copy_(std * torch.randn_like(param))
+
+
 def build_tiny(
     model_type: str,
     out: str | Path,
@@ -45,14 +60,7 @@ def build_tiny(
     config = AutoConfig.for_model(model_type, **{**BASE, **(overrides or {})})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.dim() == 1 and name.endswith("weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.copy_(std * torch.randn_like(param))
+    randomize(model, std)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent if out.parent.exists() else None))
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)

@@ -15,38 +15,44 @@ from scaffold.spec import IDENTIFIER, Source, Spec
 SUFFIX = "ForCausalLM"
 
 
-@lru_cache(maxsize=4)
-def _auto_table(table: str) -> dict[str, str]:
-    """A (key, value) table of transformers' auto module, read from its source without importing it."""
+AUTO_TABLES = ("CONFIG_MAPPING_NAMES", "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
+
+
+@lru_cache(maxsize=1)
+def _auto_tables() -> dict[str, dict[str, str]]:
+    """The (key, value) tables AUTO_TABLES of transformers' auto module, read from its source (parsed once)
+    without importing it."""
+    tables: dict[str, dict[str, str]] = {table: {} for table in AUTO_TABLES}
     found = importlib.util.find_spec("transformers")
     if found is None or not found.submodule_search_locations:
-        return {}
+        return tables
     auto = Path(next(iter(found.submodule_search_locations))) / "models" / "auto"
-    pairs: dict[str, str] = {}
     for path in (auto / "configuration_auto.py", auto / "auto_mappings.py"):  # the tables moved in transformers 5.x
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (OSError, SyntaxError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == table for t in node.targets):
-                pairs.update(
+            table = next((t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name) and t.id in tables),
+                         None) if isinstance(node, ast.Assign) else None
+            if table is not None:
+                tables[table].update(
                     (elt.elts[0].value, elt.elts[1].value)
                     for elt in ast.walk(node.value)
                     if isinstance(elt, ast.Tuple) and len(elt.elts) == 2
                     and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elt.elts)
                 )
-    return pairs
+    return tables
 
 
 def transformers_model_types() -> frozenset[str]:
     """model_types that the installed transformers knows, read from its source without importing it."""
-    return frozenset(_auto_table("CONFIG_MAPPING_NAMES"))
+    return frozenset(_auto_tables()["CONFIG_MAPPING_NAMES"])
 
 
 def transformers_module_name(model_type: str) -> str:
     """The folder under transformers/models that defines `model_type` (gemma3_text lives in gemma3)."""
-    return _auto_table("SPECIAL_MODEL_TYPE_TO_MODULE_NAME").get(model_type, model_type.replace("-", "_"))
+    return _auto_tables()["SPECIAL_MODEL_TYPE_TO_MODULE_NAME"].get(model_type, model_type.replace("-", "_"))
 
 
 def snake(name: str) -> str:

@@ -12,7 +12,6 @@ from scaffold.mapping import (
     EXPERT_PARAMS,
     STACKED,
     embedding_tensor,
-    has_dense_mlp,
     head_tensor,
     stacked_modules,
     weight_table,
@@ -122,7 +121,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['k_proj']}": kv, f"{attn}.{n['v_proj']}": kv})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
-    if not has_dense_mlp(spec):
+    if not spec.has_dense_mlp:
         del want[f"{mlp}.{n['down_proj']}"]
     elif spec.mlp_kind == "plain":
         want[f"{mlp}.{n['up_proj']}"] = inter
@@ -151,7 +150,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
-                      + (f"; dense MLP gate/up {inter} rows each" if has_dense_mlp(spec) else ""))
+                      + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     report.add("per-shard shapes", not problems, problems[0] if problems else
                f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
                f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''}); {mlp_detail}")

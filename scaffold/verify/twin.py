@@ -34,6 +34,7 @@ from typing import Any
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.errors import ScaffoldError
+from scaffold.tiny import randomize
 
 FORMAT = 1  # bump when the twin a config gives changes (it keys the cache)
 SEED = 0
@@ -376,14 +377,7 @@ def _random_weights(folder: Path, trust_remote_code: bool, seed: int) -> None:
     except Exception as exc:  # noqa: BLE001 - transformers' own message says what it refused
         raise ScaffoldError(f"transformers cannot build the twin from the shrunk config.json "
                             f"({type(exc).__name__}: {exc}).", folder / "config.json") from None
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.dim() == 1 and name.endswith("weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.copy_(STD * torch.randn_like(param))
+    randomize(model, STD)
     saved = Path(tempfile.mkdtemp(prefix=".weights-", dir=folder))
     try:
         model.save_pretrained(saved, safe_serialization=True)
