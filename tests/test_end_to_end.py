@@ -29,6 +29,10 @@ def assert_parity(report: dict) -> None:
     assert checks["port loaded by vLLM"]["status"] == "pass"
     assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
     assert checks["parity: greedy continuation"]["status"] == "pass"
+    # The sharding proof ran inside the parity engine's process and keeps its place before parity.
+    names = [c["name"] for c in report["checks"]]
+    assert names.index("tensor-parallel sharding") < names.index("port loaded by vLLM")
+    assert [r["tp"] for r in checks["tensor-parallel sharding"]["results"]] == [2, 4, 8]
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))

@@ -166,6 +166,20 @@ def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path):
         assert word in failing[mutant.check], f"{mutant.check!r} does not name the cause: {failing[mutant.check]}"
 
 
+def test_sharding_proof_fails_when_a_shard_is_loaded_twice(bases, tmp_path):
+    """The tensor-parallel proof in its own process (static-only) is a check that can fail: with k_proj
+    loaded as shard 'v', no rank can be checked and the proof says which shard nothing loads."""
+    mutant = MUTANTS[0]
+    assert mutant.name == "k and v swapped in the stacked mapping"
+    out, ckpt, _ = make_mutant(mutant, bases, tmp_path)
+    from scaffold import verify
+
+    report = verify.run(out, checkpoint=ckpt, trust_remote_code=True, static_only=True)
+    checks = {c.name: c for c in report.checks}
+    assert checks["tensor-parallel sharding"].status == "FAIL", report.render()
+    assert "qkv_proj shard 'k'" in checks["tensor-parallel sharding"].detail
+
+
 def mutation_summary() -> str | None:
     if not CAUGHT:
         return None

@@ -15,7 +15,7 @@ from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.verify.port import Port, load_port, stage_install
 from scaffold.verify.probes import FEEDS, localize, probes_for
-from scaffold.verify.report import SKIP, Report
+from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
 from scaffold.verify.static import run_static
 
 
@@ -79,13 +79,12 @@ def run(
         if twin:
             return _on_twin(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, static_only,
                             tensor_parallel_proof, say)
-        if tensor_parallel_proof:
-            say("tensor-parallel sharding, simulated ranks")
-            _tensor_parallel_proof(report, port, ckpt, stage)
+        sharding = _Sharding.plan(report, port, ckpt, stage) if tensor_parallel_proof else None
         if static_only:
+            _Sharding.finish(sharding, say)
             report.add("parity", None, "not run (--static-only)")
             return report
-        return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say)
+        return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say, sharding)
     finally:
         shutil.rmtree(stage.parent, ignore_errors=True)
 
@@ -150,14 +149,15 @@ def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tr
         report.add("twin layout", True, f"the twin stores the same {compared} tensor names as the checkpoint's "
                                         f"first {spec.num_layers} layers")
         twin_port = Port(port.path, spec, twin_ckpt.path, port.trust_remote_code)
+        sharding = None
         if tensor_parallel_proof:
-            say("tensor-parallel sharding, simulated ranks (on the twin)")
-            _tensor_parallel_proof(report, twin_port, twin_ckpt, stage)
-            _servable_at_real_sizes(report, port.spec)
+            sharding = _Sharding.plan(report, twin_port, twin_ckpt, stage, real_spec=port.spec)
         if static_only:
+            _Sharding.finish(sharding, say)
             report.add("parity", None, "not run (--static-only)")
             return report
-        return _parity(report, twin_port, twin_ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say)
+        return _parity(report, twin_port, twin_ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say,
+                       sharding)
     finally:
         for check in report.checks[first:]:
             check.data.setdefault("on", "twin")
@@ -167,10 +167,9 @@ def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tr
             shutil.rmtree(folder.parent, ignore_errors=True)
 
 
-def _servable_at_real_sizes(report: Report, spec, tp_sizes=(2, 4, 8)) -> None:
+def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
     """The twin proves the sharding at its own sizes; whether the real sizes divide is arithmetic on headers."""
-    check = report.checks[-1]
-    if check.name != "tensor-parallel sharding" or check.status == SKIP:
+    if check.status == SKIP:
         return
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     divides = [tp for tp in tp_sizes if not (heads % tp or (kv < tp and tp % kv) or (kv >= tp and kv % tp)
@@ -183,7 +182,16 @@ def _servable_at_real_sizes(report: Report, spec, tp_sizes=(2, 4, 8)) -> None:
 
 
 def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
-            tensor_parallel_size: int, say) -> Report:
+            tensor_parallel_size: int, say, sharding: _Sharding | None = None) -> Report:
+    try:
+        return _compare_engines(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say,
+                                sharding if tensor_parallel_size == 1 else None)
+    finally:
+        _Sharding.finish(sharding, say)  # where the engine did not run it
+
+
+def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
+                     tensor_parallel_size: int, say, sharding: _Sharding | None) -> Report:
     trusted = trust_remote_code or port.trust_remote_code
     if needs_remote_code(port, ckpt) and not trusted:
         files = ", ".join(sorted(ckpt.sources))
@@ -209,12 +217,14 @@ def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tru
                 hf_job = pool.submit(parity.hf_reference, ckpt.path, prompts, trusted, workdir, probe=hf_probe)
             else:
                 hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, probe=hf_probe)
-            say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})")
+            say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})"
+                + (", then tensor-parallel sharding on simulated ranks" if sharding else ""))
             try:
                 vl = parity.vllm_run(ckpt.path, prompts, stage, port.spec.package, max_len, workdir,
                                      tensor_parallel_size, probe={
                                          "prompt": longest,
-                                         "points": [(p.label, p.port_module, p.port_output) for p in probes]})
+                                         "points": [(p.label, p.port_module, p.port_output) for p in probes]},
+                                     sharding=sharding.request if sharding else None)
             except ScaffoldError as exc:
                 if together:
                     hf_job.result()  # a failing reference is reported first, as when run one after the other
@@ -222,6 +232,8 @@ def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tru
                 return report
             if together:
                 hf = hf_job.result()
+        if sharding and "sharding" in vl:
+            sharding.record(vl["sharding"].get("results"), vl["sharding"].get("error"))
         result = parity.compare(hf, vl, prompts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -273,43 +285,71 @@ def record_in_review(port_dir: str | Path, report: Report) -> None:
     review.write_text(head + body, encoding="utf-8")
 
 
-def _tensor_parallel_proof(report: Report, port: Port, ckpt, stage: Path, tp_sizes=(2, 4, 8)) -> None:
-    import json as _json
-    import os
-    import subprocess
-    import sys
+class _Sharding:
+    """The tensor-parallel proof (scaffold.verify.tp) for one port: planned where it belongs in the report,
+    run inside the parity engine's process when there is one (it imports vLLM too), else in its own."""
 
-    from scaffold.verify.parity import engine_env
+    CHECK = "tensor-parallel sharding"
 
-    spec = port.spec
-    layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
-              if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
-              ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") and n.endswith(".weight")}
-    if spec.is_moe:
-        report.add("tensor-parallel sharding", None, "not simulated: the experts are sharded by vLLM's FusedMoE "
-                                                     "loader; run verify --tp N to check sharded parity live")
-        return
-    if spec.qkv_layout != "separate" or spec.mlp_kind != "gated" or len(layer0) != 5:
-        report.add("tensor-parallel sharding", None, "not simulated: the checkpoint does not store q, k, v, gate "
-                                                     "and up separately")
-        return
-    with tempfile.TemporaryDirectory() as tmp:
+    def __init__(self, report: Report, position: int, request: dict, stage: Path, package: str, real_spec=None):
+        self.report, self.position, self.request = report, position, request
+        self.stage, self.package, self.real_spec = stage, package, real_spec
+        self.done = False
+
+    @classmethod
+    def plan(cls, report: Report, port: Port, ckpt, stage: Path, tp_sizes=(2, 4, 8), real_spec=None):
+        """The request for layer 0's tensors, or None after reporting why the proof does not apply."""
+        spec = port.spec
+        if spec.is_moe:
+            report.add(cls.CHECK, None, "not simulated: the experts are sharded by vLLM's FusedMoE loader; run "
+                                        "verify --tp N to check sharded parity live")
+            return None
+        layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
+                  if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
+                  ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") and n.endswith(".weight")}
+        if spec.qkv_layout != "separate" or spec.mlp_kind != "gated" or len(layer0) != 5:
+            report.add(cls.CHECK, None, "not simulated: the checkpoint does not store q, k, v, gate and up "
+                                        "separately")
+            return None
         request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.num_heads,
                    "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
-                   "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
-                   "out": os.path.join(tmp, "tp.json")}
-        with open(os.path.join(tmp, "req.json"), "w") as f:
-            _json.dump(request, f)
-        proc = subprocess.run([sys.executable, "-m", "scaffold.verify.tp", os.path.join(tmp, "req.json")],
-                              env=engine_env(stage, spec.package), capture_output=True, text=True)
-        if proc.returncode != 0:
-            report.add("tensor-parallel sharding", False, _error_line(proc.stderr or proc.stdout))
+                   "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes)}
+        return cls(report, len(report.checks), request, stage, spec.package, real_spec)
+
+    def record(self, results: list[dict] | None, error: str | None = None) -> None:
+        """Put the check in its planned place."""
+        if error is not None:
+            check = Check(self.CHECK, FAIL, _error_line(error))
+        else:
+            wrong = [r for r in results if r["status"] == "wrong"]
+            detail = "; ".join(f"TP={r['tp']}: {r['status']} ({r['detail']})" for r in results)
+            check = Check(self.CHECK, FAIL if wrong else PASS, detail, {"results": results})
+        if self.real_spec is not None:
+            _servable_at_real_sizes(check, self.real_spec)
+        self.report.checks.insert(self.position, check)
+        self.done = True
+
+    @staticmethod
+    def finish(sharding: _Sharding | None, say) -> None:
+        """Run the proof in a process of its own, unless it already ran (or does not apply)."""
+        if sharding is None or sharding.done:
             return
-        results = _json.loads(open(request["out"]).read())
-    wrong = [r for r in results if r["status"] == "wrong"]
-    detail = "; ".join(f"TP={r['tp']}: {r['status'] if r['status'] != 'ok' else 'ok'} ({r['detail']})"
-                       for r in results)
-    report.add("tensor-parallel sharding", not wrong, detail, results=results)
+        import json
+        import subprocess
+        import sys
+
+        from scaffold.verify.parity import engine_env
+
+        say("tensor-parallel sharding, simulated ranks")
+        with tempfile.TemporaryDirectory() as tmp:
+            request = {**sharding.request, "out": str(Path(tmp) / "tp.json")}
+            (Path(tmp) / "req.json").write_text(json.dumps(request))
+            proc = subprocess.run([sys.executable, "-m", "scaffold.verify.tp", str(Path(tmp) / "req.json")],
+                                  env=engine_env(sharding.stage, sharding.package), capture_output=True, text=True)
+            if proc.returncode != 0:
+                sharding.record(None, proc.stderr or proc.stdout)
+                return
+            sharding.record(json.loads(Path(request["out"]).read_text()))
 
 
 def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) -> None:

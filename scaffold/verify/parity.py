@@ -127,9 +127,12 @@ def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Pa
 
 def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None, max_model_len: int, workdir: Path,
              tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS, probe: dict | None = None, *,
-             model_impl: str | None = None, trust_remote_code: bool = False) -> dict:
+             model_impl: str | None = None, trust_remote_code: bool = False, sharding: dict | None = None) -> dict:
     """Run the port inside vLLM; model_impl="transformers" (no stage, no package) runs vLLM's transformers
-    backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines)."""
+    backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines).
+
+    sharding: a request for scaffold.verify.tp, run in the engine's process after the engine (at TP 1),
+    which saves that proof a process of its own; its outcome is the result's "sharding"."""
     import torch
 
     out = workdir / f"vllm-tp{tensor_parallel_size}{'-' + model_impl if model_impl else ''}.json"
@@ -140,12 +143,17 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
         request["model_impl"] = model_impl
     if trust_remote_code:
         request["trust_remote_code"] = True
+    if sharding is not None and tensor_parallel_size == 1:
+        request["sharding"] = sharding
     what = "the vLLM engine with the port" if model_impl is None else f"the vLLM engine (model_impl={model_impl})"
     proc = _run("scaffold.verify.vllm_worker", request, engine_env(stage, package, tensor_parallel_size), what)
     result = json.loads(out.read_text())
     result["engine_log"] = (proc.stdout or "") + (proc.stderr or "")
     probes = Path(str(out) + ".probes.pt")
     result["probes"] = torch.load(probes, weights_only=False) if probes.exists() else {}
+    proof = Path(str(out) + ".sharding.json")
+    if proof.exists():
+        result["sharding"] = json.loads(proof.read_text())
     return result
 
 

@@ -71,6 +71,11 @@ def prove(request: dict) -> list[dict]:
     for name, tensor in tensors.items():
         param, shard = port.param_for(name)
         by_shard[(param.rsplit(".", 2)[-2], shard)] = (name, tensor)
+    missing = [f"{param} shard {shard!r}" for param, shards in (("qkv_proj", ("q", "k", "v")), ("gate_up_proj", (0, 1)))
+               for shard in shards if (param, shard) not in by_shard]
+    if missing:
+        raise ValueError(f"no tensor of layer 0 loads {', '.join(missing)} through the port's param_for, so no "
+                         "rank can be checked")
     q, k, v = (by_shard[("qkv_proj", s)][1] for s in ("q", "k", "v"))
     gate, up = (by_shard[("gate_up_proj", s)][1] for s in (0, 1))
 

@@ -100,6 +100,23 @@ def main(request_file: str) -> None:
         llm.apply_model(remove_probes)
         torch.save(CAPTURED, request["out"] + ".probes.pt")
 
+    if request.get("sharding") and tp == 1:
+        prove_sharding(request["sharding"], request["out"] + ".sharding.json")
+
+
+def prove_sharding(request: dict, out: str) -> None:
+    """The tensor-parallel proof (scaffold.verify.tp) in this process, which has vLLM imported already."""
+    import traceback
+
+    from scaffold.verify.tp import prove
+
+    try:
+        outcome = {"results": prove(request)}
+    except Exception:  # reported as the check's failure, as the proof's own process would be
+        outcome = {"error": traceback.format_exc()}
+    with open(out, "w") as f:
+        json.dump(outcome, f)
+
 
 if __name__ == "__main__":
     main(sys.argv[1])
