@@ -54,11 +54,18 @@ def tiny(workdir):
     return make
 
 
+MUTANTS_CAUGHT: dict[str, bool] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Collect each mutant's outcome (recorded by test_mutations); under pytest-xdist this runs in the
+    controlling process, which receives every worker's reports."""
+    for name, value in report.user_properties:
+        if name == "mutant caught":
+            MUTANTS_CAUGHT[report.nodeid] = value
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print the mutation score when the mutation suite ran."""
-    import sys
-
-    module = sys.modules.get("test_mutations")
-    line = module.mutation_summary() if module else None
-    if line:
-        terminalreporter.write_line(line)
+    if MUTANTS_CAUGHT:
+        terminalreporter.write_line(f"mutants caught: {sum(MUTANTS_CAUGHT.values())}/{len(MUTANTS_CAUGHT)}")

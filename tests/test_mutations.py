@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, scaffold
 
-CAUGHT: dict[str, bool] = {}
 
 
 @dataclass(frozen=True)
@@ -147,19 +146,19 @@ def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path, str | No
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
-def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path):
+def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path, record_property):
     from scaffold import verify
 
     out, ckpt, refusal = make_mutant(mutant, bases, tmp_path)
     if refusal is not None:  # caught before a port existed: `scaffold new` refused it
-        CAUGHT[mutant.name] = True
+        record_property("mutant caught", True)
         for word in mutant.refused_says or mutant.says:
             assert word in refusal, f"scaffold new refused, but without naming the cause: {refusal}"
         return
     report = verify.run(out, checkpoint=ckpt, trust_remote_code=True, static_only=mutant.static,
                         tensor_parallel_proof=False)
     failing = {c.name: c.detail for c in report.checks if c.status == "FAIL"}
-    CAUGHT[mutant.name] = not report.passed
+    record_property("mutant caught", not report.passed)
     assert not report.passed, f"mutant survived:\n{report.render()}"
     assert mutant.check in failing, f"expected {mutant.check!r} to fail, failing: {failing}"
     for word in mutant.says:
@@ -178,9 +177,3 @@ def test_sharding_proof_fails_when_a_shard_is_loaded_twice(bases, tmp_path):
     checks = {c.name: c for c in report.checks}
     assert checks["tensor-parallel sharding"].status == "FAIL", report.render()
     assert "qkv_proj shard 'k'" in checks["tensor-parallel sharding"].detail
-
-
-def mutation_summary() -> str | None:
-    if not CAUGHT:
-        return None
-    return f"mutants caught: {sum(CAUGHT.values())}/{len(CAUGHT)}"
