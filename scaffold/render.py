@@ -318,6 +318,16 @@ def port_table(ckpt: Checkpoint, trust_remote_code: bool) -> str:
 
 
 # --------------------------------------------------------- format and check
+def _ruff() -> list[str]:
+    """The ruff executable itself (`python -m ruff` starts an interpreter only to find and run it)."""
+    try:
+        from ruff.__main__ import find_ruff_bin
+
+        return [os.fsdecode(find_ruff_bin())]
+    except (ImportError, FileNotFoundError):
+        return [sys.executable, "-m", "ruff"]
+
+
 def format_and_check(folder: Path) -> None:
     """ruff-format the generated Python, then require that it parses and lints clean."""
     py_files = sorted(str(p) for p in folder.rglob("*.py"))
@@ -329,7 +339,7 @@ def format_and_check(folder: Path) -> None:
         except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # a generator bug, never the user's
             rel = Path(path).relative_to(folder)
             raise ScaffoldError(f"generated file {rel} does not parse ({exc}); please report this.") from None
-    ruff = [sys.executable, "-m", "ruff"]
+    ruff = _ruff()
     subprocess.run([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
                    check=False, capture_output=True, text=True)
     fmt = subprocess.run([*ruff, "format", "--no-cache", "--isolated", *py_files],

@@ -374,7 +374,8 @@ def test_property_runs_covered_every_kind():
     if COUNTS["valid"] == VALID_EXAMPLES and all(COUNTS["corrupt"][k] == CORRUPT_EXAMPLES for k in CORRUPTIONS):
         write_section(
             "property", "Random corruptions (tests/test_property.py)",
-            f"Drawn by hypothesis (derandomized, so the same every run): {CORRUPT_EXAMPLES} corruptions of each kind "
+            f"Drawn by hypothesis with a fixed seed (derandomize; two runs of the same test code have still drawn "
+            f"some different cases, so the rows are one run's): {CORRUPT_EXAMPLES} corruptions of each kind "
             "applied to random valid Llama-family checkpoints, each given to `scaffold new CKPT -o OUT` in-process. "
             f"The same run generated {VALID_EXAMPLES} random valid checkpoints into ports that parse, lint clean, "
             "import, and pass verify's static checks.",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import detect
@@ -99,10 +99,10 @@ def check_mapping(report: Report, spec: Spec, ckpt: Checkpoint, table=None) -> N
             filled[row.param].append(row.shard)
     problems = [f"tensor {n} has no home in the port" for n in homeless]
     for param, shards in expected_params(spec).items():
-        got = filled.get(param, [])
+        got = Counter(filled.get(param, []))
         for shard in shards:
-            if got.count(shard) != 1:
-                what = "never loaded" if shard not in got else "loaded twice"
+            if got[shard] != 1:
+                what = "never loaded" if not got[shard] else "loaded twice"
                 problems.append(f"{param}{'' if shard is None else f' shard {shard!r}'} is {what}")
     extra = sorted(set(filled) - set(expected_params(spec)))
     problems += [f"tensor(s) load {p}, which the port does not have" for p in extra]
