@@ -47,6 +47,7 @@ INDEX_FILE = "model.safetensors.index.json"
 _LAYER_NORM = re.compile(r"^model\.layers\.\d+\.(input|post_attention)_layernorm\.weight$")
 _O_PROJ = re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.weight$")
 _QK_NORM = re.compile(r"^model\.layers\.\d+\.self_attn\.[qk]_norm\.weight$")
+_CHECKED_ENDINGS = ("norm.weight", "o_proj.weight", ".bias")
 _LAYER_PARTS = re.compile(r"^(.+?\.layers)\.(\d+)\.(.+)$")
 # Tensor names: what real checkpoints use. Anything else (quotes, backticks, pipes,
 # spaces, control or non-ASCII characters) could break the generated REVIEW.md or
@@ -216,10 +217,25 @@ def _no_duplicates(what: str, path: Path):
     return hook
 
 
-def _depth_and_text(value: Any, what: str, path: Path, depth: int = 0) -> None:
+def _depth_and_text(value: Any, what: str, path: Path) -> None:
     """Refuse absurd nesting and strings that are not valid Unicode (lone surrogates)."""
-    if depth > MAX_JSON_DEPTH:
+    _depth(value, what, path, 0)
+    try:  # every string at once, in C; the walk below only runs to name the string at fault
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        _surrogates(value, what, path)
+
+
+def _depth(value: Any, what: str, path: Path, depth: int) -> None:
+    """The walk visits containers only: a value (or key) inside a container at depth d is at depth d + 1."""
+    if depth > MAX_JSON_DEPTH or (depth == MAX_JSON_DEPTH and value):
         raise CheckpointError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep.", path)
+    for item in value.values() if isinstance(value, dict) else value:
+        if isinstance(item, (dict, list)):
+            _depth(item, what, path, depth + 1)
+
+
+def _surrogates(value: Any, what: str, path: Path) -> None:
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -231,11 +247,11 @@ def _depth_and_text(value: Any, what: str, path: Path, depth: int = 0) -> None:
             ) from None
     elif isinstance(value, dict):
         for key, item in value.items():
-            _depth_and_text(key, what, path, depth + 1)
-            _depth_and_text(item, what, path, depth + 1)
+            _surrogates(key, what, path)
+            _surrogates(item, what, path)
     elif isinstance(value, list):
         for item in value:
-            _depth_and_text(item, what, path, depth + 1)
+            _surrogates(item, what, path)
 
 
 def read_json(path: Path, what: str, *, kind: str = "config", strict: bool = True, root: Path | None = None) -> dict:
@@ -434,7 +450,8 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
     for name, info in tensors.items():
         if not hidden:
             break
-        module = name.rsplit(".", 1)[0]
+        if not name.endswith(_CHECKED_ENDINGS):  # what the patterns below can match (most expert tensors cannot)
+            continue
         if name == "model.norm.weight" or _LAYER_NORM.match(name):
             need(name, (hidden,), f"{hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
@@ -448,6 +465,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
                     f"one over all heads [{heads_here * head_dim}], one per head [{heads_here}, {head_dim}].",
                     where,
                 )
+        module = name.rsplit(".", 1)[0]
         if name.endswith(".bias") and f"{module}.weight" in tensors and ".layers." in name:
             weight = tensors[f"{module}.weight"]
             rows = weight.shape[0] if weight.shape else None
@@ -478,13 +496,14 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
 
 
 # ------------------------------------------------------------ safetensors
-def read_safetensors_header(source: Path, path: Path | None = None) -> dict[str, dict]:
+def read_safetensors_header(source: Path, path: Path | None = None, checked: dict | None = None) -> dict[str, dict]:
     """Return the tensor entries of one shard's header, validated as safetensors validates them.
 
     The entries must be well-formed, name each tensor once, have a supported dtype,
     and tile the data area exactly: sorted by offset, each tensor starts where the
     previous one ends, its size is its shape times its dtype, and the last one ends
     at the end of the file. `source` is read; errors name `path` (the name in the checkpoint).
+    `checked`: tensor names already validated (the index's), not checked again.
     """
     path = path or source
     try:
@@ -522,7 +541,8 @@ def read_safetensors_header(source: Path, path: Path | None = None) -> dict[str,
                 raise CheckpointError("the header's __metadata__ must map names to strings; the file is corrupt.",
                                       path)
             continue
-        _tensor_name(name, path)
+        if checked is None or name not in checked:
+            _tensor_name(name, path)
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -608,7 +628,7 @@ def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | N
         if not shard_path.exists() and not shard_path.is_symlink():
             raise CheckpointError(f"the index names the shard {shard!r}, which does not exist.", where)
         resolved = _regular_file(root, shard_path, f"the shard {shard!r}", where)
-        for name, entry in read_safetensors_header(resolved, shard_path).items():
+        for name, entry in read_safetensors_header(resolved, shard_path, weight_map).items():
             if name in tensors:
                 raise CheckpointError(
                     f"tensor {name!r} is stored twice, in {tensors[name].file} and in {shard}.", shard_path

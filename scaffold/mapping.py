@@ -139,8 +139,10 @@ class _Modules:
                    dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top))
 
 
-def map_tensor(spec: Spec, name: str, modules: _Modules | None = None
-               ) -> list[tuple[str | None, str | int | tuple | None, str]] | None:
+Targets = list[tuple[str | None, str | int | tuple | None, str]]
+
+
+def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Targets | None:
     """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
     n = spec.names
     modules = modules or _Modules.of(spec)
@@ -156,35 +158,69 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None
     layer, _, rest = name[len(prefix):].partition(".")
     if not layer.isdigit():
         return None
-    module, _, kind = rest.rpartition(".")
+    inside = map_in_layer(spec, rest, modules)
+    if inside is None:
+        return None
     base = f"{prefix}{layer}."
+    return [(param if param is None else base + param, shard, note) for param, shard, note in inside]
+
+
+def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
+    """map_tensor for the tensor `rest` inside a decoder layer (`self_attn.q_proj.weight`), with parameter
+    names inside the layer too: the answer is the same in every layer."""
+    n = spec.names
+    module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
-            return [(name, None, "")]
+            return [(rest, None, "")]
         return None
     if module in modules.stacked:
         fused, shard = modules.stacked[module]
-        return [(f"{base}{fused}.{kind}", shard, "")]
+        return [(f"{fused}.{kind}", shard, "")]
     if module in modules.experts and kind == "weight":
         param, (e, shard) = modules.experts[module]
-        return [(f"{base}{param}", (e, shard), f"expert {e}, {shard}")]
+        return [(param, (e, shard), f"expert {e}, {shard}")]
     if module in modules.split:
         shards = modules.split[module]
         if spec.qkv_layout == "interleaved" and shards == QKV:
-            return [(name, s, f"rows of every head's {s} block") for s in shards]
-        return [(name, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
+            return [(rest, s, f"rows of every head's {s} block") for s in shards]
+        return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
     if module in modules.plain:
-        return [(name, None, "")]
+        return [(rest, None, "")]
     return None
 
 
 def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[str]]:
-    """Rows for every checkpoint tensor (one per shard it fills), and the names that have no home in the port."""
+    """Rows for every checkpoint tensor (one per shard it fills), and the names that have no home in the port.
+
+    A decoder layer's tensors are mapped once per name inside the layer (a 94-layer checkpoint repeats
+    each 94 times), and sorted with the natural key of that name, also computed once."""
     rows, homeless = [], []
     modules = _Modules.of(spec)
-    for name in sorted(ckpt.tensors, key=_natural):
+    prefix = layer_prefix(spec)
+    head = natural(prefix)
+    inside: dict[str, tuple[list, Targets | None]] = {}  # name in the layer -> (natural key, targets)
+    keyed = []
+    for name in ckpt.tensors:
+        layer, _, rest = name[len(prefix):].partition(".") if name.startswith(prefix) else ("", "", "")
+        if not layer.isdigit():
+            keyed.append((natural(name), name, None))
+            continue
+        if rest not in inside:
+            skipped = ("rotary_emb." in rest or rest.endswith("bias")) and SKIPPED.search(rest)
+            inside[rest] = (natural("." + rest), [(None, None, "recomputed buffer")] if skipped
+                            else map_in_layer(spec, rest, modules))
+        key, targets = inside[rest]
+        keyed.append(([*head, int(layer), *key], name, (f"{prefix}{layer}.", targets)))
+    keyed.sort(key=lambda item: item[0])
+    for _, name, mapped in keyed:
         info = ckpt.tensors[name]
-        targets = map_tensor(spec, name, modules)
+        if mapped is None:
+            targets = map_tensor(spec, name, modules)
+        else:
+            base, targets = mapped
+            targets = None if targets is None else [
+                (param if param is None else base + param, shard, note) for param, shard, note in targets]
         if targets is None:
             homeless.append(name)
             continue
@@ -196,10 +232,9 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
 DIGITS = re.compile(r"(\d+)")
 
 
-def _natural(name: str):
+def natural(name: str) -> list:
+    """Sort key: digit runs compare as numbers (layers.2 before layers.10)."""
     return [int(p) if p.isdigit() else p for p in DIGITS.split(name)]
-
-
 
 
 def embedding_tensor(spec: Spec) -> str:

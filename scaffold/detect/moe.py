@@ -41,8 +41,16 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                               f"({prefix}.layers.{layer}.{stacked[0]}); the generator expresses experts stored one "
                               "tensor per expert (MLP.experts.N.PROJ.weight)", where, spec.model_type)
     sparse: dict[int, dict] = {}
+    groups: dict[str, tuple | None] = {}  # each name inside a layer matched once, not once per layer
     for layer, tensors in per_layer.items():
-        found = {m.groups() for rest in tensors if ".experts." in rest and (m := EXPERT_TENSOR.match(rest))}
+        found = set()
+        for rest in tensors:
+            if ".experts." in rest:
+                if rest not in groups:
+                    m = EXPERT_TENSOR.match(rest)
+                    groups[rest] = m.groups() if m else None
+                if groups[rest] is not None:
+                    found.add(groups[rest])
         if found:
             sparse[layer] = found
     if not sparse:

@@ -98,13 +98,14 @@ def check_mapping(report: Report, spec: Spec, ckpt: Checkpoint, table=None) -> N
         if row.param:
             filled[row.param].append(row.shard)
     problems = [f"tensor {n} has no home in the port" for n in homeless]
-    for param, shards in expected_params(spec).items():
+    expected = expected_params(spec)
+    for param, shards in expected.items():
         got = Counter(filled.get(param, []))
         for shard in shards:
             if got[shard] != 1:
                 what = "never loaded" if not got[shard] else "loaded twice"
                 problems.append(f"{param}{'' if shard is None else f' shard {shard!r}'} is {what}")
-    extra = sorted(set(filled) - set(expected_params(spec)))
+    extra = sorted(set(filled) - set(expected))
     problems += [f"tensor(s) load {p}, which the port does not have" for p in extra]
     loaded = sum(1 for r in rows if r.param)
     report.add("mapping coverage", not problems, "; ".join(problems[:3]) if problems else
