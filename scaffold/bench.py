@@ -256,7 +256,7 @@ def render_table(report: dict) -> str:
             lines.append(f"{impl}: {info['model_class']} (model runner {info.get('model_runner')}, "
                          f"engine ready in {info['load_s']:.1f} s)")
         else:
-            lines.append(f"{impl}: not measured: {info.get('reason', '?')}")
+            lines.append(f"{impl}: not measured: {info.get('reason', 'left out by --only')}")
     return "\n".join(lines)
 
 
