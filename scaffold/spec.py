@@ -212,15 +212,12 @@ class Spec:
 
     # -------------------------------------------------------------- overrides
     def apply_overrides(self, values: dict[str, Any], origin: str) -> None:
-        hints = get_type_hints(Spec)
         for name, value in values.items():
             if name not in FIELDS:
                 raise SpecError(f"unknown spec field {name!r}; known fields: {', '.join(FIELDS)}.", origin)
-            expected = hints[name]
-            if not _fits(value, expected):
-                raise SpecError(f"field {name!r} must be {expected}, not {value!r}.", origin)
-            if name in CHOICES and value not in CHOICES[name]:
-                raise SpecError(f"field {name!r} must be one of {CHOICES[name]}, not {value!r}.", origin)
+            problem = field_problem(name, value)
+            if problem:
+                raise SpecError(problem + ".", origin)
             if isinstance(getattr(self, name), float) and isinstance(value, int):
                 value = float(value)
             if value == getattr(self, name):
@@ -231,6 +228,16 @@ class Spec:
 
 
 FIELDS = [f.name for f in dataclasses.fields(Spec) if f.name != "provenance"]
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be the spec field `name` (of its type, one of its choices), or None."""
+    expected = get_type_hints(Spec)[name]
+    if not _fits(value, expected):
+        return f"field {name!r} must be {getattr(expected, '__name__', expected)}, not {value!r}"
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"field {name!r} must be one of {CHOICES[name]}, not {value!r}"
+    return None
 
 
 def _fits(value: Any, expected: Any) -> bool:

@@ -92,6 +92,28 @@ def test_verify_against_a_broken_checkpoint_fails_cleanly(tmp_path):
                                       proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
 
 
+@pytest.mark.parametrize("edit, expect", [
+    (("num_heads = 4", 'num_heads = "four"'), "field 'num_heads' must be"),
+    (("qkv_layout = \"separate\"", 'qkv_layout = "diagonal"'), "field 'qkv_layout' must be one of"),
+    (("mlp = \"mlp\"", 'mlp = "mlp; import os"'), "names.mlp"),
+], ids=["wrong-type", "unknown-choice", "not-an-identifier"])
+def test_verify_of_a_port_whose_spec_was_edited_badly(edit, expect, tmp_path):
+    """verify reads the port's scaffold_spec.toml with the checks a --spec override gets."""
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    spec_file = out / "scaffold_spec.toml"
+    text = spec_file.read_text()
+    old, new = edit
+    assert old in text, f"{old!r} is not in the generated spec"
+    spec_file.write_text(text.replace(old, new, 1))
+    proc = scaffold("verify", out, check=False)
+    err = assert_clean_failure(proc, names=spec_file, expect=expect)
+    EXTRA_ROWS[f"verify-spec-{edit[1].split(' =')[0]}"] = (
+        f"the port's scaffold_spec.toml edited: `{new}`", "scaffold verify PORT", proc.returncode,
+        shown(err, (tmp_path, "TMP")))
+
+
 def test_verify_of_a_folder_that_is_not_a_port(tmp_path):
     proc = scaffold("verify", tmp_path, check=False)
     err = assert_clean_failure(proc, names=tmp_path, expect="not a generated port")

@@ -12,7 +12,7 @@ from pathlib import Path
 import tomllib
 
 from scaffold.errors import ScaffoldError
-from scaffold.spec import FIELDS, Source, Spec
+from scaffold.spec import FIELDS, Source, Spec, field_problem, validate_identifiers, validate_names
 
 SPEC_FILE = "scaffold_spec.toml"
 
@@ -38,11 +38,24 @@ def load_port(path: str | Path, checkpoint: str | Path | None = None) -> Port:
         data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ScaffoldError(f"{SPEC_FILE} is not valid TOML ({exc}).", spec_file) from None
+    values = data.get("spec")
+    if not isinstance(values, dict):
+        raise ScaffoldError(f"{SPEC_FILE} has no [spec] table; regenerate the port with scaffold new.", spec_file)
     spec = Spec()
-    for name, value in data.get("spec", {}).items():
-        if name in FIELDS:
-            setattr(spec, name, value)
-            spec.provenance[name] = Source("port", SPEC_FILE)
+    for name, value in values.items():
+        if name not in FIELDS:  # a field an older or newer scaffold wrote: not read
+            continue
+        problem = field_problem(name, value)
+        if problem:
+            raise ScaffoldError(f"the port's spec is not one scaffold could have written: {problem}. Correct "
+                                "it, or regenerate the port with scaffold new (--spec FILE to override fields).",
+                                spec_file)
+        if isinstance(getattr(spec, name), float) and isinstance(value, int):
+            value = float(value)
+        setattr(spec, name, value)
+        spec.provenance[name] = Source("port", SPEC_FILE)
+    validate_identifiers(spec, str(spec_file))
+    validate_names(spec, str(spec_file))
     meta = data.get("port", {})
     ckpt = Path(checkpoint or meta.get("checkpoint", ""))
     if not (ckpt / "config.json").exists():
