@@ -7,6 +7,7 @@ then prints torch.profiler's table of one more run, by self CPU time.
 
     VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_PLUGINS= \\
         python benchmarks/cpu_decode_profile.py native|backend CHECKPOINT ARCH
+(for the port: PYTHONPATH=its pip --target folder, VLLM_PLUGINS=its package, impl "port", ARCH its name)
 """
 
 from __future__ import annotations
