@@ -402,7 +402,7 @@ def layout_problems(spec, ckpt: Checkpoint, twin: Checkpoint, twin_spec) -> tupl
     Names the port skips on purpose (rotary buffers, a tied head) are left out of the
     comparison. Returns the problems and the number of tensor names compared.
     """
-    from scaffold.mapping import weight_table
+    from scaffold.mapping import natural, weight_table
 
     prefix = f"{spec.names['model']}.{spec.names['layers']}."
     experts = max((int(m.group(1)) + 1 for n in twin.tensors if (m := _EXPERT.search(n))), default=0)
@@ -428,15 +428,11 @@ def layout_problems(spec, ckpt: Checkpoint, twin: Checkpoint, twin_spec) -> tupl
     real = kept(loaded(spec, ckpt), layers)
     mine = loaded(twin_spec, twin)
     problems = []
-    if only := sorted(real - mine, key=_natural):
+    if only := sorted(real - mine, key=natural):
         problems.append(f"only in the checkpoint: {', '.join(only[:3])}{' ...' if len(only) > 3 else ''}")
-    if only := sorted(mine - real, key=_natural):
+    if only := sorted(mine - real, key=natural):
         problems.append(f"only in the twin: {', '.join(only[:3])}{' ...' if len(only) > 3 else ''}")
     return problems, len(real | mine)
-
-
-def _natural(name: str):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 # Spec fields the twin is expected to change; any other difference is reported.
