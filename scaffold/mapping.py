@@ -146,29 +146,23 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
     n = spec.names
     modules = modules or _Modules.of(spec)
-    if ("rotary_emb." in name or name.endswith("bias")) and SKIPPED.search(name):
-        return [(None, None, "recomputed buffer")]
     if name in modules.top:
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
         return [(name, None, "")]
-    prefix = layer_prefix(spec)
-    if not name.startswith(prefix):
-        return None
-    layer, _, rest = name[len(prefix):].partition(".")
-    if not layer.isdigit():
-        return None
-    inside = map_in_layer(spec, rest, modules)
+    inside = _layer_and_rest(layer_prefix(spec), name)
     if inside is None:
-        return None
-    base = f"{prefix}{layer}."
-    return [(param if param is None else base + param, shard, note) for param, shard, note in inside]
+        return [(None, None, "recomputed buffer")] if _skipped(name) else None
+    layer, rest = inside
+    return _prefixed(f"{layer_prefix(spec)}{layer}.", map_in_layer(spec, rest, modules))
 
 
 def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     """map_tensor for the tensor `rest` inside a decoder layer (`self_attn.q_proj.weight`), with parameter
     names inside the layer too: the answer is the same in every layer."""
     n = spec.names
+    if _skipped(rest):
+        return [(None, None, "recomputed buffer")]
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
@@ -190,6 +184,26 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     return None
 
 
+def _skipped(name: str) -> bool:
+    """A buffer vLLM recomputes (rotary tables, GPT-2-style causal masks)."""
+    return ("rotary_emb." in name or name.endswith("bias")) and SKIPPED.search(name) is not None
+
+
+def _layer_and_rest(prefix: str, name: str) -> tuple[str, str] | None:
+    """("3", "self_attn.q_proj.weight") for "model.layers.3.self_attn.q_proj.weight"; None outside the layers."""
+    if not name.startswith(prefix):
+        return None
+    layer, _, rest = name[len(prefix):].partition(".")
+    return (layer, rest) if layer.isdigit() else None
+
+
+def _prefixed(base: str, targets: Targets | None) -> Targets | None:
+    """Targets inside a layer, named from the model's top (`base`: "model.layers.3.")."""
+    if targets is None:
+        return None
+    return [(param if param is None else base + param, shard, note) for param, shard, note in targets]
+
+
 def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[str]]:
     """Rows for every checkpoint tensor (one per shard it fills), and the names that have no home in the port.
 
@@ -202,30 +216,23 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
     inside: dict[str, tuple[list, Targets | None]] = {}  # name in the layer -> (natural key, targets)
     keyed = []
     for name in ckpt.tensors:
-        layer, _, rest = name[len(prefix):].partition(".") if name.startswith(prefix) else ("", "", "")
-        if not layer.isdigit():
-            keyed.append((natural(name), name, None))
+        split = _layer_and_rest(prefix, name)
+        if split is None:
+            keyed.append((natural(name), name, map_tensor(spec, name, modules)))
             continue
+        layer, rest = split
         if rest not in inside:
-            skipped = ("rotary_emb." in rest or rest.endswith("bias")) and SKIPPED.search(rest)
-            inside[rest] = (natural("." + rest), [(None, None, "recomputed buffer")] if skipped
-                            else map_in_layer(spec, rest, modules))
+            inside[rest] = (natural("." + rest), map_in_layer(spec, rest, modules))
         key, targets = inside[rest]
-        keyed.append(([*head, int(layer), *key], name, (f"{prefix}{layer}.", targets)))
+        keyed.append(([*head, int(layer), *key], name, _prefixed(f"{prefix}{layer}.", targets)))
     keyed.sort(key=lambda item: item[0])
-    for _, name, mapped in keyed:
-        info = ckpt.tensors[name]
-        if mapped is None:
-            targets = map_tensor(spec, name, modules)
-        else:
-            base, targets = mapped
-            targets = None if targets is None else [
-                (param if param is None else base + param, shard, note) for param, shard, note in targets]
+    for _, name, targets in keyed:
         if targets is None:
             homeless.append(name)
             continue
+        shape = ckpt.tensors[name].shape
         for param, shard, note in targets:
-            rows.append(WeightRow(name, param, shard, info.shape, note))
+            rows.append(WeightRow(name, param, shard, shape, note))
     return rows, homeless
 
 

@@ -218,8 +218,7 @@ class Spec:
             problem = field_problem(name, value)
             if problem:
                 raise SpecError(problem + ".", origin)
-            if isinstance(getattr(self, name), float) and isinstance(value, int):
-                value = float(value)
+            value = field_value(self, name, value)
             if value == getattr(self, name):
                 continue  # the detected value, with its detected source
             self.set(name, value, Source("override", origin))
@@ -238,6 +237,11 @@ def field_problem(name: str, value: Any) -> str | None:
     if name in CHOICES and value not in CHOICES[name]:
         return f"field {name!r} must be one of {CHOICES[name]}, not {value!r}"
     return None
+
+
+def field_value(spec: Spec, name: str, value: Any) -> Any:
+    """`value` as the field holds it: TOML writes 1e6 as a float but 1000000 as an int."""
+    return float(value) if isinstance(getattr(spec, name), float) and isinstance(value, int) else value
 
 
 def _fits(value: Any, expected: Any) -> bool:

@@ -131,8 +131,9 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
     """Run the port inside vLLM; model_impl="transformers" (no stage, no package) runs vLLM's transformers
     backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines).
 
-    sharding: a request for scaffold.verify.tp, run in the engine's process after the engine (at TP 1),
-    which saves that proof a process of its own; its outcome is the result's "sharding"."""
+    sharding: a request for scaffold.verify.tp, run in the engine's process after the engine, which saves
+    that proof a process of its own; its outcome is the result's "sharding". The caller passes it at TP 1
+    only, where the engine runs in this one process."""
     import torch
 
     out = workdir / f"vllm-tp{tensor_parallel_size}{'-' + model_impl if model_impl else ''}.json"
@@ -143,7 +144,7 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
         request["model_impl"] = model_impl
     if trust_remote_code:
         request["trust_remote_code"] = True
-    if sharding is not None and tensor_parallel_size == 1:
+    if sharding is not None:
         request["sharding"] = sharding
     what = "the vLLM engine with the port" if model_impl is None else f"the vLLM engine (model_impl={model_impl})"
     proc = _run("scaffold.verify.vllm_worker", request, engine_env(stage, package, tensor_parallel_size), what)

@@ -12,7 +12,7 @@ from pathlib import Path
 import tomllib
 
 from scaffold.errors import ScaffoldError
-from scaffold.spec import FIELDS, Source, Spec, field_problem, validate_identifiers, validate_names
+from scaffold.spec import FIELDS, Source, Spec, field_problem, field_value, validate_identifiers, validate_names
 
 SPEC_FILE = "scaffold_spec.toml"
 
@@ -50,9 +50,7 @@ def load_port(path: str | Path, checkpoint: str | Path | None = None) -> Port:
             raise ScaffoldError(f"the port's spec is not one scaffold could have written: {problem}. Correct "
                                 "it, or regenerate the port with scaffold new (--spec FILE to override fields).",
                                 spec_file)
-        if isinstance(getattr(spec, name), float) and isinstance(value, int):
-            value = float(value)
-        setattr(spec, name, value)
+        setattr(spec, name, field_value(spec, name, value))
         spec.provenance[name] = Source("port", SPEC_FILE)
     validate_identifiers(spec, str(spec_file))
     validate_names(spec, str(spec_file))

@@ -100,7 +100,7 @@ def main(request_file: str) -> None:
         llm.apply_model(remove_probes)
         torch.save(CAPTURED, request["out"] + ".probes.pt")
 
-    if request.get("sharding") and tp == 1:
+    if request.get("sharding"):
         prove_sharding(request["sharding"], request["out"] + ".sharding.json")
 
 
