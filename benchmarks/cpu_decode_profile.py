@@ -56,7 +56,7 @@ def main() -> None:
     print(impl, "decode-heavy seconds", [round(s, 3) for s in seconds], flush=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         llm.generate(prompts(), params, use_tqdm=False)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=int(__import__("os").environ.get("ROWS", "25"))))
 
 
 if __name__ == "__main__":

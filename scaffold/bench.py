@@ -23,6 +23,7 @@ The engine side of this module runs as `python -m scaffold.bench --worker REQUES
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import select
@@ -212,16 +213,47 @@ def summarize(values: list[float]) -> dict:
             "spread": (max(values) - min(values)) / median if median else 0.0, "n": len(values)}
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median of `values`: the order statistics
+    x(k) and x(n+1-k) for the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at
+    least `level`. Returns (low, high, coverage); with fewer than six values no k reaches 95%,
+    so it is the full range with the coverage that range has (e.g. 75% for three rounds)."""
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def coverage(k: int) -> float:  # P(x(k) <= median <= x(n+1-k))
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
+
+
 def ratios(results: dict, a: str, b: str, metrics: list[str]) -> dict:
-    """Per metric: the median over rounds of a/b, each round's two values measured side by side."""
+    """Per metric: the median over rounds of a/b, each round's two values measured side by side,
+    with the range and a confidence interval for that median (`median_interval`)."""
     out = {}
     for metric in metrics:
         va = results.get(a, {}).get("rounds", {}).get(metric, [])
         vb = results.get(b, {}).get("rounds", {}).get(metric, [])
         paired = [x / y for x, y in zip(va, vb) if y > 0]
         if paired:
-            out[metric] = {"median": statistics.median(paired), "min": min(paired), "max": max(paired)}
+            low, high, level = median_interval(paired)
+            out[metric] = {"median": statistics.median(paired), "min": min(paired), "max": max(paired),
+                           "ci_low": low, "ci_high": high, "ci_level": level}
     return out
+
+
+def verdict(pair: str, ratio: dict, higher_better: bool) -> str | None:
+    """Which of the pair A/B is faster where the paired rounds tell them apart (the ratio's
+    interval excludes 1), else None."""
+    a, b = pair.split("/")
+    if ratio["ci_low"] > 1:
+        return f"{a if higher_better else b} faster"
+    if ratio["ci_high"] < 1:
+        return f"{b if higher_better else a} faster"
+    return None
 
 
 def _fmt(value: float) -> str:
@@ -233,7 +265,7 @@ def render_table(report: dict) -> str:
     impls = [i for i in IMPLS if report["implementations"].get(i, {}).get("available")]
     head = f"{'metric':<24}" + "".join(f"{i + ' (median, spread)':>28}" for i in impls)
     pairs = [(a, b) for a, b in (("port", "native"), ("port", "backend")) if a in impls and b in impls]
-    head += "".join(f"{a + '/' + b:>16}" for a, b in pairs)
+    head += "".join(f"{a + '/' + b + ' [interval]':>26}" for a, b in pairs)
     lines = [head, "-" * len(head)]
     for metric in metrics:
         row = f"{metric:<24}"
@@ -242,10 +274,18 @@ def render_table(report: dict) -> str:
             row += f"{_fmt(s['median']):>16} ±{100 * s['spread'] / 2:>5.1f}%    " if s else f"{'-':>28}"
         for a, b in pairs:
             r = report["ratios"][f"{a}/{b}"].get(metric)
-            row += f"{r['median']:>16.3f}" if r else f"{'-':>16}"
+            shown = f"{r['median']:.3f} [{r['ci_low']:.3f}-{r['ci_high']:.3f}]" if r else "-"
+            row += f"{shown:>26}"
         lines.append(row)
     lines.append("spread: half the range over rounds, as a share of the median; ratios: median of the "
                  "paired per-round ratios (throughput: > 1 means the port is faster; latency: < 1 means it is).")
+    levels = {r["ci_level"] for pair in report["ratios"].values() for r in pair.values()}
+    if levels:
+        lines.append(f"[interval]: a {100 * min(levels):.0f}% confidence interval for that median (order "
+                     "statistics of the paired rounds); where it holds 1, the rounds do not tell the two apart.")
+    told = [f"{pair} {metric}: {found}" for pair, by_metric in report["ratios"].items()
+            for metric, r in by_metric.items() if (found := verdict(pair, r, higher_is_better(metric)))]
+    lines.append("told apart at that level: " + ("; ".join(told) if told else "none"))
     runners = {report["implementations"][i].get("model_runner") for i in impls}
     if len(runners) > 1:
         lines.append(f"WARNING: the engines ran different vLLM model runners ({', '.join(map(str, runners))}); "
@@ -577,8 +617,12 @@ def _worker(request_file: str) -> None:
             if op == "throughput":
                 prompts = [TokensPrompt(prompt_token_ids=p) for p in
                            _prompts(command["seed"], command["num_prompts"], command["prompt_len"], command["vocab"])]
+                # No per-request seed: vLLM's V1 runner rewinds a seeded request's generator with the
+                # CUDA-only Generator.set_offset when its prefill is chunked, which kills a CPU engine
+                # ("CPU Generator does not use offset"). The engines' common `seed` keeps sampling
+                # reproducible instead.
                 params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=command["output_len"],
-                                        ignore_eos=True, detokenize=False, seed=command["seed"])
+                                        ignore_eos=True, detokenize=False)
                 t0 = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 elapsed = time.perf_counter() - t0

@@ -16,7 +16,9 @@ def test_bench_quick_measures_port_native_and_backend(tiny, workdir):
     port = workdir / "bench-port"
     scaffold("new", ckpt, "-o", port, "--force")
     out = workdir / "bench-out"
-    proc = scaffold("bench", port, "--quick", "-o", out)
+    # 9 prompts of 480 tokens exceed the CPU engine's 4096-token step budget, so one prefill is
+    # chunked: with per-request sampling seeds that killed vLLM's CPU engine (Generator.set_offset).
+    proc = scaffold("bench", port, "--quick", "--prompts", "9", "--prefill", "480:4", "-o", out)
     assert "port/native" in proc.stdout and "round 2/2" in proc.stderr  # the table and the progress display
 
     report = json.loads((out / "bench.json").read_text())
@@ -35,5 +37,22 @@ def test_bench_quick_measures_port_native_and_backend(tiny, workdir):
             assert impls[name]["summary"][metric]["median"] > 0
     for pair in ("port/native", "port/backend"):
         assert set(report["ratios"][pair]) == set(metrics)
+        for r in report["ratios"][pair].values():  # two rounds: the interval is their range, 50% coverage
+            assert r["ci_low"] == r["min"] <= r["median"] <= r["max"] == r["ci_high"] and r["ci_level"] == 0.5
     assert (out / "bench.png").stat().st_size > 10_000
     assert (out / "bench.txt").read_text().startswith("metric")
+
+
+def test_median_interval_is_the_order_statistic_interval():
+    """The interval's ranks and coverage against the binomial tables (e.g. n=10: x(2)..x(9), 97.9%)."""
+    from scaffold.bench import median_interval, verdict
+
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)  # too few rounds for 95%: the range
+    low, high, level = median_interval([float(v) for v in range(10, 0, -1)])
+    assert (low, high, round(level, 4)) == (2.0, 9.0, 0.9785)
+    low, high, level = median_interval([float(v) for v in range(1, 21)])
+    assert (low, high, round(level, 4)) == (6.0, 15.0, 0.9586)
+    apart = {"ci_low": 1.02, "ci_high": 1.10}
+    assert verdict("port/native", apart, higher_better=True) == "port faster"
+    assert verdict("port/native", apart, higher_better=False) == "native faster"  # a latency ratio
+    assert verdict("port/backend", {"ci_low": 0.96, "ci_high": 1.01}, higher_better=True) is None
