@@ -26,7 +26,7 @@ sizes = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=6, num_a
              num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=4096)
 if model == "gemma2":  # Gemma 2 ties its head to the embedding (vLLM's Gemma2 class requires it)
     sizes.update(tie_word_embeddings=True)
-if model == "qwen3_moe":  # 16 experts of 768, 4 routed: ~100M parameters in all
+if model == "qwen3_moe":  # 16 experts of 768, 4 routed: 229M parameters, ~100M of them active per token
     sizes.update(moe_intermediate_size=768, num_experts=16, num_experts_per_tok=4, decoder_sparse_step=1)
 build_tiny(model, out, architecture=arch, overrides=sizes, std=0.02, max_shard_size="200MB")
 PY
