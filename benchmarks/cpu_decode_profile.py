@@ -19,16 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def view(checkpoint: Path, architecture: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="decode-profile-"))
-    for item in checkpoint.iterdir():
-        if item.name != "config.json":
-            (folder / item.name).symlink_to(item.resolve())
-    config = json.loads((checkpoint / "config.json").read_text())
-    config["architectures"] = [architecture]
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+from scaffold.bench import checkpoint_view
 
 
 def main() -> None:
@@ -37,7 +28,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    model = view(checkpoint, architecture)
+    model = checkpoint_view(checkpoint, architecture, Path(tempfile.mkdtemp(prefix="decode-profile-")))
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
               model_impl="transformers" if impl == "backend" else "vllm", seed=0)

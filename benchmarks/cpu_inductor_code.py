@@ -14,21 +14,16 @@ kernels, the oneDNN matmuls, the attention ops).
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+from scaffold.bench import checkpoint_view
+
 
 def main() -> None:
     impl, checkpoint, architecture = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    view = Path(tempfile.mkdtemp(prefix="inductor-code-"))
-    for item in checkpoint.iterdir():
-        if item.name != "config.json":
-            (view / item.name).symlink_to(item.resolve())
-    config = json.loads((checkpoint / "config.json").read_text())
-    config["architectures"] = [architecture]
-    (view / "config.json").write_text(json.dumps(config))
+    view = checkpoint_view(checkpoint, architecture, Path(tempfile.mkdtemp(prefix="inductor-code-")))
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
