@@ -3,7 +3,7 @@
 Serves CHECKPOINT (its config.json's `architectures` replaced by ARCH in a view of symlinks)
 with model_impl="vllm" (native) or "transformers" (backend), bf16, compiled mode; times five
 decode-heavy runs (16 random prompts of 16 tokens, 64 sampled tokens each) after a warm-up,
-then prints torch.profiler's table of one more run, by self CPU time.
+then prints torch.profiler's table of one more run, by self CPU time (ROWS rows, default 25).
 
     VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_PLUGINS= \\
         python benchmarks/cpu_decode_profile.py native|backend CHECKPOINT ARCH
@@ -13,6 +13,7 @@ then prints torch.profiler's table of one more run, by self CPU time.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def main() -> None:
     print(impl, "decode-heavy seconds", [round(s, 3) for s in seconds], flush=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         llm.generate(prompts(), params, use_tqdm=False)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=int(__import__("os").environ.get("ROWS", "25"))))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=int(os.environ.get("ROWS", "25"))))
 
 
 if __name__ == "__main__":

@@ -150,11 +150,12 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
         return [(name, None, "")]
-    inside = _layer_and_rest(layer_prefix(spec), name)
+    prefix = layer_prefix(spec)
+    inside = _layer_and_rest(prefix, name)
     if inside is None:
         return [(None, None, "recomputed buffer")] if _skipped(name) else None
     layer, rest = inside
-    return _prefixed(f"{layer_prefix(spec)}{layer}.", map_in_layer(spec, rest, modules))
+    return _prefixed(f"{prefix}{layer}.", map_in_layer(spec, rest, modules))
 
 
 def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
