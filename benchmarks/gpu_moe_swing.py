@@ -17,11 +17,15 @@ the same tokens every time), `fixed-sampled` (the same prompts, temperature 1), 
 greedy, the same prompt every round: seconds per generated token). Only `fresh-sampled` changes
 its data between rounds, so if the data were the cause, the fixed kinds would hold still while
 it swings. A thread samples the SM clock, power and utilization with nvidia-smi every 0.2 s.
+Before each measurement a GPU probe (bf16 matmuls, CUDA events) and a pure-Python probe on
+every host core in turn time the GPU's and the host cores' speed; the engine-core process's CPU
+seconds are read from /proc around each measurement.
 
     PYTHONPATH=~/v024:$PWD python3 benchmarks/gpu_moe_swing.py ~/ckpt-moe -o $OUT/swing.json
 
-Writes the JSON after every round and prints a summary: per kind the median, the range and the
-coefficient of variation, and the correlation of tok/s with the SM clock.
+Writes the JSON after every round and prints a summary: per kind the median, the range, the
+coefficient of variation and the correlation of tok/s with each of the readings above. The
+answer it gave on the H200 is in docs/performance.md ("Why the MoE rounds swing").
 """
 
 from __future__ import annotations
