@@ -50,7 +50,8 @@ def pool(paths: list[Path], metrics: list[str] | None) -> dict[tuple[str, str], 
     for path in paths:
         report = json.loads(path.read_text())
         for metric in report["metrics"]:
-            if metrics and metric not in metrics or not metrics and not metric.endswith("tok/s"):
+            wanted = metric in metrics if metrics else metric.endswith("tok/s")
+            if not wanted:
                 continue
             for a, b in PAIRS:
                 ratios = paired_ratios(report, a, b, metric)
