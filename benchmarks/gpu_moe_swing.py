@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -43,15 +42,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scaffold.bench import _prompts as prompts  # the bench's own prompts: random token ids
 from scaffold.bench import checkpoint_view
 
 KINDS = ("fixed-greedy", "fixed-sampled", "fresh-sampled", "c1-fixed")
-
-
-def core_mhz() -> list[float]:
-    """The current clock of every host core, as /proc/cpuinfo reports it."""
-    return [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().split("\n")
-            if line.startswith("cpu MHz")]
 
 
 def children() -> dict[int, tuple[int, float]]:
@@ -82,8 +76,7 @@ def core_speeds() -> list[float]:
 
 
 class GpuSampler(threading.Thread):
-    """Every `period` seconds: the GPU's SM clock (MHz), power (W) and utilization (%) from
-    nvidia-smi, the mean clock of the host's cores, and the clock of the core the engine core runs on."""
+    """Every `period` seconds: the GPU's SM clock (MHz), power (W) and utilization (%) from nvidia-smi."""
 
     def __init__(self, period: float = 0.2):
         super().__init__(daemon=True)
@@ -93,12 +86,8 @@ class GpuSampler(threading.Thread):
         query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu", "--format=csv,noheader,nounits"]
         while not self.stop.is_set():
             out = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split("\n")[0]
-            mhz = core_mhz() or [0.0]
-            engine_cores = [core for core, _ in children().values()]
-            engine_mhz = max((mhz[c] for c in engine_cores if c < len(mhz)), default=0.0)
             try:
-                gpu = [float(x) for x in out.split(",")]
-                self.rows.append((time.perf_counter(), *gpu, statistics.mean(mhz), engine_mhz))
+                self.rows.append((time.perf_counter(), *[float(x) for x in out.split(",")]))
             except ValueError:
                 pass
             self.stop.wait(self.period)
@@ -108,8 +97,7 @@ class GpuSampler(threading.Thread):
         if not rows:
             return {}
         return {"sm_mhz": statistics.mean(r[1] for r in rows), "power_w": statistics.mean(r[2] for r in rows),
-                "util_pct": statistics.mean(r[3] for r in rows), "host_mhz": statistics.mean(r[4] for r in rows),
-                "engine_core_mhz": statistics.mean(r[5] for r in rows), "samples": len(rows)}
+                "util_pct": statistics.mean(r[3] for r in rows), "samples": len(rows)}
 
 
 def host_probe(repeats: int = 3) -> float:
@@ -143,11 +131,6 @@ def host_cpu() -> tuple[int, int, int]:
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     idle = fields[3] + fields[4]
     return sum(fields) - idle, fields[7] if len(fields) > 7 else 0, sum(fields)
-
-
-def prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(n)]
 
 
 def correlation(xs: list[float], ys: list[float]) -> float | None:
@@ -192,7 +175,7 @@ def main() -> None:
         else:
             batch = fixed if kind.startswith("fixed") else prompts(1000 + r, args.prompts, args.prompt_len, vocab)
             params = greedy if kind == "fixed-greedy" else sampled
-        probe_host, probe_gpu, speeds = host_probe(), gpu_probe(), core_speeds()
+        probe_gpu, speeds = gpu_probe(), core_speeds()
         before = children()
         busy0, steal0, total0 = host_cpu()
         t0 = time.perf_counter()
@@ -208,7 +191,7 @@ def main() -> None:
                "s_per_token": (t1 - t0) / generated if kind == "c1-fixed" else None,
                "host_busy_pct": 100 * (busy1 - busy0) / max(1, total1 - total0),
                "host_steal_pct": 100 * (steal1 - steal0) / max(1, total1 - total0),
-               "host_probe_ms": 1000 * probe_host, "gpu_probe_ms": probe_gpu,
+               "gpu_probe_ms": probe_gpu,
                "engine_cpu_s": engine_cpu_s, "engine_cpu_share": engine_cpu_s / (t1 - t0),
                "core_probe_ms": speeds, "engine_core": engine_core,
                "engine_core_probe_ms": speeds[engine_core] if engine_core < len(speeds) else None,
@@ -237,7 +220,7 @@ def main() -> None:
         v = [x["tok_s"] for x in rows]
         summary[kind] = {"median_tok_s": statistics.median(v), "min": min(v), "max": max(v),
                          "cv_pct": 100 * statistics.pstdev(v) / statistics.mean(v)}
-        for key in ("sm_mhz", "util_pct", "host_probe_ms", "gpu_probe_ms", "engine_cpu_s", "engine_core_probe_ms"):
+        for key in ("sm_mhz", "util_pct", "gpu_probe_ms", "engine_cpu_s", "engine_core_probe_ms"):
             summary[kind][f"corr_with_{key}"] = correlation(v, [x.get(key) or 0.0 for x in rows])
         s = summary[kind]
         corrs = "  ".join(f"{key[10:]} {'n/a' if c is None else f'{c:+.2f}'}"

@@ -22,17 +22,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scaffold.bench import median_interval
+from scaffold.bench import median_interval, paired
 
 PAIRS = (("port", "native"), ("port", "backend"), ("native", "backend"))
-
-
-def paired_ratios(report: dict, a: str, b: str, metric: str) -> list[float]:
-    """The per-round ratios a/b of one run, or none where either engine was not measured."""
-    impls = report["implementations"]
-    if not (impls.get(a, {}).get("available") and impls.get(b, {}).get("available")):
-        return []
-    return [x / y for x, y in zip(impls[a]["rounds"].get(metric, []), impls[b]["rounds"].get(metric, []))]
 
 
 def workload(report: dict, metric: str) -> str:
@@ -54,7 +46,7 @@ def pool(paths: list[Path], metrics: list[str] | None) -> dict[tuple[str, str], 
             if not wanted:
                 continue
             for a, b in PAIRS:
-                ratios = paired_ratios(report, a, b, metric)
+                ratios = paired(report["implementations"], a, b, metric)
                 label = workload(report, metric)
                 for key in ((report["model_type"], label), ("all", "throughput" if not metrics else "selected")):
                     pools.setdefault(key, {}).setdefault(f"{a}/{b}", []).extend(ratios)

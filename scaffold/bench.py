@@ -230,17 +230,23 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return ordered[k - 1], ordered[n - k], coverage(k)
 
 
+def paired(results: dict, a: str, b: str, metric: str) -> list[float]:
+    """The per-round ratios a/b of one metric, each of two values measured side by side in the
+    same round; none where either implementation was not measured."""
+    va = results.get(a, {}).get("rounds", {}).get(metric, [])
+    vb = results.get(b, {}).get("rounds", {}).get(metric, [])
+    return [x / y for x, y in zip(va, vb) if y > 0]
+
+
 def ratios(results: dict, a: str, b: str, metrics: list[str]) -> dict:
-    """Per metric: the median over rounds of a/b, each round's two values measured side by side,
-    with the range and a confidence interval for that median (`median_interval`)."""
+    """Per metric: the median over rounds of a/b (`paired`), with the range and a confidence
+    interval for that median (`median_interval`)."""
     out = {}
     for metric in metrics:
-        va = results.get(a, {}).get("rounds", {}).get(metric, [])
-        vb = results.get(b, {}).get("rounds", {}).get(metric, [])
-        paired = [x / y for x, y in zip(va, vb) if y > 0]
-        if paired:
-            low, high, level = median_interval(paired)
-            out[metric] = {"median": statistics.median(paired), "min": min(paired), "max": max(paired),
+        values = paired(results, a, b, metric)
+        if values:
+            low, high, level = median_interval(values)
+            out[metric] = {"median": statistics.median(values), "min": min(values), "max": max(values),
                            "ci_low": low, "ci_high": high, "ci_level": level}
     return out
 
