@@ -39,6 +39,7 @@ from pathlib import Path
 import click
 
 from scaffold.errors import ScaffoldError
+from scaffold.proc import python_command
 
 IMPLS = ("port", "native", "backend")
 ALIAS_PLUGIN = "scaffold_bench_alias"
@@ -147,8 +148,10 @@ class Engine:
         self.request_file = work / f"{impl}.request.json"
         self.request_file.write_text(json.dumps(request))
         self._logf = open(log, "w")  # noqa: SIM115 (open while the engine runs)
+        cwd = work / f"{impl}.cwd"  # an empty folder of its own to start in (scaffold.proc says why)
+        cwd.mkdir()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scaffold.bench", "--worker", str(self.request_file)],
+            python_command("scaffold.bench", "--worker", self.request_file, env=env), cwd=cwd,
             stdin=subprocess.PIPE, stdout=self._logf, stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
             text=True, start_new_session=True,
         )

@@ -10,15 +10,18 @@ then moved into place, so an error never leaves a half-written port behind.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import json
 import keyword
 import math
 import os
 import re
 import shutil
-import subprocess
-import sys
+import signal
 import tempfile
+import threading
 import typing
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
+from scaffold.proc import python_command, run_tool
 from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, validate_identifiers
 
 PACKAGE_PLACEHOLDER = "__package__"
@@ -198,28 +202,12 @@ def check_spec(spec: Spec, where: str | Path | None = None) -> None:
     validate_identifiers(spec, str(where or "spec"))
 
 
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    """Compiled templates kept between runs (compiling them is a good part of `scaffold new`'s time).
-
-    Jinja keys each entry on the template's name and a checksum of its source, so an edited
-    template is compiled afresh. No cache when the folder cannot be made.
-    """
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(root, "vllm-scaffold", f"jinja-{__version__}")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(folder)
-
-
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
-        bytecode_cache=_bytecode_cache(),
     )
     env.filters["py"] = py_literal
     env.filters["toml"] = toml_string
@@ -325,7 +313,7 @@ def _ruff() -> list[str]:
 
         return [os.fsdecode(find_ruff_bin())]
     except (ImportError, FileNotFoundError):
-        return [sys.executable, "-m", "ruff"]
+        return python_command("ruff")
 
 
 def format_and_check(folder: Path) -> None:
@@ -340,13 +328,12 @@ def format_and_check(folder: Path) -> None:
             rel = Path(path).relative_to(folder)
             raise ScaffoldError(f"generated file {rel} does not parse ({exc}); please report this.") from None
     ruff = _ruff()
-    subprocess.run([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
-                   check=False, capture_output=True, text=True)
-    fmt = subprocess.run([*ruff, "format", "--no-cache", "--isolated", *py_files],
-                         check=False, capture_output=True, text=True)
+    run_tool([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--select", "I", "--fix", *py_files],
+             check=False, capture_output=True, text=True)
+    fmt = run_tool([*ruff, "format", "--no-cache", "--isolated", *py_files], check=False, capture_output=True, text=True)
     if fmt.returncode != 0:
         raise ScaffoldError(f"ruff could not format the generated code: {fmt.stderr.strip() or fmt.stdout.strip()}")
-    lint = subprocess.run(
+    lint = run_tool(
         [*ruff, "check", "--quiet", "--no-cache", "--isolated", *py_files],
         check=False, capture_output=True, text=True,
     )
@@ -364,13 +351,82 @@ def _contains(folder: Path, other: Path) -> bool:
     return other == folder or folder in other.parents
 
 
+# The file that marks a folder as a package scaffold wrote, listing what it wrote. --force
+# replaces such a folder (or an empty one) and nothing else.
+MANIFEST = ".scaffold-manifest.json"
+# What installing or testing a port adds beside the generated files; --force may remove it.
+BUILD_LEFTOVERS = ("build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info")
+
+
+def manifest(files: dict[str, str]) -> str:
+    return json.dumps({"generator": "vllm-scaffold", "version": __version__, "files": sorted(files)}, indent=1) + "\n"
+
+
+def _foreign_entries(folder: Path) -> list[str] | None:
+    """What in `folder` scaffold did not write (None: the folder is no port of scaffold's at all)."""
+    entries = list(folder.iterdir())
+    if not entries:
+        return []
+    try:
+        listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+        written = {Path(rel).parts for rel in listed if isinstance(rel, str)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    prefixes = {parts[:i] for parts in written for i in range(1, len(parts))}
+    foreign = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if rel.name == MANIFEST and len(rel.parts) == 1:
+            continue
+        if any(fnmatch.fnmatch(part, pattern) for part in rel.parts for pattern in BUILD_LEFTOVERS):
+            continue
+        if rel.parts in written and (path.is_file() and not path.is_symlink()):
+            continue
+        if rel.parts in prefixes and path.is_dir() and not path.is_symlink():
+            continue
+        foreign.append(rel.as_posix())
+    return foreign
+
+
+def _check_replaceable(out: Path) -> None:
+    """--force replaces a port scaffold wrote, or an empty folder; nothing else (a home folder, a project)."""
+    foreign = _foreign_entries(out)
+    if foreign is None:
+        raise OutputError(f"--force replaces only an empty folder or a port scaffold wrote (marked by its {MANIFEST}); "
+                          "this folder is neither. Choose another output folder, or empty this one yourself.", out)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputError(f"--force would delete files scaffold did not write: {shown}. Move them out of the port, or "
+                          "choose another output folder.", out)
+
+
+@contextmanager
+def _terminations_raise():
+    """SIGTERM and SIGHUP end the write through the cleanup that an error takes (exit 128 + signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def write_package(rendered: Rendered, out: Path, *, force: bool) -> Path:
     """Write atomically: build beside `out`, check, then swap into place.
 
-    An existing `out` is replaced only with --force, and only once the new package
-    is complete, formatted and lint-clean; if anything fails, `out` keeps its old
-    content and no staging folder is left beside it. A folder that holds the
-    checkpoint or the current directory is never replaced.
+    An existing `out` is replaced only with --force, only when it is empty or a port scaffold
+    wrote (nothing in it that scaffold did not write, build leftovers aside), and only once the
+    new package is complete, formatted and lint-clean. If anything fails, or the process is
+    told to terminate, `out` keeps its old content, and no staging folder and no parent folder
+    made for it is left. A folder that holds the checkpoint or the current directory is never
+    replaced.
     """
     out = Path(out).absolute()
     exists = out.exists() or out.is_symlink()
@@ -386,19 +442,28 @@ def write_package(rendered: Rendered, out: Path, *, force: bool) -> Path:
     if exists and (_contains(real, Path.cwd().resolve()) or real == Path.home().resolve()):
         raise OutputError("refusing to replace a folder that holds the current directory or is the home folder.",
                           out)
+    if exists:
+        _check_replaceable(out)
     for rel in rendered.files:
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or rel == MANIFEST:
             raise ScaffoldError(f"generated file name {rel!r} leaves the package; please report this.")
+    files = {**rendered.files, MANIFEST: manifest(rendered.files)}
+    with _terminations_raise():
+        return _swap_in(files, out, exists)
+
+
+def _swap_in(files: dict[str, str], out: Path, exists: bool) -> Path:
     parent = out.parent
+    made = [p for p in (parent, *parent.parents) if not p.exists()]  # parent folders this write creates
+    staging = old = None
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=parent))
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; the port is an ordinary folder
-    except OSError as exc:
-        raise OutputError(f"cannot create the output folder ({exc.strerror}).", out) from None
-    old: Path | None = None
-    try:
-        for rel, text in rendered.files.items():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=parent))
+            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; the port is an ordinary folder
+        except OSError as exc:
+            raise OutputError(f"cannot create the output folder ({exc.strerror}).", out) from None
+        for rel, text in files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
@@ -413,13 +478,20 @@ def write_package(rendered: Rendered, out: Path, *, force: bool) -> Path:
                 raise
         else:
             os.rename(staging, out)
+        made = []
     except UnicodeEncodeError as exc:
         raise ScaffoldError(f"generated text cannot be written as UTF-8 ({exc.reason}); please report this.",
                             out) from None
     except OSError as exc:
         raise OutputError(f"cannot write the output folder ({exc.strerror or exc}).", out) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already when the swap succeeded
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when the swap succeeded
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        for folder in made:  # innermost first; only folders still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     return out

@@ -104,8 +104,12 @@ def test_new_refuses_to_overwrite_without_force(tmp_path):
     proc = scaffold("new", EXAMPLES / "demolm", "-o", out, check=False)
     assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    scaffold("new", EXAMPLES / "demolm", "-o", out, "--force")
-    assert not (out / "keep.txt").exists() and (out / "demo_lm_vllm" / "model.py").exists()
+    proc = scaffold("new", EXAMPLES / "demolm", "-o", out, "--force", check=False)  # not a folder scaffold wrote
+    assert proc.returncode == 2 and "keep.txt" not in proc.stderr and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    scaffold("new", EXAMPLES / "demolm", "-o", out, "--force")  # an empty folder
+    scaffold("new", EXAMPLES / "demolm", "-o", out, "--force")  # a port scaffold wrote
+    assert (out / "demo_lm_vllm" / "model.py").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["port"]  # no staging folders left behind
 
 

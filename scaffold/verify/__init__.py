@@ -13,6 +13,7 @@ from pathlib import Path
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
+from scaffold.proc import run_python
 from scaffold.verify.port import Port, load_port, stage_install
 from scaffold.verify.probes import FEEDS, localize, probes_for
 from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
@@ -336,8 +337,6 @@ class _Sharding:
         if sharding is None or sharding.done:
             return
         import json
-        import subprocess
-        import sys
 
         from scaffold.verify.parity import engine_env
 
@@ -345,9 +344,9 @@ class _Sharding:
         with tempfile.TemporaryDirectory() as tmp:
             request = {**sharding.request, "out": str(Path(tmp) / "tp.json")}
             (Path(tmp) / "req.json").write_text(json.dumps(request))
-            proc = subprocess.run([sys.executable, "-m", "scaffold.verify.tp", str(Path(tmp) / "req.json")],
-                                  env=engine_env(sharding.stage, sharding.package), capture_output=True, text=True,
-                                  check=False)
+            proc = run_python("scaffold.verify.tp", Path(tmp) / "req.json",
+                              env=engine_env(sharding.stage, sharding.package), capture_output=True, text=True,
+                              check=False)
             if proc.returncode != 0:
                 sharding.record(None, proc.stderr or proc.stdout)
                 return

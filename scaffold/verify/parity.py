@@ -8,13 +8,13 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.errors import ScaffoldError
+from scaffold.proc import run_python
 
 TOP_K = 20
 NEW_TOKENS = 16
@@ -68,8 +68,7 @@ class ParityResult:
 def _run(module: str, request: dict, env: dict, what: str, timeout: int = 900) -> subprocess.CompletedProcess:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(request, f)
-    proc = subprocess.run([sys.executable, "-m", module, f.name], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = run_python(module, f.name, env=env, capture_output=True, text=True, timeout=timeout)
     os.unlink(f.name)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import tomllib
 
 from scaffold.errors import ScaffoldError
+from scaffold.proc import run_python
 from scaffold.spec import FIELDS, Source, Spec, field_problem, field_value, validate_identifiers, validate_names
 
 SPEC_FILE = "scaffold_spec.toml"
@@ -72,9 +71,9 @@ def stage_install(port: Port) -> Path:
     stage = Path(tempfile.mkdtemp(prefix="scaffold-stage-"))
     source = stage / "src"
     shutil.copytree(port.path, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-compile", "--disable-pip-version-check", "--target", str(stage / "site"), str(source)],
+    result = run_python(
+        "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+        "--no-compile", "--disable-pip-version-check", "--target", stage / "site", source,
         capture_output=True, text=True,
     )
     if result.returncode != 0:
