@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,10 +12,16 @@ from scaffold import __version__
 from scaffold.backend.compare import compare_command
 from scaffold.bench import bench
 from scaffold.errors import ScaffoldError
+from scaffold.text import json_text, terminal_text
+
+
+def _echo(text: str, err: bool = False) -> None:
+    """Print text that may quote the checkpoint with its escape sequences made visible (scaffold.text)."""
+    click.echo(terminal_text(text), err=err)
 
 
 def _fail(exc: ScaffoldError) -> None:
-    click.echo(f"error: {exc.message}", err=True)
+    _echo(f"error: {exc.message}", err=True)
     sys.exit(exc.exit_code)
 
 
@@ -58,7 +63,7 @@ class _Group(click.Group):
         except ScaffoldError as exc:
             _fail(exc)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+            _echo("interrupted", err=True)
             sys.exit(130)
 
 
@@ -79,9 +84,9 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
 
     analysis = analyze(checkpoint, spec_file)
     if as_json:
-        click.echo(json.dumps(inspect_json(analysis), indent=2))
+        _echo(json_text(inspect_json(analysis)))
     else:
-        click.echo(inspect_text(analysis))
+        _echo(inspect_text(analysis))
 
 
 @main.command()
@@ -105,17 +110,17 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
         analysis = choice.analysis
         target = generate(analysis, out or Path(analysis.spec.package), force=force,
                           trust_remote_code=trust_remote_code)
-        click.echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
+        _echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
     else:
         from scaffold.backend.plan import generate as generate_backend
 
         target = generate_backend(choice.backend, out, force=force, reason=choice.reason)
         comp = choice.backend.compliance
-        click.echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
+        _echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
                    f"{len(comp.expected)} fusions expected; {choice.reason})")
         for defect in choice.backend.defects:
-            click.echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
-    click.echo(f"next: pip install {target} && scaffold verify {target}")
+            _echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
+    _echo(f"next: pip install {target} && scaffold verify {target}")
 
 
 @main.command()
@@ -135,8 +140,8 @@ def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_
 
     report = verifier.run(port, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
                           tensor_parallel_size=tensor_parallel, static_only=static_only, twin=twin,
-                          progress=None if as_json else lambda line: click.echo(line, err=True))
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.render())
+                          progress=None if as_json else lambda line: _echo(line, err=True))
+    _echo(json_text(report.to_json()) if as_json else report.render())
     verifier.record_in_review(port, report)
     if not report.passed:
         sys.exit(1)

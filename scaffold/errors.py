@@ -5,21 +5,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from scaffold.text import terminal_text
+
 # Longest message the CLI prints; anything taken from a checkpoint is quoted with
 # repr() and can be long, and the user needs the problem, not a megabyte of it.
 MAX_MESSAGE = 4000
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 _NEWLINES = re.compile(r"\s*[\r\n]+\s*")
-
-
-def _escape(match: re.Match) -> str:
-    return ascii(match.group())[1:-1]
 
 
 def clean(text: str, *, one_paragraph: bool) -> str:
     """Text safe to print on a terminal: no control characters, optionally no line breaks."""
     text = _NEWLINES.sub(" ", text) if one_paragraph else text
-    text = _CONTROL.sub(_escape, text.replace("\r", ""))
+    text = terminal_text(text.replace("\r", ""))
     if len(text) > MAX_MESSAGE:
         text = text[: MAX_MESSAGE - 20] + " ... (message cut)"
     return text

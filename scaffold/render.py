@@ -33,6 +33,7 @@ from scaffold.checkpoint import Checkpoint
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
+from scaffold.text import markdown_text
 from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, validate_identifiers
 
 PACKAGE_PLACEHOLDER = "__package__"
@@ -96,14 +97,6 @@ def py_literal(value: Any, _depth: int = 0) -> str:
                 raise ScaffoldError(f"refusing to render a dict key of type {type(key).__name__} into generated code.")
         return "{" + ", ".join(f"{py_literal(k, _depth + 1)}: {py_literal(v, _depth + 1)}" for k, v in value.items()) + "}"
     raise ScaffoldError(f"refusing to render a value of type {type(value).__name__} into generated code.")
-
-
-def markdown_text(value: Any) -> str:
-    """Text for a markdown line: no line breaks, control characters or markup that escapes a code span."""
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text.replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
 
 
 def config_defaults(config: dict, where: str | Path = "config.json") -> list[tuple[str, Any]]:
@@ -202,8 +195,15 @@ def check_spec(spec: Spec, where: str | Path | None = None) -> None:
     validate_identifiers(spec, str(where or "spec"))
 
 
+@jinja2.pass_context
+def _finalize(context: jinja2.runtime.Context, value: Any) -> Any:
+    """Every value a Markdown template prints is made inert Markdown (idempotent on `| md` output)."""
+    return markdown_text(value) if context.name and context.name.endswith(".md.j2") else value
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
+        finalize=_finalize,
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,

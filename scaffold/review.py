@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from scaffold import __version__
 from scaffold.mapping import embedding_tensor, head_tensor
 from scaffold.spec import FIELDS
+from scaffold.text import markdown_text
 
 if TYPE_CHECKING:
     from scaffold.pipeline import Analysis
@@ -54,11 +55,7 @@ def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
     return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS]
 
 
-def _md(value) -> str:
-    """Checkpoint-derived text for a REVIEW.md line or table cell, unable to break out of it."""
-    from scaffold.render import markdown_text
-
-    return markdown_text(value)
+_md = markdown_text  # checkpoint-derived text for a REVIEW.md line or table cell
 
 
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
@@ -162,7 +159,7 @@ def decisions(spec) -> list[str]:
                        "load_weights regroups it into shards q, k, v",
     }[spec.qkv_layout]
     out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
-           f"scale {'head_dim ** -0.5' if spec.attention_scale is None else spec.source('attention_scale').detail}"
+           f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
            + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
     if spec.qk_norm != "none":
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
@@ -186,7 +183,7 @@ def decisions(spec) -> list[str]:
                    f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`).")
     if spec.gate_extra_bias:
         out.append(f"- `mlp.{spec.gate_extra_bias}` is added to the gate half of gate_up_proj's output before the "
-                   f"activation ({spec.source('gate_extra_bias').detail}); it is sharded like the gate rows.")
+                   f"activation ({_md(spec.source('gate_extra_bias').detail)}); it is sharded like the gate rows.")
     norm = {"rms": "RMSNorm", "layer": "LayerNorm"}[spec.norm_kind]
     if spec.norm_kind == "rms" and spec.norm_offset:
         norm = "GemmaRMSNorm (scales by 1 + weight)"
@@ -200,7 +197,7 @@ def decisions(spec) -> list[str]:
     out.append(f"- block: {spec.block} ({block}); norms are {norm}.")
     scales = []
     if spec.embedding_multiplier is not None:
-        scales.append(f"embeddings x {spec.source('embedding_multiplier').expr or spec.embedding_multiplier}")
+        scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")
     if spec.residual_multiplier is not None:
         scales.append(f"sublayer outputs x {spec.residual_multiplier:g} before the residual add")
     if spec.logits_scale is not None:

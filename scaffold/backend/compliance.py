@@ -30,6 +30,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.identity import transformers_model_types
+from scaffold.text import markdown_text
 
 MOE_EXPERTS_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 TENSOR_FACTORIES = {"empty", "zeros", "ones", "randn", "rand", "full"}
@@ -731,13 +732,13 @@ def render_text(comp: Compliance) -> list[str]:
 
 
 def _cell(text: str) -> str:
-    """Text for one markdown table cell: one line, no column breaks."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text for one markdown table cell: one line, inert (scaffold.text)."""
+    return markdown_text(" ".join(str(text).split()))
 
 
 def render_markdown(comp: Compliance) -> list[str]:
     out = ["## Transformers backend compliance", "",
-           (f"Read (never run) from {comp.origin}: {', '.join(f'`{f}`' for f in comp.files) or 'no source'}. "
+           (f"Read (never run) from {_cell(comp.origin)}: {', '.join(f'`{_cell(f)}`' for f in comp.files) or 'no source'}. "
             f"Result: **{'compliant' if comp.compliant else 'not compliant'}**."), "",
            "| rule | status | detail | where |", "| --- | --- | --- | --- |"]
     for r in comp.rules:
@@ -746,6 +747,6 @@ def render_markdown(comp: Compliance) -> list[str]:
         out += ["", "Expected `Fused:` lines (one per module class and attribute):", "",
                 "| fusion | module class | attribute | under | modules covered |", "| --- | --- | --- | --- | --- |"]
         for e in comp.expected:
-            out.append(f"| {e.kind} | {e.module_class} | {e.attr or 'experts'} | {e.parent_class} | "
+            out.append(f"| {e.kind} | {_cell(e.module_class)} | {_cell(e.attr or 'experts')} | {_cell(e.parent_class)} | "
                        f"{e.instances}{' (conditional)' if e.conditional else ''} |")
     return out + [""]

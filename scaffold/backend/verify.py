@@ -114,10 +114,8 @@ def add_measured(report: Report, m: Measured, label: str = "backend") -> None:
     report.add(f"{label} loaded by vLLM", is_backend,
                f"vLLM instantiated {m.vllm_class} in {m.load_seconds:.1f} s" + (
                    "" if is_backend else ", not the transformers backend"), load_seconds=m.load_seconds)
-    ok = result.max_delta <= result.tolerance
-    report.add("parity: log-probabilities", ok,
-               f"max |dlogp| {result.max_delta:.2e} over the top-{parity.TOP_K} tokens at every position "
-               f"(tolerance {result.tolerance:.0e})", max_delta=result.max_delta)
+    ok, detail = result.logprob_check()
+    report.add("parity: log-probabilities", ok, detail, max_delta=result.max_delta, nonfinite=result.nonfinite)
     report.add("parity: greedy continuation", result.greedy_ok,
                f"{sum(p.greedy_match for p in result.prompts)}/{result.new_tokens * len(result.prompts)} tokens "
                f"identical over {len(result.prompts)} prompts")

@@ -14,8 +14,9 @@ from scaffold.checkpoint import read_checkpoint
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.proc import run_python
+from scaffold.text import markdown_fence
 from scaffold.verify.port import Port, load_port, stage_install
-from scaffold.verify.probes import FEEDS, localize, probes_for
+from scaffold.verify.probes import FEEDS, first_nonfinite, localize, probes_for
 from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
 from scaffold.verify.static import run_static
 
@@ -243,10 +244,8 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                f"vLLM instantiated {result.vllm_class}" + ("" if result.vllm_class == expected_class
                                                            else f", not the port {expected_class}")
                + (f" (tensor_parallel_size={tensor_parallel_size})" if tensor_parallel_size > 1 else ""))
-    ok = result.max_delta <= result.tolerance
-    report.add("parity: log-probabilities", ok,
-               f"max |dlogp| {result.max_delta:.2e} over the top-{parity.TOP_K} tokens at every position "
-               f"(tolerance {result.tolerance:.0e})", max_delta=result.max_delta)
+    ok, detail = result.logprob_check()
+    report.add("parity: log-probabilities", ok, detail, max_delta=result.max_delta, nonfinite=result.nonfinite)
     report.add("parity: greedy continuation", result.greedy_ok,
                f"{sum(p.greedy_match for p in result.prompts)}/{result.new_tokens * len(result.prompts)} tokens "
                f"identical over {len(result.prompts)} prompts")
@@ -283,7 +282,7 @@ def record_in_review(port_dir: str | Path, report: Report) -> None:
     text = review.read_text(encoding="utf-8")
     head = text.split(VERIFY_MARKER, 1)[0]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = f"{VERIFY_MARKER}\n\nLatest `scaffold verify`, {stamp}:\n\n```\n{report.render()}\n```\n"
+    body = f"{VERIFY_MARKER}\n\nLatest `scaffold verify`, {stamp}:\n\n{markdown_fence(report.render())}\n"
     review.write_text(head + body, encoding="utf-8")
 
 
@@ -356,6 +355,13 @@ class _Sharding:
 def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) -> None:
     if not hf or not port:
         report.add("divergence", None, "not localized: module outputs were not captured (tensor parallel run)")
+        return
+    bad = first_nonfinite(hf, port, probes)
+    if bad is not None:
+        probe, sides = bad
+        report.add("divergence", False, f"first module output holding NaN or an infinity: {probe.label}, from "
+                                        f"{sides}; spec fields feeding it: {', '.join(FEEDS[probe.kind])}",
+                   module=probe.label, nonfinite=sides, fields=FEEDS[probe.kind])
         return
     errors, first = localize(hf, port, probes)
     if first is None:

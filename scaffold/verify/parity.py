@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -38,6 +39,7 @@ class PromptResult:
     top1_agree: int
     positions: int
     worst_position: int  # absolute position of the largest delta
+    nonfinite: str = ""  # where a side first gave NaN or +inf ("" when both were finite)
 
 
 @dataclass
@@ -50,7 +52,21 @@ class ParityResult:
 
     @property
     def max_delta(self) -> float:
+        if self.nonfinite:
+            return math.inf
         return max((max(p.max_prompt_delta, p.max_sample_delta) for p in self.prompts), default=float("inf"))
+
+    @property
+    def nonfinite(self) -> str:
+        """Where a side first gave a value that is no log-probability (NaN, +inf): parity fails on it."""
+        return next((f"prompt {i}: {p.nonfinite}" for i, p in enumerate(self.prompts) if p.nonfinite), "")
+
+    def logprob_check(self) -> tuple[bool, str]:
+        """The log-probability verdict and its one-line detail."""
+        if self.nonfinite:
+            return False, f"non-finite log-probabilities: {self.nonfinite}"
+        return self.max_delta <= self.tolerance, (f"max |dlogp| {self.max_delta:.2e} over the top-{TOP_K} tokens at "
+                                                  f"every position (tolerance {self.tolerance:.0e})")
 
     @property
     def greedy_ok(self) -> bool:
@@ -169,6 +185,7 @@ def compare(hf: dict, vl: dict, prompts, new_tokens=NEW_TOKENS) -> ParityResult:
             match += 1
         logprobs = h["logprobs"]  # row t predicts token t + 1 of hf_tokens
         worst, worst_pos, prompt_delta, sample_delta, agree, positions = 0.0, 0, 0.0, 0.0, 0, 0
+        nonfinite = ""
         rows = [(t, d) for t, d in enumerate(v["prompt_logprobs"])]
         # Sampled positions are comparable while both engines saw the same tokens.
         rows += [(n - 1 + j, d) for j, d in enumerate(v["sample_logprobs"][: match + 1])]
@@ -176,7 +193,11 @@ def compare(hf: dict, vl: dict, prompts, new_tokens=NEW_TOKENS) -> ParityResult:
             if t >= logprobs.shape[0]:
                 continue
             ref = logprobs[t]
-            delta = max(abs(float(ref[int(k)]) - lp) for k, lp in dist.items())
+            sides = [name for name, bad in (("transformers", _no_logprob(ref.tolist())),
+                                            ("the port in vLLM", _no_logprob(dist.values()))) if bad]
+            if sides and not nonfinite:
+                nonfinite = f"{' and '.join(sides)} gave NaN or +inf at position {t}"
+            delta = max(_delta(float(ref[int(k)]), lp) for k, lp in dist.items())
             best_v = max(dist.items(), key=lambda kv: kv[1])[0]
             agree += int(int(best_v) == int(ref.argmax()))
             positions += 1
@@ -186,5 +207,19 @@ def compare(hf: dict, vl: dict, prompts, new_tokens=NEW_TOKENS) -> ParityResult:
                 sample_delta = max(sample_delta, delta)
             if delta > worst:
                 worst, worst_pos = delta, t
-        result.prompts.append(PromptResult(n, prompt_delta, sample_delta, match, agree, positions, worst_pos))
+        result.prompts.append(PromptResult(n, prompt_delta, sample_delta, match, agree, positions, worst_pos,
+                                           nonfinite))
     return result
+
+
+def _no_logprob(values) -> bool:
+    """Whether any value is NaN or +inf (-inf is the log-probability of a token that cannot occur)."""
+    return any(math.isnan(v) or v == math.inf for v in values)
+
+
+def _delta(ref: float, got: float) -> float:
+    """|ref - got|, where two equal infinities agree and NaN on either side is an infinite difference."""
+    if ref == got:
+        return 0.0
+    delta = abs(ref - got)
+    return math.inf if math.isnan(delta) else delta

@@ -9,6 +9,7 @@ names the first module whose output diverges, with the spec fields that feed it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Spec fields that feed each kind of module; the suspects when that module diverges.
@@ -110,6 +111,16 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
     return handles
 
 
+def first_nonfinite(hf: dict, port: dict, probes: list[Probe]) -> tuple[Probe, str] | None:
+    """The first module, in execution order, whose output holds NaN or an infinity, and on which side."""
+    for probe in probes:
+        sides = [side for side, store in (("transformers", hf), ("the port in vLLM", port))
+                 if probe.label in store and not bool(store[probe.label].isfinite().all())]
+        if sides:
+            return probe, " and ".join(sides)
+    return None
+
+
 def localize(hf: dict, port: dict, probes: list[Probe]) -> tuple[list[tuple[str, float]], Probe | None]:
     """Relative error of every probe in execution order, and the first that diverges."""
     errors, first = [], None
@@ -120,9 +131,10 @@ def localize(hf: dict, port: dict, probes: list[Probe]) -> tuple[list[tuple[str,
         if probe.kind == "logits" and a.shape != b.shape:
             a, b = a[-1:], b[-1:]  # vLLM computes logits only where it samples
         if a.shape != b.shape:
-            rel = float("inf")
+            rel = math.inf
         else:
             rel = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+            rel = math.inf if math.isnan(rel) else rel  # NaN on a side never agrees
         errors.append((probe.label, rel))
         if first is None and rel > THRESHOLD:
             first = probe
