@@ -39,6 +39,7 @@ from pathlib import Path
 import click
 
 from scaffold.errors import ScaffoldError
+from scaffold.text import echo
 from scaffold.proc import python_command
 
 IMPLS = ("port", "native", "backend")
@@ -564,9 +565,9 @@ def bench(port: Path, checkpoint: Path | None, out_dir: Path, quick: bool, repea
     settings.max_model_len = max_model_len or -(-longest // 256) * 256
     started = time.monotonic()
     report = run_bench(port, settings, out_dir, checkpoint, only or IMPLS,
-                       progress=lambda line: click.echo(f"[{time.monotonic() - started:7.1f}s] {line}", err=True))
-    click.echo(render_table(report))
-    click.echo(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.txt'} and {out_dir / 'bench.png'}")
+                       progress=lambda line: echo(f"[{time.monotonic() - started:7.1f}s] {line}", err=True))
+    echo(render_table(report))
+    echo(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.txt'} and {out_dir / 'bench.png'}")
 
 
 # ----------------------------------------------------------------------------- engine side

@@ -12,16 +12,11 @@ from scaffold import __version__
 from scaffold.backend.compare import compare_command
 from scaffold.bench import bench
 from scaffold.errors import ScaffoldError
-from scaffold.text import json_text, terminal_text
-
-
-def _echo(text: str, err: bool = False) -> None:
-    """Print text that may quote the checkpoint with its escape sequences made visible (scaffold.text)."""
-    click.echo(terminal_text(text), err=err)
+from scaffold.text import echo, json_text
 
 
 def _fail(exc: ScaffoldError) -> None:
-    _echo(f"error: {exc.message}", err=True)
+    echo(f"error: {exc.message}", err=True)
     sys.exit(exc.exit_code)
 
 
@@ -63,7 +58,7 @@ class _Group(click.Group):
         except ScaffoldError as exc:
             _fail(exc)
         except KeyboardInterrupt:
-            _echo("interrupted", err=True)
+            echo("interrupted", err=True)
             sys.exit(130)
 
 
@@ -84,9 +79,9 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
 
     analysis = analyze(checkpoint, spec_file)
     if as_json:
-        _echo(json_text(inspect_json(analysis)))
+        echo(json_text(inspect_json(analysis)))
     else:
-        _echo(inspect_text(analysis))
+        echo(inspect_text(analysis))
 
 
 @main.command()
@@ -110,17 +105,17 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
         analysis = choice.analysis
         target = generate(analysis, out or Path(analysis.spec.package), force=force,
                           trust_remote_code=trust_remote_code)
-        _echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
+        echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
     else:
         from scaffold.backend.plan import generate as generate_backend
 
         target = generate_backend(choice.backend, out, force=force, reason=choice.reason)
         comp = choice.backend.compliance
-        _echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
+        echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
                    f"{len(comp.expected)} fusions expected; {choice.reason})")
         for defect in choice.backend.defects:
-            _echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
-    _echo(f"next: pip install {target} && scaffold verify {target}")
+            echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
+    echo(f"next: pip install {target} && scaffold verify {target}")
 
 
 @main.command()
@@ -140,8 +135,8 @@ def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_
 
     report = verifier.run(port, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
                           tensor_parallel_size=tensor_parallel, static_only=static_only, twin=twin,
-                          progress=None if as_json else lambda line: _echo(line, err=True))
-    _echo(json_text(report.to_json()) if as_json else report.render())
+                          progress=None if as_json else lambda line: echo(line, err=True))
+    echo(json_text(report.to_json()) if as_json else report.render())
     verifier.record_in_review(port, report)
     if not report.passed:
         sys.exit(1)

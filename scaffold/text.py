@@ -12,6 +12,8 @@ import json
 import math
 import re
 
+import click
+
 # C0 and C1 controls (tab and newline aside), DEL, line/paragraph separators and the
 # bidirectional overrides that reorder what a reader sees.
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -59,3 +61,8 @@ def _finite(value):
 def json_text(value) -> str:
     """JSON every parser reads: a NaN or infinity (which JSON has no word for) becomes the string naming it."""
     return json.dumps(_finite(value), indent=2, allow_nan=False)
+
+
+def echo(text: str, err: bool = False) -> None:
+    """Print a line of the CLI, which may quote the checkpoint, with escape sequences made visible."""
+    click.echo(terminal_text(text), err=err)

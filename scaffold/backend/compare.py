@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from scaffold.errors import ScaffoldError
+from scaffold.text import echo
 
 
 @dataclass
@@ -184,11 +185,11 @@ def compare_command(checkpoint: Path, trust_remote_code: bool, as_json: bool) ->
     """Run CHECKPOINT as a native port and through vLLM's transformers backend, side by side."""
     started = time.perf_counter()
     sides = compare(checkpoint, trust_remote_code=trust_remote_code,
-                    progress=None if as_json else lambda line: click.echo(line, err=True))
+                    progress=None if as_json else lambda line: echo(line, err=True))
     if as_json:
-        click.echo(json.dumps({"checkpoint": str(checkpoint), "seconds": time.perf_counter() - started,
+        echo(json.dumps({"checkpoint": str(checkpoint), "seconds": time.perf_counter() - started,
                                "implementations": [s.to_json() for s in sides]}, indent=2))
     else:
-        click.echo(render(sides, str(checkpoint)))
+        echo(render(sides, str(checkpoint)))
     if not any(s.parity_ok for s in sides):
         sys.exit(1)

@@ -104,8 +104,6 @@ def measure(ckpt: Checkpoint, expected: list[ExpectedFusion], trusted: bool, *, 
 
 
 def add_measured(report: Report, m: Measured, label: str = "backend") -> None:
-    from scaffold.verify import parity
-
     if m.error:
         report.add(f"{label} loads in vLLM", False, m.error)
         return
