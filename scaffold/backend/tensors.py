@@ -161,6 +161,11 @@ def check(ckpt: Checkpoint, trust_remote_code: bool, remote_code: bool) -> Tenso
             "without --trust-remote-code the tool cannot build the checkpoint's own model to check that vLLM's "
             "backend maps every checkpoint tensor name; pass --trust-remote-code, or describe the architecture "
             "with --spec for a native port"))
+    if ckpt.config.get("quantization_config") is not None:
+        return TensorCheck(False, reason=(
+            "the checkpoint is quantized (config.json has a quantization_config): its packed tensors and scales "
+            "cannot be held to the module tree transformers builds, so the tool cannot check that vLLM's backend "
+            "maps every tensor"))
     too_many = _layer_bound(ckpt)
     if too_many:
         return TensorCheck(False, reason=too_many)
