@@ -164,8 +164,8 @@ def render(sides: list[Side], checkpoint: str) -> str:
         verdict = "pass" if s.parity_ok else "FAIL"
         lines += [
             f"  vLLM class     {s.vllm_class}",
-            f"  parity         {verdict}: max |dlogp| {s.max_delta:.2e} (tolerance {s.tolerance:.0e}), "
-            f"greedy {s.greedy} tokens identical",
+            (f"  parity         {verdict}: max |dlogp| {s.max_delta:.2e} (tolerance {s.tolerance:.0e}), "
+             f"greedy {s.greedy} tokens identical"),
             f"  fusions        {s.fusions}"
             + ("" if s.fusions_ok is None else f" ({'ok' if s.fusions_ok else 'MISSING'})"),
             f"  load time      {s.load_seconds:.1f} s",

@@ -201,13 +201,15 @@ def _build_tree(ckpt: Checkpoint, trust_remote_code: bool) -> dict:
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
         try:
             proc = subprocess.run([sys.executable, "-I", "-c", CHILD, str(args), str(out), str(BUILD_MEMORY_BYTES)],
-                                  cwd=tmp, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+                                  cwd=tmp, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                                  check=False)
         except subprocess.TimeoutExpired:
             raise _BuildError(f"building the model from config.json on the meta device took over "
                               f"{BUILD_TIMEOUT_S} s") from None
         if proc.returncode != 0 or not out.exists():
             lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
             last = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else f"exit {proc.returncode}")
+            last = "".join(c if c.isprintable() else "?" for c in last)  # it may quote the checkpoint's text
             raise _BuildError("transformers could not build the model from config.json (so the tool cannot check "
                               f"that vLLM's backend maps every tensor): {last[:300]}")
         return json.loads(out.read_text())
@@ -230,6 +232,7 @@ def compare(ckpt: Checkpoint, tree: dict) -> TensorCheck:
     experts = tree["experts"]
     per_expert: dict[str, dict[int, dict[str, tuple[str, TensorInfo]]]] = {}
     filled: set[str] = set()
+    owners: dict[str, str] = {}  # parameter -> the checkpoint tensor that fills it
     problems = result.problems
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
@@ -252,6 +255,10 @@ def compare(ckpt: Checkpoint, tree: dict) -> TensorCheck:
                             + (f" (mapped to {target})" if target != name else "")
                             + ": vLLM would refuse it or drop it, and the model would compute something else")
             continue
+        if target in owners:
+            problems.append(f"tensors {owners[target]} and {name} ({_where(info)}) both land on {target}: "
+                            "vLLM would load one over the other")
+        owners[target] = name
         if list(info.shape) != list(want):
             problems.append(f"tensor {name} has shape {list(info.shape)} ({_where(info)}), but the backend's "
                             f"{result.model_class} built from config.json needs {list(want)}")
