@@ -183,3 +183,67 @@ def test_remote_code_with_unmappable_names_is_refused(tmp_path):
     refused(scaffold("new", ckpt, "-o", out, "--trust-remote-code", check=False), "output.weight", "no parameter",
             "lm_head.weight is missing")
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ cases for the robustness catalogue
+# In tests/robustness_cases.py's format (the lead folds them into CASES): the catalogue's checkpoint
+# (ckpt_factory, zeros) renamed to the stock LlamaForCausalLM, so that a native refusal falls through to
+# the backend, then broken in one way. Each must exit 2 naming config.json and the tensor, writing nothing.
+def _stock(*edits):
+    from robustness_cases import set_config
+
+    def build(root: Path) -> None:
+        set_config(root, architectures=["LlamaForCausalLM"])
+        for edit in edits:
+            edit(root)
+
+    return build
+
+
+def _every_layer(name: str, shape: list[int]):
+    from robustness_cases import BASE as SHAPE
+
+    def fn(tensors: dict) -> None:
+        for i in range(SHAPE.layers):
+            tensors[f"model.layers.{i}.{name}"] = shape
+
+    return fn
+
+
+def _unmappable_remote_code(root: Path) -> None:
+    shutil.rmtree(root)
+    renamed_head(root)
+
+
+def _strict_cases():
+    from robustness_cases import Case, config_edit, drop, rebuild, stray
+
+    return [
+        Case("backend-tensor-missing", "a stock Llama missing one tensor (the backend used to take it on auto)",
+             _stock(rebuild(drop("model.layers.1.mlp.up_proj.weight"))), "model.layers.1.mlp.up_proj.weight"),
+        Case("backend-shape-every-layer", "a stock Llama whose down_proj is one column short in every layer",
+             _stock(rebuild(_every_layer("mlp.down_proj.weight", [64, 95]))), "[64, 95]"),
+        Case("backend-stray-tensor", "a stock Llama with a tensor no module holds",
+             _stock(rebuild(stray)), "model.layers.0.self_attn.rotary_scale"),
+        Case("backend-layer-count", "a stock Llama whose config claims 500 layers over 2 layers of tensors",
+             _stock(config_edit(num_hidden_layers=500)), "num_hidden_layers"),
+        Case("backend-remote-unmappable", "remote code whose head vLLM's backend cannot map, without "
+             "--trust-remote-code", _unmappable_remote_code, "--trust-remote-code"),
+    ]
+
+
+STRICT_CASES = _strict_cases()
+
+
+@pytest.mark.parametrize("case", STRICT_CASES, ids=[c.id for c in STRICT_CASES])
+def test_catalogue_case(case, tmp_path):
+    from ckpt_factory import write_checkpoint
+    from robustness_cases import BASE as SHAPE
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", SHAPE, shards=case.shards, data="zeros")
+    case.build(ckpt)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = tmp_path / "port"
+    err = refused(scaffold(case.command, ckpt, "-o", out, check=False), str(ckpt / case.names), case.expect)
+    assert "failed unexpectedly" not in err and "Transformers backend:" in err, err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before

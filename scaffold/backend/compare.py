@@ -84,7 +84,7 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
     bplan = plan(ckpt, trust_remote_code)
     blockers = bplan.blockers(include_defects=False)
     if blockers:
-        backend.reason = "not compliant: " + "; ".join(blockers)
+        backend.reason = "refused: " + "; ".join(blockers)
     if not can_native and blockers:
         return [native, backend]
 
