@@ -77,12 +77,17 @@ regex[re.compile(r"^model\.(.+\.)*(lm_head.+)")] = r"\2"
 ignored_substr = ("rotary_pos_emb.inv_freq", "rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
-def map_name(key):
+ignored_by = {}
+
+
+def map_name(original):
+    key = original
     for r in renamings:
         key, _ = r.rename_source_key(key)
     for pattern, new in regex.items():
         if pattern.search(key):
             if new is None:
+                ignored_by[original] = pattern.pattern
                 return None
             key = pattern.sub(new, key)
     return None if any(s in key for s in ignored_substr) else key
@@ -115,9 +120,10 @@ if "lm_head.bias" in args["names"] or "model.lm_head.bias" in args["names"]:
     with torch.device("meta"):
         head = AutoModelForCausalLM.from_config(config, trust_remote_code=trust).get_output_embeddings()
     lm_head_bias = getattr(head, "bias", None) is not None
+mapped = {n: map_name(n) for n in args["names"]}
 json.dump({
-    "model_class": type(model).__name__, "params": params, "buffers": buffers, "experts": experts,
-    "mapped": {n: map_name(n) for n in args["names"]}, "tie": tie, "lm_head_bias": lm_head_bias,
+    "model_class": type(model).__name__, "ignored_by": ignored_by, "params": params, "buffers": buffers, "experts": experts,
+    "mapped": mapped, "tie": tie, "lm_head_bias": lm_head_bias,
     "vocab": text.vocab_size, "hidden": text.hidden_size,
     "mtp_prefixes": [f"{layers_list}.{i}." for i in range(num_layers, num_layers + n_predict)] if layers_list else [],
 }, open(sys.argv[2], "w"))
@@ -267,7 +273,15 @@ def compare(ckpt: Checkpoint, tree: dict) -> TensorCheck:
     for owner, by_expert in per_expert.items():
         result.tensors += _check_experts(owner, experts[owner], by_expert, problems)
         filled.update(n for n in params if n.startswith(owner + "."))
+    ignored = tree.get("ignored_by", {})
     for name in sorted(set(params) - filled, key=_natural):
+        inner = name.split(".", 1)[-1]
+        dropped = next((t for t in sorted(ignored) if t == name or t.endswith("." + inner)), None)
+        if dropped:  # stored, but the backend's mapping throws it away (an unanchored ignore pattern)
+            problems.append(f"tensor {dropped} ({_where(ckpt.tensors[dropped])}) is stored, but vLLM's backend "
+                            f"ignores it (it matches the model's ignore pattern {ignored[dropped]!r}), leaving "
+                            f"parameter {name} {list(params[name])} of {result.model_class} unfilled")
+            continue
         problems.append(f"tensor {name} is missing: the backend's {result.model_class} built from config.json "
                         f"needs it ({list(params[name])}) and no checkpoint tensor ({_index_file(ckpt)}) fills it")
     result.parameters = len(params)
