@@ -227,6 +227,8 @@ def _strict_cases():
              _stock(rebuild(stray)), "model.layers.0.self_attn.rotary_scale"),
         Case("backend-layer-count", "a stock Llama whose config claims 500 layers over 2 layers of tensors",
              _stock(config_edit(num_hidden_layers=500)), "num_hidden_layers"),
+        Case("backend-expert-count", "a stock Llama without its lm_head whose config claims 10**8 experts",
+             _stock(rebuild(drop("lm_head.weight")), config_edit(num_local_experts=10**8)), "10000000"),
         Case("backend-remote-unmappable", "remote code whose head vLLM's backend cannot map, without "
              "--trust-remote-code", _unmappable_remote_code, "--trust-remote-code"),
     ]

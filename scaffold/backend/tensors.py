@@ -36,6 +36,8 @@ from scaffold.checkpoint import Checkpoint, TensorInfo
 BUILD_TIMEOUT_S = 180
 BUILD_MEMORY_BYTES = 6 << 30  # address space of the child: torch and transformers need ~3 GiB of it
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+MAX_EXPERTS = 16384  # real MoE checkpoints have hundreds; built one module each, 10**8 would take minutes and GBs
 EXPERT_TENSOR = re.compile(r"^(\d+)\.(\w+)\.(weight|bias)$")
 MAX_LISTED = 2
 
@@ -172,7 +174,7 @@ def check(ckpt: Checkpoint, trust_remote_code: bool, remote_code: bool) -> Tenso
             "the checkpoint is quantized (config.json has a quantization_config): its packed tensors and scales "
             "cannot be held to the module tree transformers builds, so the tool cannot check that vLLM's backend "
             "maps every tensor"))
-    too_many = _layer_bound(ckpt)
+    too_many = _bounds(ckpt)
     if too_many:
         return TensorCheck(False, reason=too_many)
     try:
@@ -182,15 +184,20 @@ def check(ckpt: Checkpoint, trust_remote_code: bool, remote_code: bool) -> Tenso
     return compare(ckpt, tree)
 
 
-def _layer_bound(ckpt: Checkpoint) -> str | None:
-    """Every layer stores at least one tensor: a layer count above the tensor count is not a checkpoint,
-    and building it (even on the meta device) could exhaust memory."""
+def _bounds(ckpt: Checkpoint) -> str | None:
+    """Counts that no real checkpoint reaches, checked before the model is built: on the meta device the
+    tensors cost nothing, but each layer (and each expert built as its own module) is Python objects.
+    Every layer stores at least one tensor, so a layer count above the tensor count is not a checkpoint."""
     config = ckpt.config.get("text_config") if isinstance(ckpt.config.get("text_config"), dict) else ckpt.config
-    for key in LAYER_KEYS:
+    for key in (*LAYER_KEYS, *EXPERT_KEYS):
         value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > len(ckpt.tensors):
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if key in LAYER_KEYS and value > len(ckpt.tensors):
             return (f"config.json sets {key} = {value}, but the checkpoint stores only {len(ckpt.tensors)} tensors; "
                     "every layer stores at least one")
+        if key in EXPERT_KEYS and value > MAX_EXPERTS:
+            return f"config.json sets {key} = {value}, more than the {MAX_EXPERTS} experts this tool builds"
     return None
 
 
