@@ -47,7 +47,8 @@ CHILD = r'''
 import json, re, resource, sys
 limit = int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-args = json.load(open(sys.argv[1]))
+with open(sys.argv[1]) as f:
+    args = json.load(f)
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
@@ -123,12 +124,14 @@ if "lm_head.bias" in args["names"] or "model.lm_head.bias" in args["names"]:
         head = AutoModelForCausalLM.from_config(config, trust_remote_code=trust).get_output_embeddings()
     lm_head_bias = getattr(head, "bias", None) is not None
 mapped = {n: map_name(n) for n in args["names"]}
-json.dump({
-    "model_class": type(model).__name__, "ignored_by": ignored_by, "params": params, "buffers": buffers, "experts": experts,
-    "mapped": mapped, "tie": tie, "lm_head_bias": lm_head_bias,
+tree = {
+    "model_class": type(model).__name__, "params": params, "buffers": buffers, "experts": experts,
+    "mapped": mapped, "ignored_by": ignored_by, "tie": tie, "lm_head_bias": lm_head_bias,
     "vocab": text.vocab_size, "hidden": text.hidden_size,
     "mtp_prefixes": [f"{layers_list}.{i}." for i in range(num_layers, num_layers + n_predict)] if layers_list else [],
-}, open(sys.argv[2], "w"))
+}
+with open(sys.argv[2], "w") as f:
+    json.dump(tree, f)
 '''
 
 
@@ -141,6 +144,7 @@ class TensorCheck:
     reason: str = ""
     model_class: str = ""
     tensors: int = 0  # checkpoint tensors that land on a parameter or buffer
+    ignored: int = 0  # checkpoint tensors the backend ignores on purpose (rotary caches, MTP layers, ...)
     parameters: int = 0
 
     @property
@@ -158,8 +162,9 @@ class TensorCheck:
     def summary(self) -> str:
         if not self.ok:
             return self.blocker() or ""
-        return (f"every one of the {self.tensors} checkpoint tensors lands on a parameter of the backend's "
-                f"{self.model_class} with its shape, and all {self.parameters} parameters are filled")
+        ignored = f" ({self.ignored} more ignored by the backend, as by transformers)" if self.ignored else ""
+        return (f"every one of the {self.tensors} checkpoint tensors{ignored} lands on a parameter of the "
+                f"backend's {self.model_class} with its shape, and all {self.parameters} parameters are filled")
 
 
 def check(ckpt: Checkpoint, trust_remote_code: bool, remote_code: bool) -> TensorCheck:
@@ -251,6 +256,7 @@ def compare(ckpt: Checkpoint, tree: dict) -> TensorCheck:
         info = ckpt.tensors[name]
         target = tree["mapped"].get(name)
         if target is None or any(target.startswith(p) for p in tree["mtp_prefixes"]):
+            result.ignored += 1
             continue  # the backend (and transformers) ignore it on purpose: rotary caches, keys the model ignores
         if target == "lm_head.weight" and tree["tie"]:
             target = "model-tied lm_head.weight"
