@@ -113,6 +113,8 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
         comp = choice.backend.compliance
         echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
                    f"{len(comp.expected)} fusions expected; {choice.reason})")
+        click.echo(f"tensors: {choice.backend.tensors.summary()}; parity with transformers not checked yet "
+                   "(no engine has run it)")
         for defect in choice.backend.defects:
             echo(f"warning: known defect of this vLLM's backend: {defect}", err=True)
     echo(f"next: pip install {target} && scaffold verify {target}")

@@ -62,8 +62,9 @@ class Choice:
 def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: str = "auto",
            trust_remote_code: bool = False) -> Choice:
     """auto: a native port when the spec can express the architecture, else vLLM's transformers backend when
-    the model's code is compliant (and the backend is not known wrong for it); otherwise an error naming
-    what blocks each path."""
+    the model's code is compliant, the backend is not known wrong for it, and every checkpoint tensor was
+    checked to land on a parameter of the module tree the backend builds (and every parameter to be filled;
+    scaffold.backend.tensors); otherwise an error naming what blocks each path."""
     from scaffold.backend.plan import plan
     from scaffold.errors import ScaffoldError
 

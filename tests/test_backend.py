@@ -283,7 +283,7 @@ def test_generated_package_tests_hold_the_fusion_census(tinymoe_package, workdir
     try:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
                                "tests/test_fusions.py", "tests/test_unfused_probe.py"],
-                              cwd=tinymoe_package, capture_output=True, text=True, timeout=900)
+                              cwd=tinymoe_package, capture_output=True, text=True, timeout=900, check=False)
     finally:
         probe.unlink()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -85,7 +85,7 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
     bplan = plan(ckpt, trust_remote_code)
     blockers = bplan.blockers(include_defects=False)
     if blockers:
-        backend.reason = "not compliant: " + "; ".join(blockers)
+        backend.reason = "refused: " + "; ".join(blockers)
     if not can_native and blockers:
         return [native, backend]
 
@@ -165,8 +165,8 @@ def render(sides: list[Side], checkpoint: str) -> str:
         verdict = "pass" if s.parity_ok else "FAIL"
         lines += [
             f"  vLLM class     {s.vllm_class}",
-            f"  parity         {verdict}: max |dlogp| {s.max_delta:.2e} (tolerance {s.tolerance:.0e}), "
-            f"greedy {s.greedy} tokens identical",
+            (f"  parity         {verdict}: max |dlogp| {s.max_delta:.2e} (tolerance {s.tolerance:.0e}), "
+             f"greedy {s.greedy} tokens identical"),
             f"  fusions        {s.fusions}"
             + ("" if s.fusions_ok is None else f" ({'ok' if s.fusions_ok else 'MISSING'})"),
             f"  load time      {s.load_seconds:.1f} s",

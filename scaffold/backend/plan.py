@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 from scaffold import __version__
+from scaffold.backend import tensors as tensor_check
 from scaffold.backend.compliance import Compliance, check, render_markdown
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.identity import snake
@@ -63,6 +64,7 @@ class BackendPlan:
     defects: list[str]
     trust_remote_code: bool
     versions: dict[str, str] = field(default_factory=installed_versions)
+    tensors: tensor_check.TensorCheck | None = None  # None: not run, because something else blocks the backend
 
     @property
     def needs_remote_code(self) -> bool:
@@ -75,9 +77,13 @@ class BackendPlan:
             out += [f"known defect: {d}" for d in self.defects]
         if self.needs_remote_code and not self.trust_remote_code:
             out.append("the backend runs the checkpoint's own code "
-                       f"({', '.join(sorted(self.ckpt.sources))}); pass --trust-remote-code to allow it")
+                       f"({', '.join(sorted(self.ckpt.sources))}), and without --trust-remote-code the tool cannot "
+                       "build that model to check that vLLM's backend maps every checkpoint tensor name; pass "
+                       "--trust-remote-code to allow it, or describe the architecture with --spec for a native port")
         if "vllm" not in self.versions:
             out.append("vLLM is not installed, so there is no transformers backend to serve it")
+        if self.tensors is not None and not self.tensors.ok:
+            out.append(self.tensors.blocker())
         return out
 
     @property
@@ -86,8 +92,13 @@ class BackendPlan:
 
 
 def plan(ckpt: Checkpoint, trust_remote_code: bool = False) -> BackendPlan:
+    """The backend's verdict on a checkpoint. The tensors are held to the module tree the backend builds
+    (scaffold.backend.tensors) once nothing else blocks it: that check builds the model in a child process."""
     comp = check(ckpt)
-    return BackendPlan(ckpt, comp, known_defects(comp), trust_remote_code)
+    p = BackendPlan(ckpt, comp, known_defects(comp), trust_remote_code)
+    if not p.blockers(include_defects=False):
+        p.tensors = tensor_check.check(ckpt, trust_remote_code, p.needs_remote_code)
+    return p
 
 
 def package_name(ckpt: Checkpoint) -> str:
@@ -163,9 +174,14 @@ def review(p: BackendPlan, package: str, reason: str) -> str:
         "",
     ]
     out += render_markdown(p.compliance)
+    out += ["## Checkpoint tensors against the backend's module tree", "",
+            (f"Checked without an engine (the base model built from config.json on the `meta` device, each tensor "
+             f"name mapped as vLLM's backend maps it): {md(p.tensors.summary())}."), ""]
     from scaffold.review import VERIFY_MARKER
 
-    out += ["## Verify results", "", VERIFY_MARKER, "", "Not verified yet: run `scaffold verify` on this folder.", ""]
+    out += ["## Verify results", "", VERIFY_MARKER, "",
+            ("**Parity with transformers not checked**: no engine has run this package yet. Run `scaffold verify` "
+             "on this folder."), ""]
     return "\n".join(out)
 
 
@@ -183,6 +199,10 @@ def generate(p: BackendPlan, out: str | Path | None, *, force: bool = False, rea
     if p.blockers(include_defects=False):
         raise UnsupportedArchitecture("the transformers backend cannot serve this checkpoint: "
                                       + "; ".join(p.blockers(include_defects=False)) + ".", p.ckpt.config_file)
+    if p.tensors is None or not p.tensors.ok:  # never write a package whose tensors were not checked
+        raise UnsupportedArchitecture("the transformers backend package is written only once the checkpoint's "
+                                      "tensors have been checked against the backend's module tree.",
+                                      p.ckpt.config_file)
     package = package_name(p.ckpt)
     context = {
         "package": package,
@@ -195,6 +215,7 @@ def generate(p: BackendPlan, out: str | Path | None, *, force: bool = False, rea
         "expected": [e.to_json() for e in p.compliance.expected],
         "reason": reason or "the model was asked to be served through the transformers backend",
         "serve": " ".join(serve_command(p, "CKPT")),
+        "tensors": p.tensors.summary(),
     }
     files = render_tree(context, package, template_root="backend")
     files["scaffold_spec.toml"] = spec_toml(p, package, context["reason"])

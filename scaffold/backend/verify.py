@@ -16,6 +16,7 @@ from pathlib import Path
 import tomllib
 
 from scaffold.backend import census as census_mod
+from scaffold.backend import tensors as tensor_check
 from scaffold.backend.compliance import ExpectedFusion, check
 from scaffold.backend.plan import BACKEND_TABLE, installed_versions, known_defects
 from scaffold.checkpoint import Checkpoint, read_checkpoint
@@ -24,6 +25,7 @@ from scaffold.verify.port import SPEC_FILE
 from scaffold.verify.report import Report
 
 BACKEND_MODULE = "vllm.model_executor.models.transformers"
+TENSOR_CHECK = "tensors against the backend"
 
 
 def backend_settings(port_dir: str | Path) -> dict | None:
@@ -156,10 +158,18 @@ def run(port_dir: str | Path, *, checkpoint: str | Path | None = None, trust_rem
         report.note("versions", "recorded vs installed: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in drift.items()))
     for defect in known_defects(comp, versions):
         report.note("known backend defect", defect)
-    if static_only:
-        report.add("parity", None, "not run (--static-only)")
-        return report
     trusted = trust_remote_code or bool(settings.get("trust_remote_code"))
+    say("checkpoint tensors against the backend's module tree")
+    tensors = tensor_check.check(ckpt, trusted, comp.origin == "remote code")
+    # Unchecked for want of consent to run the checkpoint's code is "not run"; unchecked otherwise fails.
+    report.add(TENSOR_CHECK, tensors.ok if tensors.checked or trusted else None, tensors.summary(),
+               problems=tensors.problems)
+    if static_only:
+        report.add("parity", None, "not checked: --static-only runs no engine")
+        return report
+    if not tensors.ok:  # the engine would refuse the checkpoint, or load it into something else
+        report.add("parity", None, "not checked: the checkpoint's tensors do not fit the backend's module tree")
+        return report
     if comp.origin == "remote code" and not trusted:
         report.add("parity", None, "not run: the backend and the reference run the checkpoint's own code; "
                                    "pass --trust-remote-code to allow it")
