@@ -110,19 +110,29 @@ def test_review_and_readme_of_a_native_port_are_inert(hostile, tmp_path):
 
 
 def test_backend_package_is_inert(tmp_path):
-    """A rope type holding HTML reaches the backend package's README.md and REVIEW.md only as text."""
+    """The backend package of a stock checkpoint in a hostile folder: its path stays inside its code span."""
     stock = Shape(**{**SHAPE.__dict__, "architecture": "LlamaForCausalLM"})
     root = write_checkpoint(tmp_path / FOLDER, stock, data="zeros")
-    config = json.loads((root / "config.json").read_text())
-    config.pop("rope_theta", None)
-    edit_config(root, rope_parameters={"rope_type": HTML + ESCAPES, "rope_theta": 10000.0})
     proc = cli("new", root, "-o", tmp_path / "port", "--impl", "transformers")
-    if proc.returncode != 0:  # refused outright is inert too; then the message must be
-        assert not RAW.search(proc.stderr) and "<script" not in proc.stderr
-        return
+    assert proc.returncode == 0, proc.stderr
     assert not RAW.search(proc.stdout + proc.stderr)
     for name in ("REVIEW.md", "README.md"):
         assert_inert_markdown((tmp_path / "port" / name).read_text(), name)
+    assert FOLDER.replace("`", "'").replace("<", "(").replace(">", ")") in (tmp_path / "port" / "REVIEW.md").read_text()
+
+
+def test_a_hostile_rope_type_is_inert_on_every_path(tmp_path):
+    """A rope type holding HTML and escapes: refused or written, it reaches no output raw."""
+    stock = Shape(**{**SHAPE.__dict__, "architecture": "LlamaForCausalLM"})
+    root = write_checkpoint(tmp_path / "ckpt", stock, data="zeros")
+    edit_config(root, rope_parameters={"rope_type": HTML + ESCAPES, "rope_theta": 10000.0})
+    for impl in ("auto", "transformers"):
+        out = tmp_path / f"port-{impl}"
+        proc = cli("new", root, "-o", out, "--impl", impl)
+        assert not RAW.search(proc.stdout + proc.stderr)
+        assert proc.returncode == 0 or "\\x1b[2J" in proc.stderr
+        for markdown in out.glob("*.md"):
+            assert_inert_markdown(markdown.read_text(), markdown.name)
 
 
 @pytest.mark.parametrize("text", [ESCAPES, HTML, FOLDER, "a|b", "line\nbreak", "\x00\x7f\x9b"])
