@@ -283,11 +283,12 @@ def _surrogates(value: Any, what: str, path: Path) -> None:
 def _bounded_values(text: str, what: str, kind: str, path: Path) -> None:
     """Refuse, before parsing, a JSON text that may hold more values than MAX_JSON_VALUES[kind].
 
-    Every value but the last of a container is followed by a comma, every key by a colon,
-    and every container opens with a bracket: their count bounds the objects json.loads
-    would build (strings holding these characters only make the bound looser).
+    Every value but the last of a container is followed by a comma and every key by a
+    colon, so their count bounds the objects json.loads would build, up to the last values
+    of nested containers, which the nesting limit bounds (strings holding these characters
+    only make the bound looser). Brackets are not counted: absurd nesting gets its own error.
     """
-    count = text.count(",") + text.count(":") + text.count("[") + text.count("{")
+    count = text.count(",") + text.count(":")
     if count > MAX_JSON_VALUES[kind]:
         raise CheckpointError(
             f"{what} may hold about {count} JSON values, more than the {MAX_JSON_VALUES[kind]} allowed.", path
