@@ -45,11 +45,12 @@ KNOWN_UNSUPPORTED_DTYPES = {
 MAX_JSON_BYTES = {"config": 2**20, "index": 32 * 2**20, "tokenizer": 64 * 2**20}
 # Upper bound on the values a JSON file may hold, counted from its separators and
 # brackets before it is parsed: the parsed objects cost ~50-100 bytes each, however
-# small their text, so a size bound alone does not bound memory.
-MAX_JSON_VALUES = {"config": 20_000, "index": 1_000_000, "tokenizer": 5_000_000}
+# small their text, so a size bound alone does not bound memory. An index holds two per
+# tensor (MAX_TENSORS below); a real tokenizer.json of 30 MB holds ~2M.
+MAX_JSON_VALUES = {"config": 20_000, "index": 400_000, "tokenizer": 4_000_000}
 # Shard headers: safetensors allows 100 MB; a real one lists a few thousand tensors in < 1 MB.
 MAX_HEADER_BYTES = 16 * 2**20
-MAX_TENSORS = 250_000  # DeepSeek-V3 and Kimi-K2 hold ~100,000
+MAX_TENSORS = 150_000  # DeepSeek-V3 holds ~92,000 (with its FP8 scales), Kimi-K2 in BF16 ~70,000
 MAX_SHARDS = 10_000  # the largest real checkpoints have a few hundred
 # Checkpoint Python code: the largest modeling file transformers ships is ~190 KB
 # (~30,000 tokens); a syntax tree costs ~1 KB per node, so the token count bounds it.

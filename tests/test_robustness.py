@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from ckpt_factory import Shape, config_for, write_checkpoint
+from ckpt_factory import Shape, config_for, read_header, rewrite_header, write_checkpoint
 from conftest import scaffold
 from robustness_cases import BASE, CASES, marker_code
-from robustness_doc import check_row, committed_rows, regenerating
+from robustness_doc import check_row, committed_rows, record, regenerating
 
 # Bounds on every catalogue run of the CLI, bombs included: generous, since the machine is shared,
 # and far below what the bombs took before their bounds (minutes, 1.3-7.6 GB).
@@ -142,6 +142,57 @@ def test_the_catalogue_document_lists_exactly_the_cases():
         return  # scripts/robustness_doc.py is rewriting the document; it checks that every case has its row
     rows = set(committed_rows("catalogue")) - {"case"}
     assert rows == ids | EXTRA_IDS, (sorted(ids | EXTRA_IDS - rows), sorted(rows - ids - EXTRA_IDS))
+
+
+# ------------------------------------------------------- just inside the bounds
+def dense_source(root: Path) -> None:
+    """A modeling file of 380,000 tokens, one list literal: the densest syntax tree the reader accepts."""
+    (root / "modeling_dense.py").write_bytes(b"x = [" + b"1," * 189_000 + b"]\n")
+
+
+def big_tokenizer(root: Path) -> None:
+    """A 37 MB tokenizer.json of 1.9M vocabulary entries (commas and colons: 3.8M of the 4M allowed)."""
+    body = b",".join(b'"%d":%d' % (i, i) for i in range(1_900_000))
+    (root / "tokenizer.json").write_bytes(b'{"model": {"vocab": {' + body + b"}}}")
+
+
+def big_header(root: Path) -> None:
+    """The real tensors plus 140,000 empty ones in one valid header (the bound: 150,000 tensors)."""
+    path = root / "model.safetensors"
+    entries, _ = read_header(path)
+    empty = {f"x.{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(140_000)}
+    rewrite_header(path, {**entries, **empty})
+
+
+def long_config_list(root: Path) -> None:
+    """A config.json key holding 19,000 integers (the bound: 20,000 values), rendered into configuration.py."""
+    config = json.loads((root / "config.json").read_text())
+    config.update(model_type="bounded_lm", architectures=["BoundedForCausalLM"], x_list=list(range(19_000)))
+    (root / "config.json").write_text(json.dumps(config))
+
+
+INSIDE_BOUNDS = {
+    "dense-source": ("a modeling file of 380,000 tokens (one list literal)", "inspect", dense_source),
+    "big-tokenizer": ("a 37 MB tokenizer.json of 1.9M vocabulary entries", "inspect", big_tokenizer),
+    "big-header": ("a valid shard header of 140,000 tensors (7 MB)", "inspect", big_header),
+    "long-config-list": ("a config.json list of 19,000 integers, rendered", "new", long_config_list),
+}
+
+
+@pytest.mark.parametrize("key", sorted(INSIDE_BOUNDS))
+def test_inputs_just_inside_the_bounds_stay_bounded(key, tmp_path):
+    """What the bounds let through is read within the same time and memory bounds (however it ends)."""
+    what, command, build = INSIDE_BOUNDS[key]
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    build(ckpt)
+    proc, rss, seconds = measured(command, ckpt, *(["-o", tmp_path / "port"] if command == "new" else []))
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "failed unexpectedly" not in proc.stderr, proc.stderr
+    assert seconds < MAX_SECONDS and rss < MAX_RSS_BYTES, (seconds, rss)
+    outcome = "port written" if proc.returncode == 0 and command == "new" else (
+        "read" if proc.returncode == 0 else shown(proc.stderr.strip(), (ckpt, "CKPT")))
+    record("bounds", [key, what, f"`scaffold {command} CKPT{' -o OUT' if command == 'new' else ''}`",
+                      proc.returncode, outcome, f"{rss / 2**20:.0f} MB", f"{seconds:.1f} s"])
 
 
 # ------------------------------------------------------------ verify input
