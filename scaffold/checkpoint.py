@@ -37,10 +37,33 @@ KNOWN_UNSUPPORTED_DTYPES = {
     "F6_E2M3", "F6_E3M2", "F4", "C64",
 }
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
-MAX_JSON_BYTES = {"config": 16 * 2**20, "index": 256 * 2**20, "tokenizer": 1024 * 2**20}
-MAX_SOURCE_BYTES = 16 * 2**20
+# Bounds on what the reader accepts, each far above what real checkpoints reach and low
+# enough that the work they allow stays within seconds and a few hundred MB. Each is
+# checked before the work it bounds (parsing, a loop over a count).
+# Real config.json files are < 100 KB; Qwen3-235B's index is ~3 MB (~19,000 tensors);
+# the largest real tokenizer.json files are ~30 MB (Gemma 3: 33 MB).
+MAX_JSON_BYTES = {"config": 2**20, "index": 32 * 2**20, "tokenizer": 64 * 2**20}
+# Upper bound on the values a JSON file may hold, counted from its separators and
+# brackets before it is parsed: the parsed objects cost ~50-100 bytes each, however
+# small their text, so a size bound alone does not bound memory. An index holds two per
+# tensor (MAX_TENSORS below); a real tokenizer.json of 30 MB holds ~2M.
+MAX_JSON_VALUES = {"config": 20_000, "index": 400_000, "tokenizer": 4_000_000}
+# Shard headers: safetensors allows 100 MB; a real one lists a few thousand tensors in < 1 MB.
+MAX_HEADER_BYTES = 16 * 2**20
+MAX_TENSORS = 150_000  # DeepSeek-V3 holds ~92,000 (with its FP8 scales), Kimi-K2 in BF16 ~70,000
+MAX_SHARDS = 10_000  # the largest real checkpoints have a few hundred
+# Checkpoint Python code: the largest modeling file transformers ships is ~190 KB
+# (~30,000 tokens); a syntax tree costs ~1 KB per node, so the token count bounds it.
+MAX_SOURCE_BYTES = 2**20
+MAX_SOURCES_BYTES = 4 * 2**20
+MAX_SOURCE_TOKENS = 400_000
 MAX_JSON_DEPTH = 32
+# Counts the generator loops over: real decoders have < 200 layers and < 1,000 experts.
+MAX_LAYERS = 1024
+MAX_EXPERTS = 8192
+MAX_NAME_CHARS = 200  # architecture names; real ones are < 50 characters
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_top_k")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Module paths check_shapes looks at, compiled once (large checkpoints have ~40,000 tensors).
@@ -52,8 +75,12 @@ _LAYER_PARTS = re.compile(r"^(.+?\.layers)\.(\d+)\.(.+)$")
 # Tensor names: what real checkpoints use. Anything else (quotes, backticks, pipes,
 # spaces, control or non-ASCII characters) could break the generated REVIEW.md or
 # fool a reader, and never names a tensor the port has a home for.
-TENSOR_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/+\-]{0,511}$")
-SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,254}\.py$")
+# Every name pattern is used with fullmatch: `$` would also accept a trailing newline.
+TENSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/+\-]{0,511}")
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,254}\.py")
+# What a source-size check counts as a token: a word or one punctuation character
+# (an upper bound on Python's tokens, counted in C, in linear time).
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 # Blocks whose computation a generated port cannot express; named in the error.
 STATE_SPACE = "state-space (Mamba-style) blocks"
@@ -82,7 +109,7 @@ POSITIVE_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_nor
 BOOL_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 STRING_KEYS = ("hidden_act", "hidden_activation", "activation_function", "torch_dtype", "dtype")
 OBJECT_KEYS = ("rope_scaling", "rope_parameters", "auto_map", "quantization_config")
-MODEL_TYPE = re.compile(r"^[A-Za-z0-9_\-]{1,100}$")
+MODEL_TYPE = re.compile(r"[A-Za-z0-9_\-]{1,100}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +217,7 @@ def _shard_name(name: object, where: Path) -> str:
 
 
 def _tensor_name(name: object, where: Path) -> str:
-    if not isinstance(name, str) or not TENSOR_NAME.match(name):
+    if not isinstance(name, str) or not TENSOR_NAME.fullmatch(name):
         raise CheckpointError(
             f"the tensor name {name!r} is not a plain name (ASCII letters, digits and _ . : / + -, at most "
             "512 characters); refusing it.",
@@ -254,6 +281,21 @@ def _surrogates(value: Any, what: str, path: Path) -> None:
             _surrogates(item, what, path)
 
 
+def _bounded_values(text: str, what: str, kind: str, path: Path) -> None:
+    """Refuse, before parsing, a JSON text that may hold more values than MAX_JSON_VALUES[kind].
+
+    Every value but the last of a container is followed by a comma and every key by a
+    colon, so their count bounds the objects json.loads would build, up to the last values
+    of nested containers, which the nesting limit bounds (strings holding these characters
+    only make the bound looser). Brackets are not counted: absurd nesting gets its own error.
+    """
+    count = text.count(",") + text.count(":")
+    if count > MAX_JSON_VALUES[kind]:
+        raise CheckpointError(
+            f"{what} may hold about {count} JSON values, more than the {MAX_JSON_VALUES[kind]} allowed.", path
+        )
+
+
 def read_json(path: Path, what: str, *, kind: str = "config", strict: bool = True, root: Path | None = None) -> dict:
     """A JSON object from `path`; CheckpointError for anything else.
 
@@ -274,6 +316,7 @@ def read_json(path: Path, what: str, *, kind: str = "config", strict: bool = Tru
         raise CheckpointError(f"{what} is not UTF-8 text (byte {exc.start}).", path) from None
     except OSError as exc:
         raise CheckpointError(f"{what} cannot be read ({exc.strerror or exc}).", path) from None
+    _bounded_values(text, what, kind, path)
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates(what, path) if strict else None)
     except json.JSONDecodeError as exc:
@@ -338,7 +381,7 @@ def validate_config(config: dict, where: Path) -> None:
         raise CheckpointError(f"config.json has the key {dunder[0]!r}, which would overwrite a Python attribute of "
                               "the config object when transformers sets it.", where)
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not MODEL_TYPE.match(model_type):
+    if not isinstance(model_type, str) or not MODEL_TYPE.fullmatch(model_type):
         raise CheckpointError(
             f"config key 'model_type' must be a simple name (letters, digits, _ and -), not {model_type!r}.", where
         )
@@ -348,10 +391,20 @@ def validate_config(config: dict, where: Path) -> None:
             f"config key 'architectures' must be a list naming the model class, not {archs!r}.", where
         )
     arch = archs[0]
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", arch) or keyword.iskeyword(arch):
+    if len(arch) > MAX_NAME_CHARS:
+        raise CheckpointError(
+            f"the architecture name has {len(arch)} characters, more than the {MAX_NAME_CHARS} allowed.", where
+        )
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch) or keyword.iskeyword(arch):
         raise CheckpointError(
             f"the architecture {arch!r} is not a Python class name; refusing to put it into generated code.", where
         )
+    for keys, limit, what in ((LAYER_COUNT_KEYS, MAX_LAYERS, "layers"), (EXPERT_COUNT_KEYS, MAX_EXPERTS, "experts")):
+        for key in keys:
+            if _is_int(config.get(key)) and config[key] > limit:
+                raise CheckpointError(
+                    f"config key {key!r} is {config[key]}, more than the {limit} {what} any real decoder has.", where
+                )
     layer_types = config.get("layer_types")
     if layer_types is not None and (
         not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types)
@@ -517,15 +570,23 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
                     path,
                 )
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or n + 8 > size:
+            if n + 8 > size:
                 raise CheckpointError(
                     f"the safetensors header claims {n} bytes but the file has {size}; "
                     "the file is truncated or not a safetensors file.",
                     path,
                 )
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(
+                    f"the safetensors header is {n} bytes, more than the {MAX_HEADER_BYTES} allowed (real shards "
+                    "describe their tensors in well under 1 MB).",
+                    path,
+                )
             raw = f.read(n)
     except OSError as exc:
         raise CheckpointError(f"the shard cannot be read ({exc.strerror or exc}).", path) from None
+    if raw.count(b"{") > MAX_TENSORS + 2:  # an entry per tensor, and __metadata__: bounded before parsing
+        raise CheckpointError(f"the safetensors header lists more than the {MAX_TENSORS} tensors allowed.", path)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates("the safetensors header", path))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -598,12 +659,18 @@ def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | N
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("the index has no 'weight_map' object naming tensors and shards.", index_path)
+        if len(weight_map) > MAX_TENSORS:
+            raise CheckpointError(f"the index lists {len(weight_map)} tensors, more than the {MAX_TENSORS} allowed.",
+                                  index_path)
         for name in weight_map:
             _tensor_name(name, index_path)
         names: set[str] = set()
         for s in weight_map.values():  # each distinct name checked once (~40,000 tensors, ~100 shards)
             if not (isinstance(s, str) and s in names):
                 names.add(_shard_name(s, index_path))
+        if len(names) > MAX_SHARDS:
+            raise CheckpointError(f"the index names {len(names)} shards, more than the {MAX_SHARDS} allowed.",
+                                  index_path)
         shards = sorted(names)
         index_file = INDEX_FILE
     elif single.exists() or single.is_symlink():
@@ -634,6 +701,8 @@ def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | N
                     f"tensor {name!r} is stored twice, in {tensors[name].file} and in {shard}.", shard_path
                 )
             tensors[name] = TensorInfo(name, entry["dtype"], tuple(entry["shape"]), shard)
+        if len(tensors) > MAX_TENSORS:
+            raise CheckpointError(f"the shards hold more than the {MAX_TENSORS} tensors allowed.", shard_path)
 
     if weight_map is not None:
         for name, shard in weight_map.items():
@@ -697,6 +766,9 @@ def _read_tokenizer(root: Path) -> TokenizerInfo:
         info.pad_token, info.bos_token, info.eos_token = token("pad_token"), token("bos_token"), token("eos_token")
         decoder = tc.get("added_tokens_decoder")
         for t in decoder.keys() if isinstance(decoder, dict) else ():
+            if t.isascii() and t.isdigit() and len(t) > 12:  # int() of it would be slow, or refused
+                raise CheckpointError(f"added_tokens_decoder names a token id of {len(t)} digits; real ids have "
+                                      "at most 7.", root / "tokenizer_config.json")
             if t.isascii() and t.isdigit() and info.vocab_size is not None:
                 info.vocab_size = max(info.vocab_size, int(t) + 1)
     return info
@@ -717,18 +789,36 @@ def _read_sources(root: Path, config: dict) -> dict[str, str]:
                 module = r.split("--")[-1].rsplit(".", 1)[0]
                 names.add(module.replace(".", "/") + ".py")
     names |= {p.name for p in root.glob("modeling_*.py")} | {p.name for p in root.glob("configuration_*.py")}
+    if len(names) > 64:
+        raise CheckpointError(f"the checkpoint has {len(names)} Python source files to read; real ones have a few.",
+                              where)
     sources = {}
+    total = tokens = 0
     for name in sorted(names):
-        if not SOURCE_NAME.match(name) or ".." in name.split("/"):
+        if not SOURCE_NAME.fullmatch(name) or ".." in name.split("/"):
             raise CheckpointError(f"the source file name {name!r} is not a plain module file name.", where)
         path = root / name
         if not path.exists() and not path.is_symlink():
             raise CheckpointError(f"config.json's auto_map names {name}, which the checkpoint does not contain.",
                                   where)
         resolved = _regular_file(root, path, f"the source file {name}", where)
-        if resolved.stat().st_size > MAX_SOURCE_BYTES:
-            raise CheckpointError(f"the source file {name} is larger than {MAX_SOURCE_BYTES} bytes.", path)
+        size = resolved.stat().st_size
+        total += size
+        if size > MAX_SOURCE_BYTES or total > MAX_SOURCES_BYTES:
+            raise CheckpointError(
+                f"the source file {name} is {size} bytes; the checkpoint's Python files may hold at most "
+                f"{MAX_SOURCE_BYTES} bytes each and {MAX_SOURCES_BYTES} in all (real modeling files are < 300 KB).",
+                path,
+            )
         text = resolved.read_text(encoding="utf-8", errors="replace")
+        # Bound the syntax trees before building them: they cost far more than the text.
+        tokens += sum(1 for _ in _TOKEN.finditer(text))
+        if tokens > MAX_SOURCE_TOKENS:
+            raise CheckpointError(
+                f"the source file {name} brings the checkpoint's Python code to more than {MAX_SOURCE_TOKENS} tokens "
+                "(the largest modeling file transformers ships has ~30,000).",
+                path,
+            )
         try:
             ast.parse(text)
         except SyntaxError:

@@ -76,7 +76,8 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
         try:
             return Choice("native", "the spec expresses the architecture", analysis=analyze(checkpoint, spec_file, ckpt))
         except ScaffoldError as exc:
-            if impl == "native":
+            # A fault in the user's --spec file is theirs to fix, never answered by a package that ignores the file.
+            if impl == "native" or (spec_file is not None and exc.path == str(spec_file)):
                 raise
             native_error = exc
     else:

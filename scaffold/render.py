@@ -69,7 +69,9 @@ def py_literal(value: Any, _depth: int = 0) -> str:
     """A Python literal for plain data; anything else is refused, never stringified.
 
     Strings go through repr(), so quotes, newlines and control characters stay inside
-    the literal; non-finite floats become float("nan") / float("inf") expressions.
+    the literal. Non-finite floats are written without any name, since a config key may
+    shadow a builtin inside the generated __init__ (a parameter named `float` makes
+    float("nan") a call of the key's value): 1e999 is infinity, 1e999 - 1e999 is NaN.
     """
     if _depth > MAX_LITERAL_DEPTH:
         raise ScaffoldError(f"refusing to render a value nested more than {MAX_LITERAL_DEPTH} levels deep.")
@@ -79,9 +81,9 @@ def py_literal(value: Any, _depth: int = 0) -> str:
         return repr(int(value))
     if isinstance(value, float):
         if math.isnan(value):
-            return 'float("nan")'
+            return "(1e999 - 1e999)"
         if math.isinf(value):
-            return 'float("inf")' if value > 0 else '-float("inf")'
+            return "1e999" if value > 0 else "-1e999"
         return repr(float(value))
     if isinstance(value, str):
         return repr(str(value))

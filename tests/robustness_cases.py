@@ -3,7 +3,8 @@
 Each case builds a checkpoint (a valid one from ckpt_factory, then broken in one
 precise way), names the command to run, the words the error must contain and the
 file it must name. docs/robustness.md is the table of these cases with the exit
-code and message the CLI actually gave, written by the test run.
+code and message the CLI actually gave, and its peak memory and time, written by
+scripts/robustness_doc.py.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Case:
     names: str = "config.json"  # the file the message must name, relative to the checkpoint ("" = the folder)
     command: str = "new"  # inspect / new
     shards: int = 1
+    spec: str | None = None  # the --spec file's text, written as CKPT/override.toml ("FIFO": a named pipe there)
 
 
 # ------------------------------------------------------------------ helpers
@@ -241,6 +243,57 @@ def overlap(entries: dict) -> None:
     entries["model.norm.weight"]["data_offsets"] = [a - 4, b - 4]
 
 
+# ------------------------------------------------------------ bombs (issue 17)
+# Built at test time with few, large writes: nothing big is committed, and sparse files
+# cost no disk where only the size matters.
+def source_bomb(name: str, size: int) -> Callable[[Path], None]:
+    """A Python file of `size` bytes: one list literal, two characters per item (the densest syntax tree)."""
+
+    def build(root: Path) -> None:
+        items = (size - 6) // 2
+        (root / name).write_bytes(b"x = [" + b"1," * items + b"]\n")
+
+    return build
+
+
+def many_sources(root: Path) -> None:
+    line = b"# " + b"x" * 97 + b"\n"
+    for i in range(6):
+        (root / f"modeling_bomb{i}.py").write_bytes(line * 9000)
+
+
+def sparse_file(name: str, size: int) -> Callable[[Path], None]:
+    def build(root: Path) -> None:
+        with open(root / name, "wb") as f:
+            f.write(b"{")
+            f.truncate(size)
+
+    return build
+
+
+def huge_index(root: Path) -> None:
+    data = index(root)
+    names = {f"x.{i}": SHARD1 for i in range(600_000)}
+    (root / INDEX).write_text(json.dumps({**data, "weight_map": {**data["weight_map"], **names}},
+                                         separators=(",", ":")))
+
+
+def header_bomb(length: int) -> Callable[[Path], None]:
+    def build(root: Path) -> None:
+        with open(root / "model.safetensors", "wb") as f:
+            f.write(struct.pack("<Q", length) + b"{")
+            f.truncate(8 + length)
+
+    return build
+
+
+def many_tensors(root: Path) -> None:
+    """A consistent header (every tensor empty, at offset 0) of 260,000 entries: valid safetensors."""
+    entry = b'":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}'
+    raw = b"{" + b",".join(b'"t%d' % i + entry for i in range(260_000)) + b"}"
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
 # ------------------------------------------------------------------ catalogue
 CASES = [
     # config.json
@@ -389,4 +442,71 @@ CASES = [
          rebuild(stray), "rotary_scale"),
     Case("head-missing-untied", "no lm_head.weight while tie_word_embeddings is false",
          rebuild(drop("lm_head.weight")), "lm_head"),
+    # --- issue 17: bombs and names
+    # Memory and time bombs under the reader's old size caps: each is refused by a bound checked before the
+    # work (file sizes, value counts, counts against the tensors), in seconds and well under 1 GB (the
+    # measured peak RSS and time are in docs/robustness.md; test_bad_input_fails_cleanly asserts the bounds).
+    Case("bomb-modeling-15mb", "a 15 MB modeling_bomb.py (one list literal of 7.5M items)",
+         source_bomb("modeling_bomb.py", 15 * 2**20), "bytes each", "modeling_bomb.py", "inspect"),
+    Case("bomb-modeling-dense", "a 1 MB modeling_bomb.py of 500,000 list items (its syntax tree: ~500 MB)",
+         source_bomb("modeling_bomb.py", 10**6), "tokens", "modeling_bomb.py", "inspect"),
+    Case("bomb-modeling-many", "six 900 KB modeling_*.py files (comments only)", many_sources, "in all",
+         "modeling_bomb4.py", "inspect"),
+    Case("bomb-layers-1e9", "num_hidden_layers = 10**9 with two layers of tensors",
+         config_edit(num_hidden_layers=10**9), "more than the 1024 layers"),
+    Case("bomb-layers-1000", "num_hidden_layers = 1000 with two layers of tensors",
+         config_edit(num_hidden_layers=1000), "tensors hold layers 0..1"),
+    Case("bomb-experts-1e8", "num_local_experts = 10**8", config_edit(num_local_experts=10**8),
+         "more than the 8192 experts"),
+    Case("bomb-arch-1m", "a 1M-character architecture name (config.json over 1 MiB)",
+         config_edit(architectures=["A" * 2**20 + "ForCausalLM"]), "bytes, more than"),
+    Case("bomb-arch-40k", "a 40,000-character architecture name of capitals",
+         config_edit(architectures=["A" * 40000 + "ForCausalLM"]), "more than the 200 allowed"),
+    Case("bomb-tokenizer-230mb", "a 230 MB tokenizer.json (sparse)", sparse_file("tokenizer.json", 230 * 2**20),
+         "more than the 67108864 allowed", "tokenizer.json"),
+    Case("bomb-tokenizer-values", "a 36 MB tokenizer.json holding 12M empty lists",
+         lambda r: (r / "tokenizer.json").write_bytes(b'{"x": [' + b"[]," * (12 * 10**6) + b"[]]}"),
+         "JSON values", "tokenizer.json"),
+    Case("bomb-index-228mb", "a 228 MB model.safetensors.index.json (sparse)",
+         sparse_file(INDEX, 228 * 2**20), "more than the 33554432 allowed", INDEX, shards=2),
+    Case("bomb-index-values", "a 27 MB index listing 600,000 tensors", huge_index, "JSON values", INDEX,
+         shards=2),
+    Case("bomb-header-95mb", "a shard whose header length is 95 MB (the rest of the file sparse)",
+         header_bomb(95 * 2**20), "more than the 16777216 allowed", "model.safetensors"),
+    Case("bomb-header-tensors", "a valid 14 MB shard header listing 260,000 empty tensors (the bound: 150,000)", many_tensors,
+         "tensors", "model.safetensors"),
+    Case("bomb-config-7mb", "a 7 MB config.json holding a list of 3.5M integers",
+         config_edit(x_list=[1] * (35 * 10**5)), "bytes, more than"),
+    Case("bomb-config-values", "a 150 KB config.json holding a list of 50,000 integers",
+         config_edit(x_list=list(range(50000))), "JSON values"),
+    Case("bomb-added-token-digits", "tokenizer_config.json's added_tokens_decoder has a 5000-digit id",
+         lambda r: (r / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {"9" * 5000: {}}})),
+         "5000 digits", "tokenizer_config.json"),
+    Case("bomb-spec-layers", "--spec num_layers = 10**9", lambda r: None, "between 0 and 1024", "override.toml",
+         spec="num_layers = 1000000000\n"),
+    Case("bomb-spec-experts", "--spec num_experts = 10**8", lambda r: None, "between 0 and 8192", "override.toml",
+         spec="num_experts = 100000000\n"),
+    Case("bomb-spec-list", "--spec sliding_window_layers lists 100,000 layers", lambda r: None,
+         "more than the 1024 allowed", "override.toml",
+         spec="sliding_window_layers = [" + "0, " * 100000 + "]\n"),
+    Case("bomb-spec-fifo", "--spec names a FIFO (would block a reader forever)", lambda r: None,
+         "not a regular file", "override.toml", spec="FIFO"),
+    Case("bomb-spec-2mb", "a 2 MB --spec file", lambda r: None, "more than the 1048576 allowed", "override.toml",
+         spec="# " + "x" * (2 * 2**20) + "\n"),
+    # Names that would break what is generated or installed.
+    *[Case(f"name-package-{name}", f'--spec package = "{name}" (shadows {why})', lambda r: None,
+           "would shadow", "override.toml", spec=f'package = "{name}"\n')
+      for name, why in (("vllm", "vLLM"), ("torch", "torch"), ("transformers", "transformers"),
+                        ("os", "the standard library"), ("json", "the standard library"),
+                        ("scaffold", "this tool"), ("pip", "pip"))],
+    Case("name-package-underscore", '--spec package = "_x" (distribution name "-x")', lambda r: None,
+         "distribution name", "override.toml", spec='package = "_x"\n'),
+    Case("name-package-newline", '--spec package = "x\\n" (a trailing newline)', lambda r: None,
+         "not a valid Python identifier", "override.toml", spec='package = "x\\n"\n'),
+    Case("name-model-type-newline", 'model_type is "llama\\n" (a trailing newline)',
+         config_edit(model_type="llama\n"), "simple name"),
+    Case("name-arch-newline", 'architectures is ["XForCausalLM\\n"] (a trailing newline)',
+         config_edit(architectures=["XForCausalLM\n"]), "not a Python class name"),
+    Case("name-tensor-newline", "a tensor name ending in a newline",
+         header_edit(rename_tensor("model.norm.weight\n")), "not a plain name", "model.safetensors"),
 ]

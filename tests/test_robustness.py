@@ -2,8 +2,9 @@
 
 Every case of robustness_cases.CASES runs the real CLI in a subprocess on a
 checkpoint broken in one way and must exit 2 with one line naming the file, no
-traceback, and nothing written. The (input, exit code, message) rows become
-docs/robustness.md when the whole catalogue has run (see write_table).
+traceback, and nothing written, within MAX_SECONDS and MAX_RSS_BYTES. Each
+(input, exit code, message) row must be the committed docs/robustness.md's row
+(robustness_doc.check_row); scripts/robustness_doc.py regenerates that document.
 """
 
 from __future__ import annotations
@@ -14,17 +15,61 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import tomllib
-from ckpt_factory import Shape, config_for, write_checkpoint
+from ckpt_factory import Shape, config_for, read_header, rewrite_header, write_checkpoint
 from conftest import scaffold
 from robustness_cases import BASE, CASES, marker_code
-from robustness_doc import write_section
+from robustness_doc import check_row, committed_rows, record, regenerating
 
-ROWS: dict[str, tuple[str, str, int, str]] = {}
-EXTRA_ROWS: dict[str, tuple[str, str, int, str]] = {}
+# Bounds on every catalogue run of the CLI, bombs included: generous, since the machine is shared,
+# and far below what the bombs took before their bounds (minutes, 1.3-7.6 GB).
+MAX_SECONDS = 10.0
+MAX_RSS_BYTES = 2**30
+# The rows the other tests of this module contribute to the catalogue section.
+EXTRA_IDS = {"verify-truncated", "verify-spec-num_heads", "verify-spec-qkv_layout", "verify-spec-mlp",
+             "verify-not-a-port", "remote-code", "code-too-deep", "hostile-values", "unexpected",
+             "hub-cache-other-repo", "spec-model_type", "spec-architecture", "spec-class_prefix", "spec-package",
+             "out-exists", "force-checkpoint", "force-parent", "force-cwd", "name-arch-underscore",
+             "name-key-float-nan"}
+
+
+def extra_row(key: str, what: str, command: str, code: int, message: str) -> None:
+    assert key in EXTRA_IDS, key
+    check_row("catalogue", [key, what, f"`{command}`", code, message, "", ""])
+
+
+# Runs the CLI as `python -m scaffold.cli` does, then writes the process's peak RSS (VmHWM, kB) to argv[1].
+# VmHWM belongs to the memory of this program alone; wait4's ru_maxrss would also count the pytest process
+# the child was forked from (Linux carries the pre-exec peak over), and grows with it.
+PEAK_WRAPPER = """
+import atexit, runpy, sys
+report = sys.argv.pop(1)
+def peak():
+    with open("/proc/self/status") as status:
+        kb = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(report, "w") as out:
+        out.write(kb)
+atexit.register(peak)
+sys.argv[0] = "scaffold"
+runpy.run_module("scaffold.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def measured(*args) -> tuple[subprocess.CompletedProcess, int, float]:
+    """Run the CLI like conftest.scaffold, with its peak RSS (bytes) and wall time (seconds)."""
+    with tempfile.NamedTemporaryFile("r") as report:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", PEAK_WRAPPER, report.name, *map(str, args)],
+                              capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - start
+        kb = report.read().strip()
+    assert kb.isdigit(), ("the CLI did not report its peak memory", proc.stderr[-2000:])
+    return proc, int(kb) * 1024, seconds
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess, *, names: Path, expect: str = "") -> str:
@@ -67,16 +112,87 @@ def no_leftovers(folder: Path, allowed: set[str]) -> None:
 def test_bad_input_fails_cleanly(case, tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt", BASE, shards=case.shards, data="zeros")
     case.build(ckpt)
+    spec = ckpt / "override.toml"
+    if case.spec == "FIFO":
+        os.mkfifo(spec)
+    elif case.spec is not None:
+        spec.write_text(case.spec)
     before = sorted(p.name for p in tmp_path.iterdir())
     out = tmp_path / "port"
     args = [case.command, ckpt] + (["-o", out] if case.command == "new" else [])
-    proc = scaffold(*args, check=False)
+    args += ["--spec", spec] if case.spec is not None else []
+    proc, rss, seconds = measured(*args)
     named = ckpt / case.names if case.names else ckpt
     err = assert_clean_failure(proc, names=named, expect=case.expect)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging folder, nothing else
+    assert seconds < MAX_SECONDS and rss < MAX_RSS_BYTES, (seconds, rss)
     command = f"scaffold {case.command} CKPT" + (" -o OUT" if case.command == "new" else "")
-    ROWS[case.id] = (case.what, command, proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
+    command += " --spec CKPT/override.toml" if case.spec is not None else ""
+    check_row("catalogue", [case.id, case.what, f"`{command}`", proc.returncode,
+                            shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")), f"{rss / 2**20:.0f} MB",
+                            f"{seconds:.1f} s"])
+
+
+def test_the_catalogue_document_lists_exactly_the_cases():
+    """docs/robustness.md's catalogue: one row per case of CASES and per extra test, no row of a removed case."""
+    ids = {c.id for c in CASES}
+    assert len(ids) == len(CASES), "two cases share an id"
+    if regenerating():
+        return  # scripts/robustness_doc.py is rewriting the document; it checks that every case has its row
+    rows = set(committed_rows("catalogue")) - {"case"}
+    assert rows == ids | EXTRA_IDS, (sorted(ids | EXTRA_IDS - rows), sorted(rows - ids - EXTRA_IDS))
+
+
+# ------------------------------------------------------- just inside the bounds
+def dense_source(root: Path) -> None:
+    """A modeling file of 380,000 tokens, one list literal: the densest syntax tree the reader accepts."""
+    (root / "modeling_dense.py").write_bytes(b"x = [" + b"1," * 189_000 + b"]\n")
+
+
+def big_tokenizer(root: Path) -> None:
+    """A 37 MB tokenizer.json of 1.9M vocabulary entries (commas and colons: 3.8M of the 4M allowed)."""
+    body = b",".join(b'"%d":%d' % (i, i) for i in range(1_900_000))
+    (root / "tokenizer.json").write_bytes(b'{"model": {"vocab": {' + body + b"}}}")
+
+
+def big_header(root: Path) -> None:
+    """The real tensors plus 140,000 empty ones in one valid header (the bound: 150,000 tensors)."""
+    path = root / "model.safetensors"
+    entries, _ = read_header(path)
+    empty = {f"x.{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(140_000)}
+    rewrite_header(path, {**entries, **empty})
+
+
+def long_config_list(root: Path) -> None:
+    """A config.json key holding 19,000 integers (the bound: 20,000 values), rendered into configuration.py."""
+    config = json.loads((root / "config.json").read_text())
+    config.update(model_type="bounded_lm", architectures=["BoundedForCausalLM"], x_list=list(range(19_000)))
+    (root / "config.json").write_text(json.dumps(config))
+
+
+INSIDE_BOUNDS = {
+    "dense-source": ("a modeling file of 380,000 tokens (one list literal)", "inspect", dense_source),
+    "big-tokenizer": ("a 37 MB tokenizer.json of 1.9M vocabulary entries", "inspect", big_tokenizer),
+    "big-header": ("a valid shard header of 140,000 tensors (7 MB)", "inspect", big_header),
+    "long-config-list": ("a config.json list of 19,000 integers, rendered", "new", long_config_list),
+}
+
+
+@pytest.mark.parametrize("key", sorted(INSIDE_BOUNDS))
+def test_inputs_just_inside_the_bounds_stay_bounded(key, tmp_path):
+    """What the bounds let through is read within the same time and memory bounds (however it ends)."""
+    what, command, build = INSIDE_BOUNDS[key]
+    ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
+    build(ckpt)
+    proc, rss, seconds = measured(command, ckpt, *(["-o", tmp_path / "port"] if command == "new" else []))
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "failed unexpectedly" not in proc.stderr, proc.stderr
+    assert seconds < MAX_SECONDS and rss < MAX_RSS_BYTES, (seconds, rss)
+    outcome = "port written" if proc.returncode == 0 and command == "new" else (
+        "read" if proc.returncode == 0 else shown(proc.stderr.strip(), (ckpt, "CKPT")))
+    record("bounds", [key, what, f"`scaffold {command} CKPT{' -o OUT' if command == 'new' else ''}`",
+                      proc.returncode, outcome, f"{rss / 2**20:.0f} MB", f"{seconds:.1f} s"])
 
 
 # ------------------------------------------------------------ verify input
@@ -88,8 +204,8 @@ def test_verify_against_a_broken_checkpoint_fails_cleanly(tmp_path):
         f.truncate((ckpt / "model.safetensors").stat().st_size - 64)
     proc = scaffold("verify", out, check=False)
     err = assert_clean_failure(proc, names=ckpt / "model.safetensors", expect="truncated")
-    EXTRA_ROWS["verify-truncated"] = ("the port's checkpoint truncated after `scaffold new`", "scaffold verify PORT",
-                                      proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
+    extra_row("verify-truncated", "the port's checkpoint truncated after `scaffold new`", "scaffold verify PORT",
+              proc.returncode, shown(err, (ckpt, "CKPT"), (tmp_path, "TMP")))
 
 
 @pytest.mark.parametrize("edit, expect", [
@@ -109,16 +225,16 @@ def test_verify_of_a_port_whose_spec_was_edited_badly(edit, expect, tmp_path):
     spec_file.write_text(text.replace(old, new, 1))
     proc = scaffold("verify", out, check=False)
     err = assert_clean_failure(proc, names=spec_file, expect=expect)
-    EXTRA_ROWS[f"verify-spec-{edit[1].split(' =')[0]}"] = (
-        f"the port's scaffold_spec.toml edited: `{new}`", "scaffold verify PORT", proc.returncode,
-        shown(err, (tmp_path, "TMP")))
+    extra_row(f"verify-spec-{edit[1].split(' =')[0]}",
+              f"the port's scaffold_spec.toml edited: `{new}`", "scaffold verify PORT", proc.returncode,
+              shown(err, (tmp_path, "TMP")))
 
 
 def test_verify_of_a_folder_that_is_not_a_port(tmp_path):
     proc = scaffold("verify", tmp_path, check=False)
     err = assert_clean_failure(proc, names=tmp_path, expect="not a generated port")
-    EXTRA_ROWS["verify-not-a-port"] = ("verify on a folder without scaffold_spec.toml", "scaffold verify DIR",
-                                       proc.returncode, shown(err, (tmp_path, "DIR")))
+    extra_row("verify-not-a-port", "verify on a folder without scaffold_spec.toml", "scaffold verify DIR",
+              proc.returncode, shown(err, (tmp_path, "DIR")))
 
 
 # --------------------------------------------------------- checkpoint code
@@ -145,9 +261,9 @@ def test_checkpoint_code_is_never_imported_without_consent(tmp_path):
     # The generated package registers its own config class: nothing of the checkpoint's code is in it.
     package = out / "evil_vllm"
     assert "configuration_evil" not in "".join(p.read_text() for p in package.glob("*.py"))
-    EXTRA_ROWS["remote-code"] = ("modeling_/configuration_*.py that write a marker file and raise when imported",
-                                 "scaffold inspect / new / verify (no --trust-remote-code)", proc.returncode,
-                                 "no marker written; verify: `parity skipped: " + parity["detail"] + "`")
+    extra_row("remote-code", "modeling_/configuration_*.py that write a marker file and raise when imported",
+              "scaffold inspect / new / verify (no --trust-remote-code)", proc.returncode,
+              "no marker written; verify: `parity skipped: " + parity["detail"] + "`")
 
 
 def test_unparsable_checkpoint_code_is_named(tmp_path):
@@ -155,8 +271,8 @@ def test_unparsable_checkpoint_code_is_named(tmp_path):
     (ckpt / "modeling_deep.py").write_text("x = " + "-" * 200000 + "1\n")
     proc = scaffold("inspect", ckpt, check=False)
     err = assert_clean_failure(proc, names=ckpt / "modeling_deep.py", expect="cannot be parsed")
-    EXTRA_ROWS["code-too-deep"] = ("modeling_deep.py nested 200000 levels deep", "scaffold inspect CKPT",
-                                   proc.returncode, shown(err, (ckpt, "CKPT")))
+    extra_row("code-too-deep", "modeling_deep.py nested 200000 levels deep", "scaffold inspect CKPT",
+              proc.returncode, shown(err, (ckpt, "CKPT")))
 
 
 # ----------------------------------------------------------- inert values
@@ -206,12 +322,11 @@ def test_hostile_config_values_render_inertly(tmp_path):
     rows = [line for line in review.splitlines() if line.startswith("| `model.")]
     assert rows and all(line.count("|") == 5 for line in rows)
     assert static_checks(out)["mapping coverage"] == "pass"
-    EXTRA_ROWS["hostile-values"] = (
-        ("config.json values with quotes, newlines, code, NaN/-Infinity, 10**40, control characters, nesting; "
-         "keys that are not identifiers, keywords, super/kwargs; a checkpoint folder named "
-         "'we`ird | name\\nhere'"), "scaffold new CKPT -o OUT", 0,
-        "port written; values rendered as literals, unusable keys left to **kwargs, TOML and markdown inert",
-    )
+    extra_row("hostile-values",
+              ("config.json values with quotes, newlines, code, NaN/-Infinity, 10**40, control characters, nesting; "
+               "keys that are not identifiers, keywords, super/kwargs; a checkpoint folder named "
+               "'we`ird | name\\nhere'"), "scaffold new CKPT -o OUT", 0,
+              "port written; values rendered as literals, unusable keys left to **kwargs, TOML and markdown inert")
 
 
 CHECK_CONFIG = r"""
@@ -243,6 +358,61 @@ print("config ok")
 """
 
 
+# --------------------------------------------------------- names (issue 17)
+def test_an_architecture_without_a_prefix_gets_an_installable_name(tmp_path):
+    """`_ForCausalLM` once gave the distribution name `-vllm`: `new` exited 0 and `pip install` failed."""
+    shape = Shape(**{**BASE.__dict__, "model_type": "under-lm", "architecture": "_ForCausalLM"})
+    ckpt = write_checkpoint(tmp_path / "ckpt", shape, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    project = tomllib.loads((out / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "under-lm-vllm" and (out / "under_lm_vllm" / "__init__.py").is_file()
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--disable-pip-version-check", "--target", str(site), str(out)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (site / "under_lm_vllm" / "model.py").is_file()
+    extra_row("name-arch-underscore", "architectures is [\"_ForCausalLM\"] (no class prefix)",
+              "scaffold new CKPT -o OUT; pip install OUT", 0,
+              "package named from model_type: under_lm_vllm (distribution under-lm-vllm); pip installs it")
+
+
+CHECK_SHADOWED_BUILTINS = r"""
+import importlib, json, math, sys
+sys.path.insert(0, sys.argv[1])
+from transformers import AutoConfig
+module = importlib.import_module(sys.argv[2] + ".configuration")
+cls = next(v for k, v in vars(module).items() if k.endswith("Config") and k != "PretrainedConfig")
+default = cls()
+assert math.isnan(default.float[1]) and default.x_inf == math.inf and default.list == [-math.inf], vars(default)
+repr(default)
+AutoConfig.register(cls.model_type, cls)
+loaded = AutoConfig.from_pretrained(sys.argv[3])
+assert type(loaded) is cls and math.isnan(loaded.float[1]) and loaded.int == 3
+again = cls.from_dict(loaded.to_dict())
+assert math.isnan(again.float[1]) and again.list == [-math.inf]
+print("config ok", repr(loaded)[:20])
+"""
+
+
+def test_config_keys_named_like_builtins_cannot_break_non_finite_defaults(tmp_path):
+    """A key named `float` beside a NaN once made the generated `float("nan")` call the key's value."""
+    extra = {"float": [1.0, float("nan")], "int": 3, "list": [float("-inf")], "x_inf": float("inf")}
+    shape = Shape(**{**BASE.__dict__, "model_type": "shadow_lm", "architecture": "ShadowForCausalLM",
+                     "extra": extra})
+    ckpt = write_checkpoint(tmp_path / "ckpt", shape, data="zeros")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out)
+    proc = subprocess.run([sys.executable, "-c", CHECK_SHADOWED_BUILTINS, str(out), "shadow_vllm", str(ckpt)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("config ok"), proc.stdout
+    extra_row("name-key-float-nan", "config.json keys float = [1.0, NaN], int, list = [-Infinity] (builtins' names)",
+              "scaffold new CKPT -o OUT", 0,
+              "port written; the config class's defaults, repr() and AutoConfig.from_pretrained round-trip NaN/inf")
+
+
 def test_spec_override_cannot_inject_code(tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
     for field, value in (("model_type", 'x"""\nimport os\n"""'), ("architecture", "X(); import os"),
@@ -254,8 +424,8 @@ def test_spec_override_cannot_inject_code(tmp_path):
         named = spec if str(spec) in proc.stderr else ckpt / "config.json"
         err = assert_clean_failure(proc, names=named, expect=field if field != "architecture" else "class name")
         assert not (tmp_path / "port").exists()
-        EXTRA_ROWS[f"spec-{field}"] = (f"--spec file setting {field} = {value!r}", "scaffold new CKPT --spec FILE",
-                                       proc.returncode, shown(err, (tmp_path, "TMP")))
+        extra_row(f"spec-{field}", f"--spec file setting {field} = {value!r}", "scaffold new CKPT --spec FILE",
+                  proc.returncode, shown(err, (tmp_path, "TMP")))
 
 
 # ------------------------------------------------------------------ output
@@ -268,8 +438,8 @@ def test_output_is_never_modified_without_force(tmp_path):
     err = assert_clean_failure(proc, names=out, expect="--force")
     assert [p.name for p in out.iterdir()] == ["mine.txt"] and (out / "mine.txt").read_text() == "mine"
     no_leftovers(tmp_path, {"ckpt", "port"})
-    EXTRA_ROWS["out-exists"] = ("output folder exists, no --force", "scaffold new CKPT -o OUT", proc.returncode,
-                                shown(err, (tmp_path, "TMP")))
+    extra_row("out-exists", "output folder exists, no --force", "scaffold new CKPT -o OUT", proc.returncode,
+              shown(err, (tmp_path, "TMP")))
 
 
 @pytest.mark.parametrize("where", ["checkpoint", "parent", "cwd"])
@@ -283,8 +453,8 @@ def test_force_never_replaces_the_checkpoint_or_cwd(tmp_path, where):
     err = assert_clean_failure(proc, names=target, expect="checkpoint" if where != "cwd" else "current directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists()
-    EXTRA_ROWS[f"force-{where}"] = (f"--force with -o naming the {where} folder", "scaffold new CKPT -o X --force",
-                                    proc.returncode, shown(err, (tmp_path, "TMP")))
+    extra_row(f"force-{where}", f"--force with -o naming the {where} folder", "scaffold new CKPT -o X --force",
+              proc.returncode, shown(err, (tmp_path, "TMP")))
 
 
 def test_force_replaces_only_after_the_new_port_is_complete(tmp_path):
@@ -359,8 +529,8 @@ def test_an_unexpected_exception_is_one_paragraph_not_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-c", UNEXPECTED, "inspect", str(ckpt)], check=False, capture_output=True,
                           text=True, env={**os.environ, "SCAFFOLD_DEBUG": "1"})
     assert "Traceback" in proc.stderr and "KeyError" in proc.stderr
-    EXTRA_ROWS["unexpected"] = ("a bug raising KeyError inside the pipeline (fault injected)", "scaffold inspect CKPT",
-                                2, shown(err, (ckpt, "CKPT")))
+    extra_row("unexpected", "a bug raising KeyError inside the pipeline (fault injected)", "scaffold inspect CKPT",
+              2, shown(err, (ckpt, "CKPT")))
 
 
 def test_valid_family_checkpoints_still_generate(tmp_path):
@@ -371,20 +541,6 @@ def test_valid_family_checkpoints_still_generate(tmp_path):
         ckpt = write_checkpoint(tmp_path / family, shape, shards=2, data="zeros")
         scaffold("new", ckpt, "-o", tmp_path / f"port-{family}")
         assert config_for(shape)["model_type"] == family
-
-
-# ------------------------------------------------------------------ table
-@pytest.fixture(scope="module", autouse=True)
-def write_table():
-    """The catalogue section of docs/robustness.md, from the rows this run collected, when all of it ran."""
-    yield
-    if set(ROWS) != {c.id for c in CASES}:
-        return
-    rows = [[key, what, f"`{command}`", code, message]
-            for key, (what, command, code, message) in [*ROWS.items(), *sorted(EXTRA_ROWS.items())]]
-    write_section("catalogue", "The catalogue (tests/test_robustness.py)",
-                  "Fixed cases, each run through the CLI in a subprocess.",
-                  ["case", "bad input", "command", "exit", "message"], rows)
 
 
 def test_hub_cache_snapshot_links_are_followed_only_into_their_own_blobs(tmp_path):
@@ -408,6 +564,6 @@ def test_hub_cache_snapshot_links_are_followed_only_into_their_own_blobs(tmp_pat
     shard.symlink_to(other / "stolen")
     proc = scaffold("inspect", snapshot, check=False)
     err = assert_clean_failure(proc, names=snapshot / "model.safetensors", expect="points outside")
-    EXTRA_ROWS["hub-cache-other-repo"] = (
-        "a hub-cache snapshot whose shard links into another repository's blobs (links into its own blobs "
-        "are followed)", "scaffold inspect CKPT", proc.returncode, shown(err, (tmp_path, "TMP")))
+    extra_row("hub-cache-other-repo",
+              "a hub-cache snapshot whose shard links into another repository's blobs (links into its own blobs "
+              "are followed)", "scaffold inspect CKPT", proc.returncode, shown(err, (tmp_path, "TMP")))

@@ -11,9 +11,9 @@ from scaffold import __version__
 from scaffold.backend import tensors as tensor_check
 from scaffold.backend.compliance import Compliance, check, render_markdown
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.identity import snake
+from scaffold.detect.identity import package_name as derived_package
 from scaffold.errors import UnsupportedArchitecture
-from scaffold.spec import IDENTIFIER
+from scaffold.spec import IDENTIFIER, check_package_free
 from scaffold.text import markdown_text as md
 
 BACKEND_TABLE = "backend"
@@ -106,7 +106,9 @@ def package_name(ckpt: Checkpoint) -> str:
     if not isinstance(arch, str) or not IDENTIFIER.match(arch):
         raise UnsupportedArchitecture(f"the architecture {arch!r} is not a Python class name.", ckpt.config_file)
     prefix = arch[: -len("ForCausalLM")] if arch.endswith("ForCausalLM") and arch != "ForCausalLM" else arch
-    return snake(prefix).strip("_") + "_vllm"
+    package, _ = derived_package(prefix, str(ckpt.config.get("model_type", "")))
+    check_package_free(package, str(ckpt.config_file))  # a valid distribution name that shadows nothing
+    return package
 
 
 def _toml(value) -> str:

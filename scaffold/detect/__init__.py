@@ -17,6 +17,7 @@ def detect(ckpt: Checkpoint) -> Spec:
     spec = Spec()
     for detector in DETECTORS:
         detector.detect(ckpt, spec)
-    validate_identifiers(spec, str(ckpt.config_file))
+    # Syntax only: whether the package name is free is checked once overrides may have renamed it.
+    validate_identifiers(spec, str(ckpt.config_file), free=False)
     validate_names(spec, str(ckpt.config_file))
     return spec

@@ -8,7 +8,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import MAX_NAME_CHARS, MODEL_TYPE, Checkpoint
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import IDENTIFIER, Source, Spec
 
@@ -56,8 +56,32 @@ def transformers_module_name(model_type: str) -> str:
 
 
 def snake(name: str) -> str:
-    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+    """FooBARBaz -> foo_bar_baz, in one pass: a regex with a `[A-Z]+` run backtracks quadratically on long
+    capital runs, and names come from the checkpoint."""
+    out = []
+    for i, char in enumerate(name):
+        if "A" <= char <= "Z" and i > 0:
+            before, after = name[i - 1], name[i + 1: i + 2]
+            if before.islower() or before.isdigit() or ("A" <= before <= "Z" and after.islower()):
+                out.append("_")
+        out.append(char.lower())
+    return "".join(out)
+
+
+def package_name(prefix: str, model_type: str) -> tuple[str, str]:
+    """The package name a port of `prefix`ForCausalLM gets, and how it was derived.
+
+    It is also the distribution name (with - for _), so it must start and end with a
+    letter or digit (PEP 508) and be an identifier: snake_case of the class prefix, else
+    of the model_type, else a neutral name.
+    """
+    from_type = f"snake_case of model_type (the class prefix {prefix!r} gives no name)"
+    for base, how in ((snake(prefix), "snake_case of the class prefix"),
+                      (re.sub(r"[^a-z0-9]+", "_", model_type.lower()), from_type)):
+        base = base.strip("_")
+        if base[:1].isalpha() and base.isascii():
+            return base + "_vllm", how
+    return "port_vllm", f"neither the class prefix {prefix!r} nor model_type {model_type!r} gives a name"
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -66,9 +90,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise CheckpointError("config.json needs 'architectures', a list naming the model class.", where)
     arch = archs[0]
-    if not IDENTIFIER.match(arch):
+    if len(arch) > MAX_NAME_CHARS or not IDENTIFIER.fullmatch(arch):
         raise CheckpointError(
-            f"the architecture {arch!r} is not a Python class name; refusing to put it into generated code.",
+            f"the architecture {arch[:80]!r} is not a Python class name; refusing to put it into generated code.",
             where,
         )
     if not arch.endswith(SUFFIX) or arch == SUFFIX:
@@ -78,13 +102,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             where,
         )
     model_type = ckpt.config.get("model_type")
-    if not isinstance(model_type, str) or not re.match(r"^[A-Za-z0-9_\-]+$", model_type):
+    if not isinstance(model_type, str) or not MODEL_TYPE.fullmatch(model_type):
         raise CheckpointError(f"config.json's 'model_type' must be a simple name, not {model_type!r}.", where)
     prefix = arch[: -len(SUFFIX)]
     spec.set("architecture", arch, Source("config", "config.json architectures[0]"))
     spec.set("model_type", model_type, Source("config", "config.json model_type"))
     spec.set("class_prefix", prefix, Source("derived", f"{arch} without '{SUFFIX}'"))
-    spec.set("package", snake(prefix).strip("_") + "_vllm", Source("derived", "snake_case of the class prefix"))
+    package, how = package_name(prefix, model_type)
+    spec.set("package", package, Source("derived", how))
     known = model_type in transformers_model_types()
     spec.set(
         "register_config",

@@ -25,7 +25,7 @@ UNSUPPORTED_MARKERS = (
     (re.compile(r"\.linear_attn\.|\.(recurrent|rwkv|time_mix)\w*\."), "linear or recurrent attention"),
 )
 
-LAYER = re.compile(r"^([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)$")
+LAYER = re.compile(r"([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)\Z")
 
 # Module names a role goes by in the checkpoints the generator knows (first match wins).
 CANDIDATES = {
@@ -64,7 +64,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     prefix = names["model"] = prefixes[0]
     names["layers"] = "layers"
     layer_ids = {int(m.group(2)) for m in matches.values()}
-    if layer_ids != set(range(spec.num_layers)):
+    # Layers 0..num_layers-1, each present, compared without building that range (the count is untrusted).
+    if len(layer_ids) != spec.num_layers or min(layer_ids) != 0 or max(layer_ids) != spec.num_layers - 1:
         raise CheckpointError(
             f"config.json says {spec.num_layers} layers but the tensors hold layers "
             f"{min(layer_ids)}..{max(layer_ids)} ({len(layer_ids)} of them).",
