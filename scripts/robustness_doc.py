@@ -62,6 +62,18 @@ PROPERTY_INTRO = (
     "These rows are not compared with later runs."
 )
 
+# Modules whose tests record rows of the "defences" section (robustness_doc.defence).
+DEFENCE_MODULES = ("tests/test_consent.py", "tests/test_force.py", "tests/test_injection.py",
+                   "tests/test_verify_nonfinite.py", "tests/test_backend_strict.py")
+DEFENCES_INTRO = (
+    "Checkpoint code never run without consent (tests/test_consent.py: every child interpreter isolated, in an "
+    "empty folder), --force replacing only what scaffold wrote and writes that leave nothing behind "
+    "(tests/test_force.py), checkpoint text inert in the terminal, Markdown and JSON (tests/test_injection.py), "
+    "NaN and infinities failing parity (tests/test_verify_nonfinite.py; its engine test, which runs verify on "
+    "a reference edited to yield NaN, is not in this run), and corrupt checkpoints refused on the "
+    "transformers-backend path too (tests/test_backend_strict.py). Each test checks its row against this table."
+)
+
 
 def section(name: str, title: str, intro: str, columns: list[str], rows: list[list]) -> str:
     lines = [f"<!-- section: {name} -->", f"## {title}", "", intro, "", "| " + " | ".join(columns) + " |",
@@ -80,7 +92,7 @@ def read_rows(folder: Path, name: str) -> list[list]:
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="robustness-rows-") as folder:
         command = [sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider",
-                   "tests/test_robustness.py", "tests/test_property.py",
+                   "tests/test_robustness.py", "tests/test_property.py", *DEFENCE_MODULES, "-m", "not engine",
                    "--deselect", "tests/test_property.py::test_generated_mapping_tests_pass_in_the_engine", *argv]
         env = {**os.environ, ROWS_ENV: folder}
         if subprocess.run(command, cwd=REPO, env=env, check=False).returncode != 0:
@@ -89,6 +101,7 @@ def main(argv: list[str]) -> int:
         catalogue = read_rows(Path(folder), "catalogue")
         prop = read_rows(Path(folder), "property")
         bounds = sorted(read_rows(Path(folder), "bounds"))
+        defences = read_rows(Path(folder), "defences")
     order = {c.id: i for i, c in enumerate(CASES)}
     by_id = {row[0]: row for row in catalogue}
     missing = sorted(set(order) - set(by_id))
@@ -106,6 +119,9 @@ def main(argv: list[str]) -> int:
         "",
         section("property", "Random corruptions (tests/test_property.py)", PROPERTY_INTRO,
                 ["kind", "corruption", "exit", "message"], prop),
+        "",
+        section("defences", "Defences tested in modules of their own", DEFENCES_INTRO,
+                ["case", "input", "command", "exit", "what the user got"], defences),
     ])
     DOC.write_text(text + "\n", encoding="utf-8")
     print(f"robustness_doc: wrote {DOC.relative_to(REPO)} ({len(rows)} catalogue rows, {len(prop)} property rows)")

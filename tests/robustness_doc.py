@@ -70,3 +70,12 @@ def check_row(section: str, row: list) -> None:
     assert committed[key][:COMPARED] == got, (
         f"docs/robustness.md is stale for {key!r}; regenerate it with scripts/robustness_doc.py",
         committed[key][:COMPARED], got)
+
+
+def defence(case: str, what: str, command: str, code: int, message: str, *paths: tuple[Path, str]) -> None:
+    """A row of the "defences" section: a defence tested in a module of its own (consent, --force, injection,
+    non-finite values, the backend's tensor check), its exit code and the message the user saw, with test
+    folders shown as labels so the row is the same on every machine."""
+    for path, label in sorted(paths, key=lambda p: -len(str(p[0]))):
+        message = message.replace(str(path), label)
+    check_row("defences", [case, what, f"`{command}`", code, " ".join(message.split())[:400]])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from ckpt_factory import Shape, write_checkpoint
+from robustness_doc import defence
 
 from scaffold.proc import import_path, run_python
 
@@ -55,6 +56,9 @@ def test_static_verify_from_inside_the_checkpoint_runs_none_of_its_files(planted
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tensor-parallel sharding" in proc.stdout  # the check that runs in a child process ran
     assert sorted(p.name for p in markers.iterdir()) == []
+    defence("consent-verify-cwd", f"verify run from inside a checkpoint holding {', '.join(PLANTED)} .py files",
+            "cd CKPT && scaffold verify ../port --static-only", proc.returncode,
+            "none of the planted modules ran (pip, the sharding proof and ruff run in isolated children)")
 
 
 def test_inspect_and_new_from_inside_the_checkpoint_run_none_of_its_files(planted):
@@ -63,6 +67,8 @@ def test_inspect_and_new_from_inside_the_checkpoint_run_none_of_its_files(plante
     proc = console("new", ".", "-o", "../port2", cwd=ckpt)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in markers.iterdir()) == []
+    defence("consent-new-cwd", "inspect and new run from inside the same checkpoint", "cd CKPT && scaffold new . -o "
+            "../port2", proc.returncode, "none of the planted modules ran")
 
 
 @pytest.mark.engine
@@ -103,3 +109,6 @@ def test_new_reads_and_writes_nothing_in_the_users_cache_folders(tmp_path):
                            "-o", tmp_path / "port"], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert list(home.iterdir()) == [] and list(cache.iterdir()) == []
+    defence("consent-no-cache", "HOME and XDG_CACHE_HOME point at empty folders others could write to",
+            "scaffold new CKPT -o OUT", proc.returncode, "nothing read from or written to either (no compiled-template "
+            "cache)")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from ckpt_factory import Shape, write_checkpoint
+from robustness_doc import defence
 
 from scaffold.errors import ScaffoldError
 from scaffold.pipeline import analyze
@@ -44,6 +45,9 @@ def test_force_refuses_a_folder_above_the_home_folder(ckpt, tmp_path):
     assert "neither" in proc.stderr and str(tmp_path / "home") in proc.stderr
     assert tree(tmp_path / "home") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+    defence("force-above-home", "--force with -o naming the folder above $HOME (which holds .ssh/)",
+            "HOME=TMP/home/alice scaffold new CKPT -o TMP/home --force", proc.returncode, proc.stderr,
+            (tmp_path, "TMP"))
 
 
 def test_force_refuses_any_folder_scaffold_did_not_write(ckpt, tmp_path):
@@ -53,6 +57,8 @@ def test_force_refuses_any_folder_scaffold_did_not_write(ckpt, tmp_path):
     proc = new(ckpt, "-o", project, "--force")
     assert proc.returncode == 2 and "empty folder or a port scaffold wrote" in proc.stderr
     assert (project / "src" / "main.py").read_text() == "print('mine')\n"
+    defence("force-project", "--force with -o naming a project folder", "scaffold new CKPT -o PROJECT --force",
+            proc.returncode, proc.stderr, (tmp_path, "TMP"))
 
 
 def test_force_replaces_an_empty_folder(ckpt, tmp_path):
@@ -77,6 +83,9 @@ def test_force_replaces_a_previous_port_with_its_build_leftovers(ckpt, tmp_path)
     assert (package / "model.py").read_text() != "# edited by hand\n"
     assert not (out / "build").exists() and not (out / ".pytest_cache").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["port"]
+    defence("force-previous-port", "--force on a previous port with a hand edit and build leftovers",
+            "scaffold new CKPT -o PORT --force", proc.returncode, "replaced; build/, *.egg-info, __pycache__ and "
+            ".pytest_cache removed with it")
 
 
 def test_force_refuses_a_previous_port_holding_files_of_the_users(ckpt, tmp_path):
@@ -89,6 +98,8 @@ def test_force_refuses_a_previous_port_holding_files_of_the_users(ckpt, tmp_path
     proc = new(ckpt, "-o", out, "--force")
     assert proc.returncode == 2 and "data, data/prompts.txt, notes.md" in proc.stderr, proc.stderr
     assert tree(out) == before
+    defence("force-users-files", "--force on a previous port that now holds files of the user's",
+            "scaffold new CKPT -o PORT --force", proc.returncode, proc.stderr, (tmp_path, "TMP"))
 
 
 def test_force_refuses_a_port_whose_manifest_is_not_scaffolds(ckpt, tmp_path):
@@ -99,6 +110,8 @@ def test_force_refuses_a_port_whose_manifest_is_not_scaffolds(ckpt, tmp_path):
     proc = new(ckpt, "-o", out, "--force")
     assert proc.returncode == 2 and "neither" in proc.stderr
     assert tree(out) == before
+    defence("force-foreign-manifest", "--force on a port whose .scaffold-manifest.json is not scaffold's",
+            "scaffold new CKPT -o PORT --force", proc.returncode, proc.stderr, (tmp_path, "TMP"))
 
 
 def test_a_failed_write_leaves_no_parent_folder_it_made(ckpt, tmp_path):
@@ -110,6 +123,8 @@ def test_a_failed_write_leaves_no_parent_folder_it_made(ckpt, tmp_path):
     with pytest.raises(ScaffoldError, match="does not parse"):
         write_package(rendered, tmp_path / "kept" / "a" / "b" / "port", force=False)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["kept"]
+    defence("write-fails-parents", "the write fails (a generated file does not parse) under new parent folders",
+            "scaffold new CKPT -o TMP/kept/a/b/port", 2, "no staging folder and none of a/b/ left")
 
 
 TERMINATED = """
@@ -145,3 +160,7 @@ def test_sigterm_during_the_write_leaves_nothing_behind(ckpt, tmp_path, existing
                   and p.name.startswith(".")) == []
     if not existing:
         assert list(tmp_path.iterdir()) == []
+    defence(f"sigterm-{'replacing' if existing else 'new'}", "SIGTERM while the port is being written"
+            + (" over a previous one" if existing else " into new parent folders"), "kill -TERM <scaffold new>",
+            proc.returncode, "no staging folder, no new parent folder" + (", the previous port intact" if existing
+                                                                            else ""))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from ckpt_factory import Shape, write_checkpoint
+from robustness_doc import defence
 
 from scaffold.text import json_text, markdown_fence, markdown_text, terminal_text
 
@@ -80,6 +81,9 @@ def test_inspect_prints_no_escape_sequence(hostile):
     assert "Model\\x1b[2J" in proc.stdout  # shown, as its escape
     assert not RAW.search(proc.stdout + proc.stderr)
     assert "\nALL CHECKS PASSED" not in proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if "Model\\x1b" in line)
+    defence("inject-terminal", "an auto_map entry holding clear-screen, a fake verdict, an OSC 52 clipboard write, "
+            "a bidi override and HTML", "scaffold inspect CKPT", proc.returncode, line.strip(), (hostile, "CKPT"))
 
 
 def test_inspect_json_is_json_and_inert(hostile, tmp_path):
@@ -92,6 +96,8 @@ def test_inspect_json_is_json_and_inert(hostile, tmp_path):
         data = json.loads(proc.stdout, parse_constant=lambda word: pytest.fail(f"bare {word} is not JSON"))
         assert data["checkpoint"] == str(ckpt)
     assert data["spec"]["logits_scale"] == "NaN"
+    defence("inject-json-nan", "logits_scaling NaN, attention_multiplier Infinity", "scaffold inspect --json CKPT",
+            proc.returncode, f'"logits_scale": {json.dumps(data["spec"]["logits_scale"])} (JSON has no NaN)')
 
 
 def test_review_and_readme_of_a_native_port_are_inert(hostile, tmp_path):
@@ -107,6 +113,9 @@ def test_review_and_readme_of_a_native_port_are_inert(hostile, tmp_path):
     fence = re.search(r"^(`{3,})\n", review, flags=re.MULTILINE).group(1)
     body = review.split(fence + "\n", 1)[1]
     assert body.count(fence) == 1 and "```" in body.split(fence)[0]  # the folder's ``` stayed inside
+    defence("inject-markdown", "the same checkpoint, in a folder named " + FOLDER, "scaffold new CKPT -o OUT; "
+            "scaffold verify OUT --static-only", proc.returncode, "REVIEW.md and README.md: no raw HTML, every code "
+            f"span closed on its line, verify's report in a {len(fence)}-backtick fence")
 
 
 def test_backend_package_is_inert(tmp_path):
@@ -119,6 +128,9 @@ def test_backend_package_is_inert(tmp_path):
     for name in ("REVIEW.md", "README.md"):
         assert_inert_markdown((tmp_path / "port" / name).read_text(), name)
     assert FOLDER.replace("`", "'").replace("<", "(").replace(">", ")") in (tmp_path / "port" / "REVIEW.md").read_text()
+    defence("inject-backend-markdown", "a stock Llama in a folder named " + FOLDER, "scaffold new CKPT -o OUT --impl "
+            "transformers", proc.returncode, "REVIEW.md and README.md of the backend package: no raw HTML, every "
+            "code span closed")
 
 
 def test_a_hostile_rope_type_is_inert_on_every_path(tmp_path):
@@ -131,6 +143,8 @@ def test_a_hostile_rope_type_is_inert_on_every_path(tmp_path):
         proc = cli("new", root, "-o", out, "--impl", impl)
         assert not RAW.search(proc.stdout + proc.stderr)
         assert proc.returncode == 0 or "\\x1b[2J" in proc.stderr
+        defence(f"inject-rope-type-{impl}", "rope_type holding HTML and escape sequences", f"scaffold new CKPT -o "
+                f"OUT --impl {impl}", proc.returncode, proc.stderr or proc.stdout, (tmp_path, "TMP"))
         for markdown in out.glob("*.md"):
             assert_inert_markdown(markdown.read_text(), markdown.name)
 

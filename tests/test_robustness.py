@@ -479,9 +479,10 @@ def test_force_replaces_only_after_the_new_port_is_complete(tmp_path):
     # With a good package it is replaced, permissions are those of an ordinary folder, nothing is left over.
     rendered = render(analysis.spec, analysis.ckpt)
     rendered.files["extra.txt"] = "new"
-    (out / "stale.txt").write_text("old")
+    (out / "build").mkdir()
+    (out / "build" / "stale.txt").write_text("old")  # what installing the port leaves: replaced with it
     write_package(rendered, out, force=True)
-    assert (out / "extra.txt").read_text() == "new" and not (out / "stale.txt").exists()
+    assert (out / "extra.txt").read_text() == "new" and not (out / "build").exists()
     assert out.stat().st_mode & 0o755 == 0o755
     no_leftovers(tmp_path, {"ckpt", "port"})
 

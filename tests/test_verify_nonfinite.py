@@ -13,6 +13,7 @@ import shutil
 import pytest
 import torch
 from conftest import EXAMPLES, scaffold
+from robustness_doc import defence
 
 from scaffold.verify.parity import compare
 from scaffold.verify.probes import Probe, first_nonfinite, localize
@@ -32,12 +33,14 @@ def engine(rows: list[dict]) -> dict:
     ([-0.1, -2.0, -3.0], {"0": math.nan, "1": -2.0}, "the port in vLLM"),
     ([-0.1, -2.0, -3.0], {"0": math.inf}, "the port in vLLM"),
     ([math.nan, math.nan, math.nan], {"0": math.nan}, "transformers and the port in vLLM"),
-])
-def test_a_nonfinite_log_probability_fails_parity_naming_the_side(hf_row, vllm_row, side):
+], ids=["hf-nan-unranked", "vllm-nan", "vllm-inf", "both-nan"])
+def test_a_nonfinite_log_probability_fails_parity_naming_the_side(hf_row, vllm_row, side, request):
     result = compare(reference([hf_row, hf_row]), engine([vllm_row, vllm_row]), [[0, 1, 2]], new_tokens=0)
     ok, detail = result.logprob_check()
     assert not ok and result.max_delta == math.inf
     assert f"{side} gave NaN or +inf at position 0" in detail
+    defence(f"nonfinite-{request.node.callspec.id}", f"log-probabilities: transformers {hf_row}, vLLM {vllm_row}",
+            "scaffold verify PORT", 1, f"parity: log-probabilities FAIL, {detail}")
 
 
 def test_equal_minus_infinities_agree_and_finite_values_are_compared():

@@ -6,7 +6,7 @@ import ast
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.common import set_from_config
-from scaffold.detect.sourcecode import modeling_sources, walk
+from scaffold.detect.sourcecode import declared_linears, modeling_sources, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Spec
 
@@ -45,6 +45,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         shapes = {"up_proj": (inter, hidden)}
     shapes["down_proj"] = (hidden, inter)
+    _check_declared(ckpt, spec, shapes)
     sparse = set(spec.sparse_layers)  # their experts are checked by detect.moe
     for layer in range(spec.num_layers):
         if layer in sparse:
@@ -65,3 +66,23 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             info = ckpt.tensors.get(name)
             if info is None or info.shape != (inter,):
                 raise CheckpointError(f"tensor {name} must exist with shape [{inter}].", where)
+
+
+def _check_declared(ckpt: Checkpoint, spec: Spec, shapes: dict) -> None:
+    """A projection the modeling code always builds must be in the checkpoint: without it, the tensors alone
+    describe another MLP (a gated one missing its gate reads as a plain one)."""
+    if spec.is_moe:
+        return
+    n = spec.names
+    found = declared_linears(modeling_sources(ckpt), n["mlp"])
+    if found is None:
+        return
+    cls, declared = found
+    roles = {n[role] for role in shapes}
+    for attr, where in declared.items():
+        if attr not in roles:
+            layer = next((i for i in range(spec.num_layers) if i not in set(spec.sparse_layers)), 0)
+            name = f"{n['model']}.{n['layers']}.{layer}.{n['mlp']}.{attr}.weight"
+            raise CheckpointError(f"tensor {name} is missing: the modeling code's {cls} always builds "
+                                  f"`{attr}` ({where}), and the MLP the other tensors describe has no place for it.",
+                                  ckpt.config_file)

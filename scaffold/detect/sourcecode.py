@@ -170,6 +170,37 @@ def module_class(sources: dict[str, str], attribute: str) -> tuple[str, Found] |
     return None
 
 
+LINEAR_CLASSES = {"Linear", "Conv1D"}  # the last component of the callee: nn.Linear, torch.nn.Linear, Conv1D
+
+
+def declared_linears(sources: dict[str, str], attribute: str) -> tuple[str, dict[str, Found]] | None:
+    """The projections the module at `self.<attribute>` always has: `self.X = nn.Linear(...)` statements of its
+    class's __init__ that no `if` guards, as {X: where}. None when the code assigns that attribute more than one
+    class, or a class it does not define."""
+    assigned = set()
+    for name, tree in _parsed(sources):
+        for node in _walk_module(tree):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
+                    and _dotted(node.targets[0].value) == "self"):
+                if not isinstance(node.value, ast.Call):
+                    return None
+                assigned.add(_dotted(node.value.func).rsplit(".", 1)[-1])
+    classes = _classes(sources)
+    if len(assigned) != 1 or next(iter(assigned)) not in classes:
+        return None
+    cls = next(iter(assigned))
+    file, node = classes[cls]
+    init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    out: dict[str, Found] = {}
+    for stmt in init.body if init else ():
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+                and _dotted(stmt.targets[0].value) == "self" and isinstance(stmt.value, ast.Call)
+                and _dotted(stmt.value.func).rsplit(".", 1)[-1] in LINEAR_CLASSES):
+            out[stmt.targets[0].attr] = Found(stmt.targets[0].attr, file, stmt.lineno)
+    return cls, out
+
+
 @dataclass(frozen=True)
 class NormCode:
     """What a norm class computes, read from its forward."""
