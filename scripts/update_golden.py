@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The golden table lives with the tests that use it; tests/ is not a package.
 sys.path.insert(0, str(REPO / "tests"))
 
-from helpers import GOLDEN, GOLDEN_PORTS, generate_golden, golden_checkpoint, golden_workdir, write_golden  # noqa: E402
+from helpers import GOLDEN, GOLDEN_PORTS, generate_golden, golden_checkpoint, golden_workdir, write_golden
 
 
 def main(names: list[str]) -> int:

@@ -22,8 +22,8 @@ GOLDEN = REPO / "tests" / "golden"
 
 def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed CLI the way a user does."""
-    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", *map(str, args)], check=False, capture_output=True,
+                          text=True, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 from scaffold.backend.compliance import check
 from scaffold.checkpoint import read_checkpoint

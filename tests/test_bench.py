@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import scaffold
+from helpers import scaffold
 
 
 def test_bench_quick_measures_port_native_and_backend(tiny, workdir):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 TOLERANCE = 1e-4
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 
 def test_generated_weight_mapping_tests_pass(workdir):

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, scaffold
-
+from helpers import EXAMPLES, scaffold
 
 
 @dataclass(frozen=True)

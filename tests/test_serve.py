@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 PROMPT = "The quick brown fox jumps over"
 NEW_TOKENS = 8

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO, scaffold
+from helpers import EXAMPLES, REPO, scaffold
 
 from scaffold.verify.twin import HEAD_DIMS, VOCAB, plan_twin
 
