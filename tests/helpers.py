@@ -124,3 +124,73 @@ def write_golden(name: str, files: dict[str, str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
 
+
+
+# ------------------------------------------------------------------ unit tier
+def fused_tensors(shape) -> dict[str, list[int]]:
+    """A Phi-3-style layout of a ckpt_factory Shape: one qkv_proj and one gate_up_proj tensor per layer."""
+    from ckpt_factory import tensors_for
+
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    out = {}
+    for name, dims in tensors_for(shape).items():
+        if name.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")) and ".gate_up_" not in name:
+            continue
+        if name.endswith("q_proj.weight"):
+            out[name.replace("q_proj", "qkv_proj")] = [q + 2 * kv, shape.hidden]
+        elif name.endswith("gate_proj.weight"):
+            out[name.replace("gate_proj", "gate_up_proj")] = [2 * shape.intermediate, shape.hidden]
+        else:
+            out[name] = dims
+    return out
+
+
+def read(root: Path, shape=None, **write_args):
+    """Write a ckpt_factory checkpoint into `root` (a Llama Shape unless given) and read it back."""
+    from ckpt_factory import Shape, write_checkpoint
+
+    from scaffold.checkpoint import read_checkpoint
+
+    write_checkpoint(root, shape or Shape(), **write_args)
+    return read_checkpoint(root)
+
+
+def detect_until(ckpt, last):
+    """The spec after running the detectors in their pipeline order, up to and including module `last`."""
+    from scaffold.detect import DETECTORS
+    from scaffold.spec import Spec
+
+    spec = Spec()
+    for detector in DETECTORS:
+        detector.detect(ckpt, spec)
+        if detector is last:
+            return spec
+    raise ValueError(f"{last.__name__} is not one of the pipeline's detectors")
+
+
+def moe_tensors(shape, *, experts: int, inter: int, shared: int = 0, dense_layers=()) -> dict[str, list[int]]:
+    """A Qwen2-MoE layout of a ckpt_factory Shape: in every layer not in dense_layers, a router
+    (mlp.gate), `experts` gated experts of size `inter` and, when `shared`, a shared expert and its gate."""
+    from ckpt_factory import tensors_for
+
+    h = shape.hidden
+    out = {}
+    for name, dims in tensors_for(shape).items():
+        parts = name.split(".")
+        if ".mlp." not in name or int(parts[2]) in dense_layers:
+            out[name] = dims
+            continue
+        if not name.endswith("mlp.gate_proj.weight"):
+            continue  # the dense projections of a sparse layer are replaced by what follows
+        mlp = ".".join(parts[:4])
+        out[f"{mlp}.gate.weight"] = [experts, h]
+        for e in range(experts):
+            out[f"{mlp}.experts.{e}.gate_proj.weight"] = [inter, h]
+            out[f"{mlp}.experts.{e}.up_proj.weight"] = [inter, h]
+            out[f"{mlp}.experts.{e}.down_proj.weight"] = [h, inter]
+        if shared:
+            out[f"{mlp}.shared_expert.gate_proj.weight"] = [shared, h]
+            out[f"{mlp}.shared_expert.up_proj.weight"] = [shared, h]
+            out[f"{mlp}.shared_expert.down_proj.weight"] = [h, shared]
+            out[f"{mlp}.shared_expert_gate.weight"] = [1, h]
+    return out
