@@ -31,8 +31,11 @@ def main(pytest_args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="coverage-") as tmp:
         results_file = Path(tmp) / "results.json"
         env = dict(os.environ, SCAFFOLD_COVERAGE_RESULTS=str(results_file))
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               str(REPO / "tests" / "test_architectures.py"), *pytest_args],
+        # The checks that the document is current would only report the staleness this run repairs.
+        currency = [f"--deselect=tests/test_architectures.py::{name}"
+                    for name in ("test_coverage_doc_is_current", "test_coverage_doc_is_what_the_script_renders")]
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *currency,
+                               "tests/test_architectures.py", *pytest_args],
                               cwd=REPO, env=env, check=False)
         if not results_file.exists():
             print(f"{COVERAGE.relative_to(REPO)} not rewritten (no architecture ran)", file=sys.stderr)
