@@ -210,7 +210,6 @@ def test_backend_package_installs_as_a_vllm_plugin(tinymoe_package, tmp_path):
     assert len(out["warnings"]) == 1 and "0.0.1" in out["warnings"][0]
 
 
-@pytest.mark.engine
 def test_auto_prefers_native_port_for_gpt_neox(tiny, workdir):
     from scaffold.errors import ScaffoldError
     from scaffold.pipeline import analyze

@@ -254,6 +254,7 @@ def test_twin_catches_a_port_that_is_wrong(big, workdir):
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_twin_verifies_a_mixture_of_experts_shaped_like_qwen3_235b(workdir):
     """94 layers of 128 experts: the mapping of all ~37k tensors statically, parity on a 4-expert twin."""
     ckpt = write_sparse(workdir / "ckpt-big-qwen3-moe", QWEN3_235B_A22B, shards=118, architecture="ScaffoldBigMoeForCausalLM")
