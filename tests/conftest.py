@@ -1,29 +1,18 @@
-"""Shared fixtures: tiny checkpoints built once per session, and helpers to run the CLI."""
+"""Shared fixtures: tiny checkpoints built once per session, one reference cache (helpers: helpers.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
+# Helpers live in helpers.py; these names stay importable from here for the files that still do so.
+from helpers import EXAMPLES, REPO, scaffold  # noqa: F401
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-
-def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the installed CLI the way a user does."""
-    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 from scaffold.backend.compliance import check
 from scaffold.checkpoint import read_checkpoint
@@ -234,6 +234,7 @@ def verify_json(port: Path) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.mark.engine
 def test_backend_parity_and_fusions_for_compliant_example(tinymoe_package):
     rc, report = verify_json(tinymoe_package)
     checks = {c["name"]: c for c in report["checks"]}
@@ -246,6 +247,7 @@ def test_backend_parity_and_fusions_for_compliant_example(tinymoe_package):
     assert all(row["fired"] for row in census["rows"]), census["rows"]
 
 
+@pytest.mark.engine
 def test_backend_parity_flags_gpt_neox(tiny, workdir):
     ckpt = tiny("gpt_neox", "GPTNeoXForCausalLM")
     out = workdir / "neox-backend"
@@ -277,6 +279,7 @@ def test_a_lost_fusion_fails_the_census(engine_log, monkeypatch):
 '''
 
 
+@pytest.mark.engine
 def test_generated_package_tests_hold_the_fusion_census(tinymoe_package, workdir):
     probe = tinymoe_package / "tests" / "test_unfused_probe.py"
     probe.write_text(UNFUSED_PROBE)
@@ -290,6 +293,7 @@ def test_generated_package_tests_hold_the_fusion_census(tinymoe_package, workdir
     assert "5 passed" in proc.stdout
 
 
+@pytest.mark.engine
 def test_compare_native_and_backend_side_by_side(tiny):
     ckpt = tiny("llama", "LlamaForCausalLM")
     proc = scaffold("compare", ckpt, "--json")

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 
-from conftest import scaffold
+import pytest
+from helpers import scaffold
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_bench_quick_measures_port_native_and_backend(tiny, workdir):
     ckpt = tiny("qwen3", "MyQwen3ForCausalLM")
     port = workdir / "bench-port"

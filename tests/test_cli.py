@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 MEASURE_READS = """
 import sys

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold
 
 TOLERANCE = 1e-4
 
@@ -35,6 +35,7 @@ def assert_parity(report: dict) -> None:
     assert [r["tp"] for r in checks["tensor-parallel sharding"]["results"]] == [2, 4, 8]
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_new_then_verify(name, tiny, workdir):
     model_type, overrides = ARCHITECTURES[name]
@@ -46,6 +47,7 @@ def test_new_then_verify(name, tiny, workdir):
     assert_parity(report)
 
 
+@pytest.mark.engine
 def test_demolm_remote_code_example(workdir):
     """The shipped custom architecture: GQA 3:1, gating bias, sliding window every third layer full."""
     out = workdir / "port-demolm"
@@ -56,6 +58,7 @@ def test_demolm_remote_code_example(workdir):
     assert "70 padded rows" in checks["vocabulary"]["detail"]
 
 
+@pytest.mark.engine
 def test_demolm_without_consent_skips_parity_and_says_why(workdir):
     out = workdir / "port-demolm-untrusted"
     scaffold("new", EXAMPLES / "demolm", "-o", out, "--force")
@@ -65,6 +68,8 @@ def test_demolm_without_consent_skips_parity_and_says_why(workdir):
     assert "--trust-remote-code" in parity["detail"] and "modeling_demolm.py" in parity["detail"]
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_demolm_tensor_parallel_2_equals_1(workdir):
     """The same port, run with tensor_parallel_size 1 and 2, gives the same tokens and log-probs."""
     from scaffold.checkpoint import read_checkpoint

@@ -7,9 +7,11 @@ import re
 import subprocess
 import sys
 
-from conftest import EXAMPLES, scaffold
+import pytest
+from helpers import EXAMPLES, scaffold
 
 
+@pytest.mark.engine
 def test_generated_weight_mapping_tests_pass(workdir):
     from scaffold.verify.port import load_port, stage_install
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, scaffold
-
+from helpers import EXAMPLES, scaffold
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,9 @@ def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path, str | No
     return out, ckpt, None
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+# A mutant the static checks catch runs in the quick tier; the others need the engine's parity.
+@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name, marks=() if m.static else pytest.mark.engine)
+                                    for m in MUTANTS])
 def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path, record_property):
     from scaffold import verify
 

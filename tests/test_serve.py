@@ -19,7 +19,8 @@ import sys
 import time
 import urllib.request
 
-from conftest import EXAMPLES, scaffold
+import pytest
+from helpers import EXAMPLES, scaffold
 
 PROMPT = "The quick brown fox jumps over"
 NEW_TOKENS = 8
@@ -46,6 +47,8 @@ print(repr(tok.decode(ids[-{NEW_TOKENS}:])))
     return eval(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_openai_server_serves_the_port_without_remote_code(workdir):
     from scaffold.verify.port import load_port, stage_install
 

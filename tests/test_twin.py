@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO, scaffold
+from helpers import EXAMPLES, REPO, scaffold
 
 from scaffold.verify.twin import HEAD_DIMS, VOCAB, plan_twin
 
@@ -196,6 +196,7 @@ def verify_twin(port: Path, *args: str) -> tuple[int, dict, int]:
     return proc.returncode, json.loads(proc.stdout), rchar
 
 
+@pytest.mark.engine
 def test_twin_verifies_a_checkpoint_without_reading_its_data(big):
     ckpt, shards, data, port = big
     rc, report, rchar = verify_twin(port)
@@ -228,6 +229,7 @@ def test_twin_verifies_a_checkpoint_without_reading_its_data(big):
         assert resident_bytes(shard, data_start(shard)) <= 2**20, shard
 
 
+@pytest.mark.engine
 def test_twin_catches_a_port_that_is_wrong(big, workdir):
     """rope_theta changed in the port's model.py: the static checks cannot see it, parity on the twin does."""
     import shutil
@@ -251,6 +253,8 @@ def test_twin_catches_a_port_that_is_wrong(big, workdir):
     print(f"mutant (rope_theta 1e6 -> 1e4) on the twin: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_twin_verifies_a_mixture_of_experts_shaped_like_qwen3_235b(workdir):
     """94 layers of 128 experts: the mapping of all ~37k tensors statically, parity on a 4-expert twin."""
     ckpt = write_sparse(workdir / "ckpt-big-qwen3-moe", QWEN3_235B_A22B, shards=118, architecture="ScaffoldBigMoeForCausalLM")

@@ -1,0 +1,22 @@
+"""vLLM plugin that serves DemoLMForCausalLM with a native port.
+
+vLLM calls `register` in every process through the `vllm.general_plugins` entry
+point of this package.
+"""
+
+ARCHITECTURE = "DemoLMForCausalLM"
+MODEL_CLASS = "demo_lm_vllm.model:DemoLMForCausalLM"
+
+
+def register() -> None:
+    from transformers import AutoConfig
+
+    from demo_lm_vllm.configuration import DemoLMConfig
+
+    # transformers does not know model_type 'demolm': register its
+    # config class so the checkpoint serves without trust_remote_code.
+    AutoConfig.register("demolm", DemoLMConfig, exist_ok=True)
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)

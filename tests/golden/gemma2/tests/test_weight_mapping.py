@@ -1,0 +1,162 @@
+"""Weight mapping of the GoldenGemma2ForCausalLM port, checked on the real checkpoint.
+
+Each checkpoint tensor must land in exactly the rows of exactly one vLLM
+parameter, and every parameter must be loaded. The expected rows below are
+written out from the head counts, independently of the port's
+stacked_params_mapping, so a swapped or mis-sized shard fails here.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from golden_gemma2_vllm.model import GoldenGemma2ForCausalLM
+from safetensors import safe_open
+
+HEADS = 4
+HEAD_DIM = 32
+Q_ROWS = 128  # 4 query heads x head_dim 32
+KV_ROWS = 64  # 2 KV heads x head_dim 32
+INTERMEDIATE = 256
+LAYERS = "model.layers."
+
+# Checkpoint module inside a decoder layer -> the pieces it holds:
+# (vLLM module, first checkpoint row, first parameter row, rows).
+FUSED_ROWS = {
+    "self_attn.q_proj": [("self_attn.qkv_proj", 0, 0, Q_ROWS)],
+    "self_attn.k_proj": [("self_attn.qkv_proj", 0, Q_ROWS, KV_ROWS)],
+    "self_attn.v_proj": [("self_attn.qkv_proj", 0, Q_ROWS + KV_ROWS, KV_ROWS)],
+    "mlp.gate_proj": [("mlp.gate_up_proj", 0, 0, INTERMEDIATE)],
+    "mlp.up_proj": [("mlp.gate_up_proj", 0, INTERMEDIATE, INTERMEDIATE)],
+}
+TIED = False
+HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def checkpoint_tensors(checkpoint: Path):
+    index = checkpoint / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = [p.name for p in checkpoint.glob("*.safetensors")]
+    for shard in shards:
+        with safe_open(str(checkpoint / shard), framework="pt") as f:
+            for name in sorted(f.keys()):
+                yield name, f.get_tensor(name)
+
+
+def skipped(name: str) -> bool:
+    return "rotary_emb." in name or name.endswith(
+        (".attention.bias", ".attention.masked_bias")
+    )
+
+
+def expected_pieces(name: str) -> list[tuple]:
+    """(vLLM parameter, first checkpoint row, first parameter row, rows) that `name` should fill."""
+    if TIED and name == HEAD:
+        return [(EMBEDDING, None, None, None)]
+    if name.startswith(LAYERS):
+        layer, _, rest = name[len(LAYERS) :].partition(".")
+        module, _, kind = rest.rpartition(".")
+        if module in FUSED_ROWS:
+            return [
+                (f"{LAYERS}{layer}.{fused}.{kind}", first, dest, rows)
+                for fused, first, dest, rows in FUSED_ROWS[module]
+            ]
+    return [(name, None, None, None)]
+
+
+def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int]:
+    params = dict(model.named_parameters())
+    problems, compared = [], 0
+    for name, tensor in checkpoint_tensors(checkpoint):
+        if skipped(name):
+            continue
+        for param_name, first, dest, rows in expected_pieces(name):
+            if param_name not in params:
+                problems.append(f"{name}: no parameter {param_name}")
+                continue
+            data, want = params[param_name].data, tensor
+            if first is not None:
+                data, want = data[dest : dest + rows], tensor[first : first + rows]
+            elif data.shape[1:] == want.shape[1:] and data.shape[0] > want.shape[0]:
+                # vLLM pads vocabulary rows (embedding, head) to a multiple of 64.
+                data = data[: want.shape[0]]
+            if data.shape != want.shape:
+                problems.append(
+                    f"{name}: {param_name} rows have shape {list(data.shape)}, tensor {list(want.shape)}"
+                )
+            elif not torch.equal(data.to(want.dtype), want):
+                problems.append(
+                    f"{name}[{first}:]: {param_name}[{dest}:{'' if rows is None else dest + rows}] "
+                    "holds other values"
+                )
+        compared += 1
+    return problems, compared
+
+
+def test_every_tensor_lands_in_its_rows(on_fresh_model, checkpoint):
+    def load_and_compare(model):
+        model.load_weights(checkpoint_tensors(checkpoint))
+        return compare_with_checkpoint(model, checkpoint)
+
+    problems, compared = on_fresh_model(load_and_compare)
+    assert compared == sum(
+        1 for name, _ in checkpoint_tensors(checkpoint) if not skipped(name)
+    )
+    assert not problems, "\n".join(problems)
+
+
+def test_every_parameter_is_loaded(on_fresh_model, checkpoint):
+    def load(model):
+        loaded = model.load_weights(checkpoint_tensors(checkpoint))
+        return sorted(loaded), sorted(name for name, _ in model.named_parameters())
+
+    loaded, params = on_fresh_model(load)
+    assert loaded == params
+
+
+def test_a_tensor_without_a_home_is_an_error(on_fresh_model):
+    stray = (LAYERS + "0.mlp.experts.0.gate_proj.weight", torch.zeros(1))
+
+    def load(model):
+        try:
+            model.load_weights(iter([stray]))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    message = on_fresh_model(load)
+    assert message is not None and "experts.0.gate_proj" in message
+
+
+def test_a_shard_loaded_twice_is_an_error(on_fresh_model, checkpoint):
+    first = next(
+        (name, tensor)
+        for name, tensor in checkpoint_tensors(checkpoint)
+        if GoldenGemma2ForCausalLM.param_for(name)[1] is not None
+    )
+
+    def load(model):
+        try:
+            model.load_weights(iter([first, first]))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    message = on_fresh_model(load)
+    assert message is not None and "second time" in message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        LAYERS + "0.mlp.experts.3.gate_proj.weight",
+        LAYERS + "0.self_attn.q_proj_extra.weight",
+        LAYERS + "0.cross_attn.k_proj.weight",
+    ],
+)
+def test_stacked_mapping_matches_whole_module_paths(name):
+    assert GoldenGemma2ForCausalLM.param_for(name) == (name, None)

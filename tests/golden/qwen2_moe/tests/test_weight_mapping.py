@@ -1,0 +1,214 @@
+"""Weight mapping of the GoldenQwen2MoeForCausalLM port, checked on the real checkpoint.
+
+Each checkpoint tensor must land in exactly the rows of exactly one vLLM
+parameter, and every parameter must be loaded. The expected rows below are
+written out from the head counts, independently of the port's
+stacked_params_mapping, so a swapped or mis-sized shard fails here.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from golden_qwen2_moe_vllm.model import GoldenQwen2MoeForCausalLM
+from safetensors import safe_open
+
+HEADS = 4
+HEAD_DIM = 32
+Q_ROWS = 128  # 4 query heads x head_dim 32
+KV_ROWS = 64  # 2 KV heads x head_dim 32
+INTERMEDIATE = 256
+EXPERTS = 4
+EXPERT_INTERMEDIATE = 64
+SHARED_INTERMEDIATE = 96
+LAYERS = "model.layers."
+
+# Checkpoint module inside a decoder layer -> the pieces it holds:
+# (vLLM module, first checkpoint row, first parameter row, rows).
+FUSED_ROWS = {
+    "self_attn.q_proj": [("self_attn.qkv_proj", 0, 0, Q_ROWS)],
+    "self_attn.k_proj": [("self_attn.qkv_proj", 0, Q_ROWS, KV_ROWS)],
+    "self_attn.v_proj": [("self_attn.qkv_proj", 0, Q_ROWS + KV_ROWS, KV_ROWS)],
+    # The shared expert: a gated MLP of its own inside the experts block.
+    "mlp.shared_expert.gate_proj": [
+        ("mlp.shared_expert.gate_up_proj", 0, 0, SHARED_INTERMEDIATE)
+    ],
+    "mlp.shared_expert.up_proj": [
+        ("mlp.shared_expert.gate_up_proj", 0, SHARED_INTERMEDIATE, SHARED_INTERMEDIATE)
+    ],
+}
+# An expert's projection -> (vLLM's parameter holding every expert, first row, rows):
+# FusedMoE stacks gate (w1) then up (w3) as w13 [experts, 2 x intermediate, hidden]
+# and keeps down (w2) as [experts, hidden, intermediate].
+EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(\w+)$")
+EXPERT_ROWS = {
+    "gate_proj": ("mlp.experts.routed_experts.w13_weight", 0, EXPERT_INTERMEDIATE),
+    "up_proj": (
+        "mlp.experts.routed_experts.w13_weight",
+        EXPERT_INTERMEDIATE,
+        EXPERT_INTERMEDIATE,
+    ),
+    "down_proj": ("mlp.experts.routed_experts.w2_weight", 0, None),
+}
+TIED = False
+HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def checkpoint_tensors(checkpoint: Path):
+    index = checkpoint / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = [p.name for p in checkpoint.glob("*.safetensors")]
+    for shard in shards:
+        with safe_open(str(checkpoint / shard), framework="pt") as f:
+            for name in sorted(f.keys()):
+                yield name, f.get_tensor(name)
+
+
+def skipped(name: str) -> bool:
+    return "rotary_emb." in name or name.endswith(
+        (".attention.bias", ".attention.masked_bias")
+    )
+
+
+def expected_pieces(name: str) -> list[tuple]:
+    """(vLLM parameter, first checkpoint row, first parameter row, rows, expert) that `name` should fill."""
+    if TIED and name == HEAD:
+        return [(EMBEDDING, None, None, None, None)]
+    if name.startswith(LAYERS):
+        layer, _, rest = name[len(LAYERS) :].partition(".")
+        module, _, kind = rest.rpartition(".")
+        if module in FUSED_ROWS:
+            return [
+                (f"{LAYERS}{layer}.{fused}.{kind}", first, dest, rows, None)
+                for fused, first, dest, rows in FUSED_ROWS[module]
+            ]
+        expert = EXPERT.match(module)
+        if expert and kind == "weight" and expert.group(2) in EXPERT_ROWS:
+            param, dest, rows = EXPERT_ROWS[expert.group(2)]
+            return [(f"{LAYERS}{layer}.{param}", 0, dest, rows, int(expert.group(1)))]
+    return [(name, None, None, None, None)]
+
+
+def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int]:
+    params = dict(model.named_parameters())
+    problems, compared = [], 0
+    for name, tensor in checkpoint_tensors(checkpoint):
+        if skipped(name):
+            continue
+        for param_name, first, dest, rows, expert in expected_pieces(name):
+            if param_name not in params:
+                problems.append(f"{name}: no parameter {param_name}")
+                continue
+            data, want = params[param_name].data, tensor
+            if expert is not None:
+                data = data[expert]
+            if rows is None:
+                rows = want.shape[0]
+            if first is not None:
+                data, want = data[dest : dest + rows], tensor[first : first + rows]
+            elif data.shape[1:] == want.shape[1:] and data.shape[0] > want.shape[0]:
+                # vLLM pads vocabulary rows (embedding, head) to a multiple of 64.
+                data = data[: want.shape[0]]
+            if data.shape != want.shape:
+                problems.append(
+                    f"{name}: {param_name} rows have shape {list(data.shape)}, tensor {list(want.shape)}"
+                )
+            elif not torch.equal(data.to(want.dtype), want):
+                problems.append(
+                    f"{name}[{first}:]: {param_name}[{dest}:{'' if rows is None else dest + rows}] "
+                    "holds other values"
+                )
+        compared += 1
+    return problems, compared
+
+
+def test_every_tensor_lands_in_its_rows(on_fresh_model, checkpoint):
+    def load_and_compare(model):
+        model.load_weights(checkpoint_tensors(checkpoint))
+        return compare_with_checkpoint(model, checkpoint)
+
+    problems, compared = on_fresh_model(load_and_compare)
+    assert compared == sum(
+        1 for name, _ in checkpoint_tensors(checkpoint) if not skipped(name)
+    )
+    assert not problems, "\n".join(problems)
+
+
+def test_every_parameter_is_loaded(on_fresh_model, checkpoint):
+    def load(model):
+        loaded = model.load_weights(checkpoint_tensors(checkpoint))
+        return sorted(loaded), sorted(name for name, _ in model.named_parameters())
+
+    loaded, params = on_fresh_model(load)
+    assert loaded == params
+
+
+def test_a_tensor_without_a_home_is_an_error(on_fresh_model):
+    # An expert past the last one the config declares.
+    stray = (LAYERS + "0.mlp.experts.4.gate_proj.weight", torch.zeros(1))
+
+    def load(model):
+        try:
+            model.load_weights(iter([stray]))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    message = on_fresh_model(load)
+    assert message is not None and "experts.4.gate_proj" in message
+
+
+def test_a_shard_loaded_twice_is_an_error(on_fresh_model, checkpoint):
+    first = next(
+        (name, tensor)
+        for name, tensor in checkpoint_tensors(checkpoint)
+        if GoldenQwen2MoeForCausalLM.param_for(name)[1] is not None
+    )
+
+    def load(model):
+        try:
+            model.load_weights(iter([first, first]))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    message = on_fresh_model(load)
+    assert message is not None and "second time" in message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        LAYERS + "0.mlp.experts.3.gate_proj.weight",
+        LAYERS + "0.self_attn.q_proj_extra.weight",
+        LAYERS + "0.cross_attn.k_proj.weight",
+    ],
+)
+def test_stacked_mapping_matches_whole_module_paths(name):
+    assert GoldenQwen2MoeForCausalLM.param_for(name) == (name, None)
+
+
+def test_experts_never_load_through_the_dense_mapping(on_fresh_model, checkpoint):
+    """Every expert projection goes to FusedMoE's parameters, never to a dense gate/up."""
+    names = [name for name, _ in checkpoint_tensors(checkpoint) if ".experts." in name]
+    assert len(names) == 3 * EXPERTS * 3
+
+    def route(model):
+        return {
+            name: (type(model).param_for(name), model.expert_for(name))
+            for name in names
+        }
+
+    for name, (dense, expert) in on_fresh_model(route).items():
+        assert dense == (name, None), (
+            f"{name} is caught by the stacked mapping: {dense}"
+        )
+        assert expert is not None and ".experts.routed_experts.w" in expert[0], (
+            name,
+            expert,
+        )

@@ -1,0 +1,196 @@
+"""Helpers shared by the test files (imported as `from helpers import ...`; conftest keeps only fixtures).
+
+Also the golden ports: which checkpoints they are generated from, how, and how the generated
+text is normalized so that the committed copies under tests/golden/ are the same on every
+machine and clone. tests/test_golden.py diffs against them; scripts/update_golden.py rewrites them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+GOLDEN = REPO / "tests" / "golden"
+
+
+def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed CLI the way a user does."""
+    proc = subprocess.run([sys.executable, "-m", "scaffold.cli", *map(str, args)], check=False, capture_output=True,
+                          text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+# ------------------------------------------------------------------ golden ports
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# Stands for the checkpoint's absolute path, which the port records (scaffold_spec.toml, REVIEW.md,
+# the generated tests' conftest) and which differs per clone and per tmp folder.
+CHECKPOINT_PLACEHOLDER = "<CHECKPOINT>"
+
+
+@dataclass(frozen=True)
+class GoldenPort:
+    """One golden port: a shipped example, or a tiny checkpoint built from a transformers family."""
+
+    name: str
+    example: str | None = None  # a folder under examples/
+    model_type: str | None = None  # else a transformers model_type for scaffold.tiny.build_tiny
+    architecture: str | None = None  # renamed so that vLLM has no class of its own for it
+    overrides: dict = field(default_factory=dict)
+    new_args: tuple[str, ...] = ()  # extra `scaffold new` arguments
+
+
+GOLDEN_PORTS = {p.name: p for p in (
+    GoldenPort("demolm", example="demolm"),  # remote-code Llama variant: gating bias, sliding window, rope default
+    GoldenPort("tinymoe", example="tinymoe", new_args=("--trust-remote-code",)),  # served by the transformers backend
+    GoldenPort("llama", model_type="llama", architecture="GoldenLlamaForCausalLM"),
+    # The fused-layout family: the checkpoint stores qkv_proj and gate_up_proj already fused.
+    GoldenPort("phi3", model_type="phi3", architecture="GoldenPhi3ForCausalLM", overrides=TOKENS),
+    GoldenPort("qwen2_moe", model_type="qwen2_moe", architecture="GoldenQwen2MoeForCausalLM",
+               overrides={"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                          "shared_expert_intermediate_size": 96}),
+    GoldenPort("gemma2", model_type="gemma2", architecture="GoldenGemma2ForCausalLM",
+               overrides={"sliding_window": 8, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 1.0,
+                          "final_logit_softcapping": 1.0}),
+)}
+
+
+# The checkpoints sit in a folder whose absolute path has this length on every machine: ruff wraps the
+# generated lines that hold the path by its length, so only a path of fixed length gives the same port
+# everywhere once the path itself is replaced by the placeholder.
+GOLDEN_ROOT_LENGTH = len("/tmp/scaffold-golden-12345678")
+
+
+@contextlib.contextmanager
+def golden_workdir():
+    """A fresh /tmp/scaffold-golden-XXXXXXXX folder, removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="scaffold-golden-", dir="/tmp")).resolve()
+    try:
+        if len(str(root)) != GOLDEN_ROOT_LENGTH:
+            raise RuntimeError(f"golden ports need a work folder path of {GOLDEN_ROOT_LENGTH} characters, "
+                               f"got {root} (is /tmp a symlink here?)")
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def golden_checkpoint(port: GoldenPort, workdir: Path) -> Path:
+    """The checkpoint a golden port is generated from, at workdir/<port name> (see golden_workdir).
+
+    Examples are copied there; tiny checkpoints are built there with a fixed seed (only their
+    headers and config matter to `scaffold new`, and those do not depend on the weights' values).
+    """
+    target = Path(workdir) / port.name
+    if port.example:
+        shutil.copytree(EXAMPLES / port.example, target)
+        return target
+    from scaffold.tiny import build_tiny
+
+    return build_tiny(port.model_type, target, architecture=port.architecture, overrides=port.overrides, seed=0)
+
+
+def normalize(text: str, checkpoint: Path) -> str:
+    return text.replace(str(checkpoint), CHECKPOINT_PLACEHOLDER)
+
+
+def generate_golden(port: GoldenPort, checkpoint: Path, out: Path) -> dict[str, str]:
+    """Run `scaffold new` on the checkpoint into `out`; every file it wrote, relative path -> normalized text."""
+    scaffold("new", checkpoint, "-o", out, "--force", *port.new_args)
+    return {path.relative_to(out).as_posix(): normalize(path.read_text(encoding="utf-8"), checkpoint)
+            for path in sorted(out.rglob("*")) if path.is_file()}
+
+
+def read_golden(name: str) -> dict[str, str]:
+    root = GOLDEN / name
+    return {path.relative_to(root).as_posix(): path.read_text(encoding="utf-8")
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def write_golden(name: str, files: dict[str, str]) -> None:
+    """Replace tests/golden/<name>/ with exactly these files."""
+    root = GOLDEN / name
+    if root.exists():
+        shutil.rmtree(root)
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+
+# ------------------------------------------------------------------ unit tier
+def fused_tensors(shape) -> dict[str, list[int]]:
+    """A Phi-3-style layout of a ckpt_factory Shape: one qkv_proj and one gate_up_proj tensor per layer."""
+    from ckpt_factory import tensors_for
+
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    out = {}
+    for name, dims in tensors_for(shape).items():
+        if name.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")) and ".gate_up_" not in name:
+            continue
+        if name.endswith("q_proj.weight"):
+            out[name.replace("q_proj", "qkv_proj")] = [q + 2 * kv, shape.hidden]
+        elif name.endswith("gate_proj.weight"):
+            out[name.replace("gate_proj", "gate_up_proj")] = [2 * shape.intermediate, shape.hidden]
+        else:
+            out[name] = dims
+    return out
+
+
+def read(root: Path, shape=None, **write_args):
+    """Write a ckpt_factory checkpoint into `root` (a Llama Shape unless given) and read it back."""
+    from ckpt_factory import Shape, write_checkpoint
+
+    from scaffold.checkpoint import read_checkpoint
+
+    write_checkpoint(root, shape or Shape(), **write_args)
+    return read_checkpoint(root)
+
+
+def detect_until(ckpt, last):
+    """The spec after running the detectors in their pipeline order, up to and including module `last`."""
+    from scaffold.detect import DETECTORS
+    from scaffold.spec import Spec
+
+    spec = Spec()
+    for detector in DETECTORS:
+        detector.detect(ckpt, spec)
+        if detector is last:
+            return spec
+    raise ValueError(f"{last.__name__} is not one of the pipeline's detectors")
+
+
+def moe_tensors(shape, *, experts: int, inter: int, shared: int = 0, dense_layers=()) -> dict[str, list[int]]:
+    """A Qwen2-MoE layout of a ckpt_factory Shape: in every layer not in dense_layers, a router
+    (mlp.gate), `experts` gated experts of size `inter` and, when `shared`, a shared expert and its gate."""
+    from ckpt_factory import tensors_for
+
+    h = shape.hidden
+    out = {}
+    for name, dims in tensors_for(shape).items():
+        parts = name.split(".")
+        if ".mlp." not in name or int(parts[2]) in dense_layers:
+            out[name] = dims
+            continue
+        if not name.endswith("mlp.gate_proj.weight"):
+            continue  # the dense projections of a sparse layer are replaced by what follows
+        mlp = ".".join(parts[:4])
+        out[f"{mlp}.gate.weight"] = [experts, h]
+        for e in range(experts):
+            out[f"{mlp}.experts.{e}.gate_proj.weight"] = [inter, h]
+            out[f"{mlp}.experts.{e}.up_proj.weight"] = [inter, h]
+            out[f"{mlp}.experts.{e}.down_proj.weight"] = [h, inter]
+        if shared:
+            out[f"{mlp}.shared_expert.gate_proj.weight"] = [shared, h]
+            out[f"{mlp}.shared_expert.up_proj.weight"] = [shared, h]
+            out[f"{mlp}.shared_expert.down_proj.weight"] = [h, shared]
+            out[f"{mlp}.shared_expert_gate.weight"] = [1, h]
+    return out

@@ -1,0 +1,81 @@
+"""The reader (scaffold/checkpoint.py) on its own: what it reads from config, headers, index and sources."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from ckpt_factory import Shape, config_for, tensors_for, write_checkpoint
+from helpers import read
+
+from scaffold.checkpoint import read_checkpoint
+from scaffold.errors import CheckpointError
+
+
+def test_every_tensor_header_is_read_with_dtype_shape_and_shard(tmp_path):
+    shape = Shape(layers=3)
+    ckpt = read(tmp_path, shape, shards=2)
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(ckpt.tensors) == set(tensors_for(shape))
+    for name, dims in tensors_for(shape).items():
+        info = ckpt.tensors[name]
+        assert (info.name, info.dtype, info.shape, info.file) == (name, "F32", tuple(dims), weight_map[name])
+    assert ckpt.shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert ckpt.index_file == "model.safetensors.index.json"
+    assert ckpt.config["num_hidden_layers"] == 3 and ckpt.config_file == tmp_path / "config.json"
+
+
+def test_a_single_shard_has_no_index(tmp_path):
+    ckpt = read(tmp_path)
+    assert ckpt.shards == ["model.safetensors"] and ckpt.index_file is None
+    assert {info.file for info in ckpt.tensors.values()} == {"model.safetensors"}
+    assert ckpt.tensor("model.embed_tokens.weight").numel == 128 * 64
+    assert ckpt.tensor("no.such.weight") is None
+
+
+def test_no_tokenizer_files_means_no_tokenizer_size(tmp_path):
+    tokenizer = read(tmp_path).tokenizer
+    assert tokenizer.files == [] and tokenizer.vocab_size is None
+
+
+def test_modeling_source_is_read_as_text_never_run(tmp_path):
+    write_checkpoint(tmp_path, Shape())
+    (tmp_path / "modeling_demo.py").write_text("raise SystemExit('this file was executed')\nROPE_THETA = 5\n")
+    ckpt = read_checkpoint(tmp_path)
+    assert ckpt.sources == {"modeling_demo.py": "raise SystemExit('this file was executed')\nROPE_THETA = 5\n"}
+
+
+def test_auto_map_naming_a_missing_file_is_an_error_naming_config(tmp_path):
+    config = {**config_for(Shape()), "auto_map": {"AutoModelForCausalLM": "modeling_gone.GoneForCausalLM"}}
+    write_checkpoint(tmp_path, Shape(), config=config)
+    with pytest.raises(CheckpointError, match="modeling_gone.py") as err:
+        read_checkpoint(tmp_path)
+    assert err.value.path == str(tmp_path / "config.json")
+
+
+def test_header_longer_than_the_file_is_an_error_naming_the_shard(tmp_path):
+    write_checkpoint(tmp_path, Shape())
+    shard = tmp_path / "model.safetensors"
+    blob = shard.read_bytes()
+    shard.write_bytes(struct.pack("<Q", len(blob) * 2) + blob[8:])
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path)
+    assert "model.safetensors" in err.value.message
+
+
+def test_data_offsets_past_the_end_are_refused(tmp_path):
+    write_checkpoint(tmp_path, Shape())
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-4])  # the last tensor now ends past the data
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path)
+    assert "model.safetensors" in err.value.message
+
+
+def test_config_that_is_not_json_is_an_error_naming_it(tmp_path):
+    write_checkpoint(tmp_path, Shape())
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(tmp_path)
+    assert err.value.message.startswith(str(tmp_path / "config.json"))

@@ -1,0 +1,36 @@
+"""detect/layout.py: module names, fused or separate projections, norms and block order from tensor names."""
+
+from __future__ import annotations
+
+from ckpt_factory import Shape
+from helpers import detect_until, fused_tensors, read
+
+from scaffold.detect import layout
+from scaffold.spec import DEFAULT_NAMES
+
+
+def test_a_llama_layout_keeps_llamas_names(tmp_path):
+    spec = detect_until(read(tmp_path), layout)
+    assert spec.qkv_layout == "separate" and spec.gate_up_layout == "separate"
+    assert spec.block == "pre_norm" and spec.norm_kind == "rms" and spec.qk_norm == "none"
+    assert {role: spec.names[role] for role in DEFAULT_NAMES if role in spec.names} == {
+        role: name for role, name in DEFAULT_NAMES.items() if role in spec.names}
+    assert spec.qkv_bias is False and spec.tie_word_embeddings is False
+
+
+def test_fused_qkv_and_gate_up_tensors_are_the_fused_layout(tmp_path):
+    shape = Shape(model_type="phi3", architecture="FusedForCausalLM")
+    spec = detect_until(read(tmp_path, shape, tensors=fused_tensors(shape)), layout)
+    assert spec.qkv_layout == "fused" and spec.gate_up_layout == "fused"
+    assert spec.names["qkv_proj"] == "qkv_proj" and spec.names["gate_up_proj"] == "gate_up_proj"
+
+
+def test_biases_and_per_head_qk_norm_are_seen_in_the_tensors(tmp_path):
+    spec = detect_until(read(tmp_path, Shape(family="qwen3", attention_bias=True)), layout)
+    assert spec.qkv_bias is True and spec.o_bias is True
+    assert spec.qk_norm == "per_head"
+
+
+def test_no_lm_head_tensor_means_tied_embeddings(tmp_path):
+    spec = detect_until(read(tmp_path, Shape(tie=True)), layout)
+    assert spec.tie_word_embeddings is True

@@ -1,0 +1,45 @@
+"""detect/rope.py: rotary parameters from the config, the modeling source, or the default."""
+
+from __future__ import annotations
+
+import pytest
+from ckpt_factory import Shape, config_for, write_checkpoint
+from helpers import detect_until, read
+
+from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import rope
+from scaffold.errors import UnsupportedArchitecture
+
+
+def test_rope_theta_from_the_config(tmp_path):
+    spec = detect_until(read(tmp_path, Shape(rope_theta=500000.0)), rope)
+    assert spec.rope_parameters == {"rope_theta": 500000.0, "rope_type": "default"}
+    assert spec.partial_rotary_factor == 1.0 and spec.rope_neox_style is True and spec.no_rope_layers == []
+
+
+def test_rope_theta_absent_from_the_config_is_read_from_the_modeling_default(tmp_path):
+    config = config_for(Shape())
+    del config["rope_theta"]
+    write_checkpoint(tmp_path, Shape(), config=config)
+    (tmp_path / "modeling_x.py").write_text("def f(config):\n    return getattr(config, 'rope_theta', 250000.0)\n")
+    spec = detect_until(read_checkpoint(tmp_path), rope)
+    assert spec.rope_parameters["rope_theta"] == 250000.0
+    assert spec.source("rope_parameters").kind == "code"
+
+
+def test_rope_scaling_type_becomes_rope_type(tmp_path):
+    shape = Shape(extra={"rope_scaling": {"type": "linear", "factor": 2.0}})
+    spec = detect_until(read(tmp_path, shape), rope)
+    assert spec.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+
+
+def test_partial_rotary_and_no_rope_layers(tmp_path):
+    shape = Shape(layers=3, extra={"partial_rotary_factor": 0.5, "no_rope_layers": [1, 0, 1]})
+    spec = detect_until(read(tmp_path, shape), rope)
+    assert spec.partial_rotary_factor == 0.5 and spec.no_rope_layers == [1]
+
+
+def test_an_unknown_rope_type_is_refused(tmp_path):
+    shape = Shape(extra={"rope_scaling": {"rope_type": "mystery", "factor": 2.0}})
+    with pytest.raises(UnsupportedArchitecture, match="'mystery'"):
+        detect_until(read(tmp_path, shape), rope)
