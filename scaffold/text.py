@@ -32,12 +32,13 @@ def markdown_text(value) -> str:
     """Text for a Markdown line, table cell or code span, unable to break out of it.
 
     No line breaks or control characters (shown as escapes), no backtick to close a code span,
-    no pipe to open a table column, no angle bracket to start HTML.
+    no pipe to open a table column, no `<` to start HTML or an autolink (`>` alone opens nothing
+    inside a line, so `a -> b` stays as written).
     """
     text = str(value)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text.replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
+    return text.replace("`", "'").replace("|", "/").replace("<", "(")
 
 
 def markdown_fence(body: str) -> str:

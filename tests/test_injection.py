@@ -127,7 +127,7 @@ def test_backend_package_is_inert(tmp_path):
     assert not RAW.search(proc.stdout + proc.stderr)
     for name in ("REVIEW.md", "README.md"):
         assert_inert_markdown((tmp_path / "port" / name).read_text(), name)
-    assert FOLDER.replace("`", "'").replace("<", "(").replace(">", ")") in (tmp_path / "port" / "REVIEW.md").read_text()
+    assert FOLDER.replace("`", "'").replace("<", "(") in (tmp_path / "port" / "REVIEW.md").read_text()
     defence("inject-backend-markdown", "a stock Llama in a folder named " + FOLDER, "scaffold new CKPT -o OUT --impl "
             "transformers", proc.returncode, "REVIEW.md and README.md of the backend package: no raw HTML, every "
             "code span closed")
@@ -153,7 +153,7 @@ def test_a_hostile_rope_type_is_inert_on_every_path(tmp_path):
 def test_the_sinks_make_any_text_inert(text):
     assert not RAW.search(terminal_text(text))
     md = markdown_text(text)
-    assert md.isprintable() and not set(md) & set("`|<>")
+    assert md.isprintable() and not set(md) & set("`|<")
     fenced = markdown_fence(f"before\n{text}\n```\nafter")
     fence = fenced.split("\n", 1)[0]
     assert fenced.count(fence) == 2 and fenced.endswith("\n" + fence)

@@ -383,6 +383,7 @@ ENGINE_SHAPE = Shape(family="qwen3", hidden=96, heads=4, kv_heads=2, head_dim=32
                      extra={"x_quote": 'a "b" \'c\'\n', "x_nan": float("nan"), "not an identifier": [1, None]})
 
 
+@pytest.mark.engine
 def test_generated_mapping_tests_pass_in_the_engine(tmp_path):
     """One drawn-style example end to end: the package's own weight-mapping tests in real vLLM.
 

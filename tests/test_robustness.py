@@ -238,6 +238,7 @@ def test_verify_of_a_folder_that_is_not_a_port(tmp_path):
 
 
 # --------------------------------------------------------- checkpoint code
+@pytest.mark.engine
 def test_checkpoint_code_is_never_imported_without_consent(tmp_path):
     """inspect, new and verify (full, not --static-only) read the code as text and never import it."""
     marker = tmp_path / "IMPORTED"

@@ -9,7 +9,8 @@ import pytest
 import tomllib
 
 from scaffold.errors import ScaffoldError
-from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, markdown_text, py_literal
+from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, py_literal
+from scaffold.text import markdown_text
 from scaffold.spec import Source, Spec, to_toml, toml_comment, toml_string
 
 NASTY = "a'b\"c\\d\ne\tf\x00g\u2028h</script>`|"
@@ -22,8 +23,8 @@ def test_py_literal_reads_back_as_the_same_value(value):
     assert ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
 
 
-def test_non_finite_floats_become_float_expressions():
-    assert py_literal(float("inf")) == 'float("inf")' and py_literal(-float("inf")) == '-float("inf")'
+def test_non_finite_floats_become_literals_no_name_can_shadow():
+    assert py_literal(float("inf")) == "1e999" and py_literal(-float("inf")) == "-1e999"  # no name to shadow
     assert math.isnan(eval(py_literal(float("nan"))))
     assert py_literal({1, "a"}) == "{'a', 1}" and py_literal(set()) == "set()"  # sorted: the same text every run
 
@@ -44,7 +45,7 @@ def test_py_literal_refuses_deep_nesting():
 
 def test_markdown_text_stays_on_one_line_and_out_of_markup():
     text = markdown_text("x`y|z<b>\nnext\x1b[31m")
-    assert text == "x'y/z(b)\\nnext\\x1b[31m"
+    assert text == "x'y/z(b>\\nnext\\x1b[31m"  # no tag can open: '<' is gone, '>' alone is text
     assert markdown_text(3.5) == "3.5"
 
 
