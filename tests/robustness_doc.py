@@ -31,8 +31,10 @@ def regenerating() -> bool:
 
 
 def cell(text) -> str:
-    """Text for one markdown table cell: pipes escaped, on one line."""
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    """Text for one markdown table cell: on one line, pipes escaped, no '<' to open HTML (the cells quote
+    hostile inputs; shown as &lt;, they read as typed)."""
+    text = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+    return text.replace("\n", " ").replace("\r", " ")
 
 
 def record(section: str, row: list) -> None:

@@ -161,6 +161,6 @@ def test_sigterm_during_the_write_leaves_nothing_behind(ckpt, tmp_path, existing
     if not existing:
         assert list(tmp_path.iterdir()) == []
     defence(f"sigterm-{'replacing' if existing else 'new'}", "SIGTERM while the port is being written"
-            + (" over a previous one" if existing else " into new parent folders"), "kill -TERM <scaffold new>",
+            + (" over a previous one" if existing else " into new parent folders"), "kill -TERM (scaffold new, mid-write)",
             proc.returncode, "no staging folder, no new parent folder" + (", the previous port intact" if existing
                                                                             else ""))
