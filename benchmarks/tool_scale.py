@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script: its own folder is first on sys.path, so the sibling module imports as is.
 from checkpoints import QWEN3_235B_A22B, decoder_tensors, write_sparse
 
 TARGET_S, TARGET_MB = 2.0, 300.0

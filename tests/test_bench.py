@@ -61,30 +61,26 @@ def test_median_interval_is_the_order_statistic_interval():
     assert verdict("port/backend", {"ci_low": 0.96, "ci_high": 1.01}, higher_better=True) is None
 
 
-def test_pooled_ratios_keep_the_pairing_and_the_workload(tmp_path):
-    """benchmarks/pool_ratios.py: ratios are taken round by round within a run, runs of another
-    workload get a pool of their own, and an engine a run did not measure adds nothing."""
-    import sys
-    from pathlib import Path
+def test_pooled_ratios_keep_the_pairing_and_the_workload():
+    """scaffold.bench.pool (benchmarks/pool_ratios.py prints it): ratios are taken round by round
+    within a run, runs of another workload get a pool of their own, and an engine a run did not
+    measure adds nothing."""
+    from scaffold.bench import pool
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from pool_ratios import pool
-
-    def run(name, prompt_len, port, native, backend=None):
+    def run(prompt_len, port, native, backend=None):
         impls = {"port": {"available": True, "rounds": {"decode-heavy tok/s": port}},
                  "native": {"available": True, "rounds": {"decode-heavy tok/s": native}},
                  "backend": {"available": False} if backend is None
                  else {"available": True, "rounds": {"decode-heavy tok/s": backend}}}
         mixes = [{"name": "decode-heavy", "num_prompts": 16, "prompt_len": prompt_len, "output_len": 64}]
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"model_type": "llama", "metrics": ["decode-heavy tok/s", "ITL c=1 ms"],
-                                    "settings": {"mixes": mixes}, "implementations": impls}))
-        return path
+        return {"model_type": "llama", "metrics": ["decode-heavy tok/s", "ITL c=1 ms"],
+                "settings": {"mixes": mixes}, "implementations": impls}
 
-    pools = pool([run("a", 16, [2.0, 4.0], [1.0, 2.0], [4.0, 8.0]), run("b", 16, [3.0], [6.0]),
-                  run("c", 32, [5.0], [5.0])], metrics=None)
+    pools = pool([run(16, [2.0, 4.0], [1.0, 2.0], [4.0, 8.0]), run(16, [3.0], [6.0]), run(32, [5.0], [5.0])])
     assert pools[("llama", "decode-heavy 16x16:64")]["port/native"] == [2.0, 2.0, 0.5]  # never 4/1 or 2/2
-    assert pools[("llama", "decode-heavy 16x16:64")]["port/backend"] == [0.5, 0.5]  # run b has no backend
+    assert pools[("llama", "decode-heavy 16x16:64")]["port/backend"] == [0.5, 0.5]  # the second run has no backend
     assert pools[("llama", "decode-heavy 16x32:64")]["port/native"] == [1.0]
     assert pools[("all", "throughput")]["port/native"] == [2.0, 2.0, 0.5, 1.0]
     assert not any("ITL" in label for _, label in pools)  # only throughput unless asked
+    selected = pool([run(16, [2.0], [1.0])], metrics=["decode-heavy tok/s"])
+    assert selected[("all", "selected")]["port/native"] == [2.0]

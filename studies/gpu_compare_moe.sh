@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# The mixture-of-experts comparison of docs/performance.md: the generated port against vLLM's own
+# The mixture-of-experts comparison of studies/README.md: the generated port against vLLM's own
 # Qwen3-MoE (parity and throughput) and the transformers backend (throughput) on one H200, vLLM
 # 0.24.0, a Qwen3-30B-A3B-shaped random bf16 checkpoint cut to 6 layers (8.7 GB).
 #
-# Here (CPU machine):    benchmarks/gpu_compare_moe.sh prepare
+# Here (CPU machine):    studies/gpu_compare_moe.sh prepare
 #   needs .gpu/s.00-02 (benchmarks/gpu_compare.sh prepare: the trimmed vLLM 0.24.0 bundle, xz);
 #   adds vLLM's MoE kernels (vllm/_moe_C_stable_libtorch.abi3.so, which make-bundle.sh drops), taken
 #   from the vllm 0.24.0 wheel, as a second xz stream after the bundle, and splits the whole into
 #   three parts .gpu/m.00-02 of 54.5 MB (each fits one device call beside the 8 MB working tree);
 #   generates the port from a sparse checkpoint of the same shape into .gpu/port-moe.
 # There (device tool, calls within 30 s of each other; carry .gpu/m.0N and .gpu/port-moe):
-#   1: benchmarks/gpu_compare_moe.sh stash 00 && benchmarks/gpu_compare_moe.sh checkpoint
-#   2: benchmarks/gpu_compare_moe.sh stash 01
-#   3: benchmarks/gpu_compare_moe.sh stash 02 && benchmarks/gpu_compare_moe.sh unpack &&
-#      benchmarks/gpu_compare_moe.sh parity -o $OUT --dtype bfloat16 --timeout 240 &&
-#      benchmarks/gpu_compare_moe.sh parity -o $OUT --dtype float32 --timeout 120     (~210 s)
-#   4: benchmarks/gpu_compare_moe.sh bench -o $OUT/bench --model-runner v2 --repeats 3 --prompts 200
+#   1: studies/gpu_compare_moe.sh stash 00 && studies/gpu_compare_moe.sh checkpoint
+#   2: studies/gpu_compare_moe.sh stash 01
+#   3: studies/gpu_compare_moe.sh stash 02 && studies/gpu_compare_moe.sh unpack &&
+#      studies/gpu_compare_moe.sh parity -o $OUT --dtype bfloat16 --timeout 240 &&
+#      studies/gpu_compare_moe.sh parity -o $OUT --dtype float32 --timeout 120     (~210 s)
+#   4: studies/gpu_compare_moe.sh bench -o $OUT/bench --model-runner v2 --repeats 3 --prompts 200
 #      (~410 s, ~300 s of it the three engine starts; with --prompts 1000 it outruns one call)
-# Results and device time: docs/performance.md, "H200: mixture of experts (vLLM 0.24.0)".
+# Results and device time: studies/README.md, "H200: mixture of experts (vLLM 0.24.0)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=BenchQwen3MoeForCausalLM
@@ -60,7 +60,7 @@ case "$step" in
     ;;
   parity)
     gpu_env
-    python3 benchmarks/moe_parity.py .gpu/port-moe --checkpoint ~/ckpt-moe "$@"
+    python3 studies/moe_parity.py .gpu/port-moe --checkpoint ~/ckpt-moe "$@"
     ;;
   bench)
     gpu_env

@@ -8,7 +8,7 @@ kernels, the oneDNN matmuls, the attention ops).
 
     VLLM_DISABLE_COMPILE_CACHE=1 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TORCH_LOGS=output_code \\
     VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_PLUGINS= \\
-        python benchmarks/cpu_inductor_code.py native|backend CHECKPOINT ARCH 2> code.log
+        python studies/cpu_inductor_code.py native|backend CHECKPOINT ARCH 2> code.log
 (for the port: PYTHONPATH=its pip --target folder, VLLM_PLUGINS=its package, impl "port", ARCH its name)
 """
 

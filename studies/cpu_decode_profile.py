@@ -6,7 +6,7 @@ decode-heavy runs (16 random prompts of 16 tokens, 64 sampled tokens each) after
 then prints torch.profiler's table of one more run, by self CPU time (ROWS rows, default 25).
 
     VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_PLUGINS= \\
-        python benchmarks/cpu_decode_profile.py native|backend CHECKPOINT ARCH
+        python studies/cpu_decode_profile.py native|backend CHECKPOINT ARCH
 (for the port: PYTHONPATH=its pip --target folder, VLLM_PLUGINS=its package, impl "port", ARCH its name)
 """
 

@@ -5,7 +5,7 @@ with vLLM's native class of the same model_type on the same checkpoint, in whate
 whatever device this runs (made for the H200 with vLLM 0.24.0, bf16). Both engines get the same
 random prompts; each runs in a process of its own, one after the other.
 
-    python3 benchmarks/moe_parity.py PORT --checkpoint CKPT -o OUT [--dtype bfloat16]
+    python3 studies/moe_parity.py PORT --checkpoint CKPT -o OUT [--dtype bfloat16]
 
 Reported (stdout and OUT/parity-DTYPE.json):
 - prompt positions (teacher forcing, identical contexts): max and mean |delta logprob| over the
@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+HERE = Path(__file__).resolve().parent  # studies/; its parent holds the scaffold package
 
 
 def _worker(request_file: str) -> None:
@@ -40,7 +39,7 @@ def _worker(request_file: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from scaffold.bench import _model_class
+    from scaffold.bench import model_class_name
 
     kwargs = {"gpu_memory_utilization": request["gpu_memory_utilization"]} if torch.cuda.is_available() else {}
     llm = LLM(
@@ -54,7 +53,7 @@ def _worker(request_file: str) -> None:
         max_logprobs=request["top_k"],
         **kwargs,
     )
-    model_class = llm.apply_model(_model_class)[0]
+    model_class = llm.apply_model(model_class_name)[0]
     load_s = time.perf_counter() - started
     params = SamplingParams(
         temperature=0.0,

@@ -1,7 +1,7 @@
 """Why MoE throughput swings from round to round on the H200: one engine, the same measurement
 repeated with fixed and with fresh prompts, interleaved, and the GPU's clocks beside each.
 
-In the three-engine bench (docs/performance.md, "H200: mixture of experts") vLLM's own
+In the three-engine bench (studies/README.md, "H200: mixture of experts") vLLM's own
 Qwen3-MoE class served the decode-heavy mix at 32,777 to 60,840 tok/s from one round to the
 next, and greedy single-request decoding at 1.66 to 2.57 ms per token. Three explanations are
 told apart here, with vLLM's `Qwen3MoeForCausalLM` alone on the GPU:
@@ -21,11 +21,11 @@ Before each measurement a GPU probe (bf16 matmuls, CUDA events) and a pure-Pytho
 every host core in turn time the GPU's and the host cores' speed; the engine-core process's CPU
 seconds are read from /proc around each measurement.
 
-    PYTHONPATH=~/v024:$PWD python3 benchmarks/gpu_moe_swing.py ~/ckpt-moe -o $OUT/swing.json
+    PYTHONPATH=~/v024:$PWD python3 studies/gpu_moe_swing.py ~/ckpt-moe -o $OUT/swing.json
 
 Writes the JSON after every round and prints a summary: per kind the median, the range, the
 coefficient of variation and the correlation of tok/s with each of the readings above. The
-answer it gave on the H200 is in docs/performance.md ("Why the MoE rounds swing").
+answer it gave on the H200 is in studies/README.md ("Why the MoE rounds swing").
 """
 
 from __future__ import annotations
@@ -35,15 +35,13 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scaffold.bench import _prompts as prompts  # the bench's own prompts: random token ids
 from scaffold.bench import checkpoint_view
+from scaffold.bench import random_prompts as prompts  # the bench's own prompts: random token ids
 
 KINDS = ("fixed-greedy", "fixed-sampled", "fresh-sampled", "c1-fixed")
 
