@@ -30,6 +30,7 @@ import jinja2
 
 from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
+from scaffold.conventions import convention_defaults
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
@@ -265,7 +266,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "split_modules": split_modules(spec),
         "checkpoint_path": str(ckpt.path),
         "checkpoint_name": display_name(ckpt.path.name),
-        "config_defaults": config_defaults(ckpt.config, ckpt.config_file) if spec.register_config else [],
+        "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
+                            if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
