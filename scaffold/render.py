@@ -34,6 +34,7 @@ from scaffold.conventions import convention_defaults
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
+from scaffold.quantized import quantization_method
 from scaffold.text import markdown_text
 from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, validate_identifiers
 
@@ -269,6 +270,7 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
+        "quantization": quantization_method(ckpt.config),
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)

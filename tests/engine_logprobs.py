@@ -10,7 +10,50 @@ position after the first, the top-20 token ids and their log-probabilities.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
+
+PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 80, 11], [2, 100, 17, 4, 4, 250, 31, 66, 12, 9, 140, 3]]
+
+
+def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype: str = "float32",
+             lora: Path | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
+    """Run the engine on `checkpoint` in a child process: through the port at `port` (staged as
+    verify stages it), or through vLLM's own class when port is None. check=False returns the
+    finished process instead of raising when the engine fails."""
+    from scaffold.verify.parity import engine_env
+    from scaffold.verify.port import load_port, stage_install
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    stage = package = None
+    if port is not None:
+        loaded = load_port(port, checkpoint)
+        stage, package = stage_install(loaded), loaded.spec.package
+    out = workdir / "logprobs.json"
+    out.unlink(missing_ok=True)
+    request = {"checkpoint": str(checkpoint), "prompts": PROMPTS, "dtype": dtype, "out": str(out)}
+    if lora is not None:
+        request["lora"] = str(lora)
+    (workdir / "request.json").write_text(json.dumps(request))
+    proc = subprocess.run([sys.executable, __file__, str(workdir / "request.json")], cwd=workdir,
+                          env=engine_env(stage, package), capture_output=True, text=True, timeout=600)
+    if not check:
+        return proc
+    if proc.returncode != 0:
+        raise AssertionError(f"the engine failed on {checkpoint}:\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def max_delta(a: dict, b: dict) -> float:
+    """Largest |log-probability difference| over each position's top-20 tokens of either side; the
+    top-20 sets must be the same tokens."""
+    worst = 0.0
+    for pa, pb in zip(a["logprobs"], b["logprobs"], strict=True):
+        for da, db in zip(pa, pb, strict=True):
+            assert set(da) == set(db), f"top-20 tokens differ: {sorted(set(da) ^ set(db))}"
+            worst = max(worst, max(abs(da[k] - db[k]) for k in da))
+    return worst
 
 
 def model_class(model) -> str:
