@@ -18,7 +18,8 @@ PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 80, 11], [2, 100, 17, 4, 4, 250, 31, 66, 12, 
 
 
 def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype: str = "float32",
-             lora: Path | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
+             lora: Path | None = None, prompts: list[list[int]] = PROMPTS,
+             check: bool = True) -> dict | subprocess.CompletedProcess:
     """Run the engine on `checkpoint` in a child process: through the port at `port` (staged as
     verify stages it), or through vLLM's own class when port is None. check=False returns the
     finished process instead of raising when the engine fails."""
@@ -32,7 +33,7 @@ def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype
         stage, package = stage_install(loaded), loaded.spec.package
     out = workdir / "logprobs.json"
     out.unlink(missing_ok=True)
-    request = {"checkpoint": str(checkpoint), "prompts": PROMPTS, "dtype": dtype, "out": str(out)}
+    request = {"checkpoint": str(checkpoint), "prompts": prompts, "dtype": dtype, "out": str(out)}
     if lora is not None:
         request["lora"] = str(lora)
     (workdir / "request.json").write_text(json.dumps(request))
