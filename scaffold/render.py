@@ -271,6 +271,11 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
         "quantization": quantization_method(ckpt.config),
+        # Fields a spec file overrode: written as literals, never read from the config.
+        "overridden": {name for name in FIELDS if spec.source(name).kind == "override"},
+        # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
+        "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
+                                                               if spec.partial_rotary_factor != 1.0 else {})},
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)

@@ -308,13 +308,31 @@ def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:
     return name in RUNTIME_FIELDS or detected.source(name).expr is not None
 
 
-def sibling_spec(spec: Spec, detected: Spec) -> tuple[Spec, list[str]]:
+def overridden_fields(spec_file) -> set[str]:
+    """Fields a spec file overrode when the port was generated: the port holds them as literals.
+
+    scaffold_spec.toml writes each field after a comment naming its source ("# override: FILE")."""
+    import re
+
+    try:
+        lines = spec_file.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for previous, line in zip(lines, lines[1:]):
+        field = re.match(r"^(?:# )?(\w+) = ", line)
+        if field and previous.startswith("# override:"):
+            out.add(field.group(1))
+    return out
+
+
+def sibling_spec(spec: Spec, detected: Spec, overridden: set[str] = frozenset()) -> tuple[Spec, list[str]]:
     """The port's spec with the values it reads from this checkpoint's config, and the fields taken so."""
     import copy
 
     effective, taken = copy.deepcopy(spec), []
     for name in FIELDS:
-        if name == "package" or getattr(spec, name) == getattr(detected, name):
+        if name == "package" or name in overridden or getattr(spec, name) == getattr(detected, name):
             continue
         if read_at_run_time(spec, detected, name):
             setattr(effective, name, copy.deepcopy(getattr(detected, name)))
@@ -344,7 +362,7 @@ def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
         detected = None
     taken: list[str] = []
     if detected is not None:
-        port.spec, taken = sibling_spec(port.spec, detected)
+        port.spec, taken = sibling_spec(port.spec, detected, overridden_fields(port.path / "scaffold_spec.toml"))
     spec = port.spec
     check_mapping(report, spec, ckpt)
     check_shapes(report, spec, ckpt)
