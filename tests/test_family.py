@@ -122,3 +122,19 @@ def test_demolm_port_serves_nine_layers(workdir):
     report = json.loads(scaffold("verify", out, "--checkpoint", nine, "--json", "--trust-remote-code").stdout)
     checks = parity_checks(report)
     print("demolm 9 layers max |dlogp|", checks["parity: log-probabilities"]["max_delta"])
+
+
+def test_a_sibling_of_another_structure_fails_the_static_checks(workdir):
+    """Attention biases are code the port does not have, not a value it reads: verify says so before any
+    engine runs (and the engine would refuse the tensors at load, tests/test_quantized.py)."""
+    base = family_member(workdir, "llama", "StructLlamaForCausalLM", "struct-base", {})
+    biased = family_member(workdir, "llama", "StructLlamaForCausalLM", "struct-biased", {"attention_bias": True})
+    out = workdir / "port-family-struct"
+    scaffold("new", base, "-o", out, "--force")
+    proc = scaffold("verify", out, "--checkpoint", biased, "--static-only", "--json", check=False)
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert proc.returncode != 0 and not report["passed"]
+    assert checks["mapping coverage"]["status"] == "fail"
+    assert "qkv_proj.bias" in checks["mapping coverage"]["detail"]
+    assert "qkv_bias" in checks["spec matches checkpoint"]["detail"]
