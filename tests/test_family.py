@@ -135,6 +135,6 @@ def test_a_sibling_of_another_structure_fails_the_static_checks(workdir):
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert proc.returncode != 0 and not report["passed"]
-    assert checks["mapping coverage"]["status"] == "fail"
+    assert checks["mapping coverage"]["status"] == "FAIL"
     assert "qkv_proj.bias" in checks["mapping coverage"]["detail"]
     assert "qkv_bias" in checks["spec matches checkpoint"]["detail"]
