@@ -61,6 +61,28 @@ def test_awq_port_matches_vllms_own_llama(float_llama, workdir):
 
 
 @pytest.mark.engine
+def test_the_awq_ports_own_weight_mapping_tests_pass(float_llama, workdir):
+    """The generated tests/test_weight_mapping.py on the quantized checkpoint: every tensor, qweight, qzeros
+    and scales included, lands in a parameter of its module's role."""
+    import os
+    import subprocess
+    import sys
+
+    from scaffold.verify.port import load_port, stage_install
+
+    awq = build_awq(float_llama, workdir / "ckpt-awq-own-tests", "AwqOwnTestsForCausalLM")
+    out = workdir / "port-awq-own-tests"
+    scaffold("new", awq, "-o", out, "--force")
+    port = load_port(out)
+    env = dict(os.environ, PYTHONPATH=str(stage_install(port)), VLLM_PLUGINS=port.spec.package)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(out / "tests" / "test_weight_mapping.py")], capture_output=True, text=True, env=env,
+                          cwd=out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "failed" not in proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.engine
 def test_a_tensor_the_port_does_not_know_is_refused_at_load(workdir):
     """A port generated without attention biases, given a sibling that has them, names the tensor."""
     from scaffold.tiny import build_tiny
