@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
+from scaffold import quantized
 
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
@@ -426,14 +427,7 @@ def validate_config(config: dict, where: Path) -> None:
         theta = params.get("rope_theta")
         if theta is not None and (not _is_number(theta) or theta <= 0):
             raise CheckpointError(f"config key {key!r} holds rope_theta {theta!r}, not a positive number.", where)
-    quant = config.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown method")
-        raise UnsupportedArchitecture(
-            f"the checkpoint is quantized (quantization_config, {method!r}); scaffold ports unquantized "
-            "F32, F16 and BF16 weights.",
-            where,
-        )
+    quantized.check_supported(config, where)
 
 
 def unsupported_blocks(config: dict, tensor_names, where: Path) -> None:
@@ -607,7 +601,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPE_SIZES:
+        if dtype not in DTYPE_SIZES and not quantized.is_packed(name, dtype):
             kind = "a quantized or non-float" if dtype in KNOWN_UNSUPPORTED_DTYPES else "an unknown"
             raise CheckpointError(
                 f"tensor {name!r} has dtype {dtype!r}, {kind} dtype; ports load F32, F16 and BF16 weights.",
@@ -626,7 +620,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
                 f"the shape {shape!r} or data offsets {offsets!r} of tensor {name!r} are malformed.", path
             )
         begin, end = offsets
-        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * DTYPE_SIZES[dtype]:
+        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * {**DTYPE_SIZES, **quantized.PACKED_DTYPES}[dtype]:
             raise CheckpointError(
                 f"tensor {name!r} ({dtype}, shape {shape}) does not fit its data offsets {offsets} "
                 f"in {data_size} bytes of data; the file is truncated or corrupt.",
@@ -848,6 +842,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         )
     validate_config(config, config_file)
     tensors, shards, index_file = _read_tensors(root)
+    tensors = quantized.float_view(config, tensors, config_file)  # a quantized module as its weight
     unsupported_blocks(config, tensors, config_file)
     check_shapes(config, tensors, config_file)
     generation = None

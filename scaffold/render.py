@@ -30,9 +30,11 @@ import jinja2
 
 from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
+from scaffold.conventions import convention_defaults
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
+from scaffold.quantized import quantization_method
 from scaffold.text import markdown_text
 from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, validate_identifiers
 
@@ -267,8 +269,15 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "split_modules": split_modules(spec),
         "checkpoint_path": str(ckpt.path),
         "checkpoint_name": display_name(ckpt.path.name),
-        "config_defaults": config_defaults(ckpt.config, ckpt.config_file) if spec.register_config else [],
+        "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
+                            if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
+        "quantization": quantization_method(ckpt.config),
+        # Fields a spec file overrode: written as literals, never read from the config.
+        "overridden": {name for name in FIELDS if spec.source(name).kind == "override"},
+        # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
+        "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
+                                                               if spec.partial_rotary_factor != 1.0 else {})},
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)

@@ -231,7 +231,8 @@ def test_twin_verifies_a_checkpoint_without_reading_its_data(big):
 
 @pytest.mark.engine
 def test_twin_catches_a_port_that_is_wrong(big, workdir):
-    """rope_theta changed in the port's model.py: the static checks cannot see it, parity on the twin does."""
+    """rope_theta overridden in the port's model.py (which reads it from the config): the static checks cannot
+    see it, parity on the twin does."""
     import shutil
 
     _, _, _, port = big
@@ -240,8 +241,9 @@ def test_twin_catches_a_port_that_is_wrong(big, workdir):
     shutil.copytree(port, mutant)
     model = next(mutant.glob("*/model.py"))
     text = model.read_text()
-    assert "'rope_theta': 1000000.0" in text or '"rope_theta": 1000000.0' in text
-    model.write_text(text.replace("1000000.0", "10000.0"))
+    read = "rope_parameters = config.rope_parameters"
+    assert read in text
+    model.write_text(text.replace(read, 'rope_parameters = {**config.rope_parameters, "rope_theta": 10000.0}'))
     rc, report, _ = verify_twin(mutant)
     checks = {c["name"]: c for c in report["checks"]}
     assert rc == 1 and not report["passed"]

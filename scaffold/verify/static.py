@@ -287,6 +287,59 @@ def check_rope(report: Report, spec: Spec, detected: Spec | None) -> None:
     report.add("rope parameters", True, detail)
 
 
+# Fields a port reads from vllm_config.model_config.hf_config at run time whatever their
+# source (the template emits config reads for them), so a sibling checkpoint of the
+# architecture may differ in them: rotary parameters and scaling, which layers slide or
+# skip rotary, the tied head, and the facts the checks keep.
+RUNTIME_FIELDS = ("rope_parameters", "sliding_rope_parameters", "partial_rotary_factor", "sliding_window_layers",
+                  "no_rope_layers", "tie_word_embeddings", "dtype", "tokenizer_vocab_size")
+# Fields whose presence decides what code the port has (a soft cap, a multiplier, a window):
+# a sibling may change the value, read from its config, but not have one where the port has none.
+PRESENCE_FIXED = ("sliding_window", "attention_scale", "attn_logit_softcap", "embedding_multiplier",
+                  "residual_multiplier", "logits_scale", "final_logit_softcap", "no_rope_layers",
+                  "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers")
+
+
+def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:
+    """Whether the port serves the checkpoint's value of `name` by reading its config at run time."""
+    absent = (None, [], {}, 0)
+    if name in PRESENCE_FIXED and (getattr(spec, name) in absent) != (getattr(detected, name) in absent):
+        return False
+    return name in RUNTIME_FIELDS or detected.source(name).expr is not None
+
+
+def overridden_fields(spec_file) -> set[str]:
+    """Fields a spec file overrode when the port was generated: the port holds them as literals.
+
+    scaffold_spec.toml writes each field after a comment naming its source ("# override: FILE")."""
+    import re
+
+    try:
+        lines = spec_file.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for previous, line in zip(lines, lines[1:]):
+        field = re.match(r"^(?:# )?(\w+) = ", line)
+        if field and previous.startswith("# override:"):
+            out.add(field.group(1))
+    return out
+
+
+def sibling_spec(spec: Spec, detected: Spec, overridden: set[str] = frozenset()) -> tuple[Spec, list[str]]:
+    """The port's spec with the values it reads from this checkpoint's config, and the fields taken so."""
+    import copy
+
+    effective, taken = copy.deepcopy(spec), []
+    for name in FIELDS:
+        if name == "package" or name in overridden or getattr(spec, name) == getattr(detected, name):
+            continue
+        if read_at_run_time(spec, detected, name):
+            setattr(effective, name, copy.deepcopy(getattr(detected, name)))
+            taken.append(name)
+    return effective, taken
+
+
 def spec_drift(spec: Spec, detected: Spec) -> list[str]:
     """Fields where the port's spec differs from what the checkpoint says now."""
     out = []
@@ -300,11 +353,17 @@ def spec_drift(spec: Spec, detected: Spec) -> list[str]:
 
 
 def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
-    spec = port.spec
+    """The checks that need no engine. A sibling checkpoint (another depth, rope scaling, tied head or
+    sliding pattern than the port was generated from) is checked, and then served, with the values the
+    port reads from its config at run time: port.spec becomes that effective spec."""
     try:
         detected = detect(ckpt)
     except ScaffoldError:
         detected = None
+    taken: list[str] = []
+    if detected is not None:
+        port.spec, taken = sibling_spec(port.spec, detected, overridden_fields(port.path / "scaffold_spec.toml"))
+    spec = port.spec
     check_mapping(report, spec, ckpt)
     check_shapes(report, spec, ckpt)
     check_concat_order(report, spec, port.model_file)
@@ -313,8 +372,9 @@ def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
     check_tied(report, spec, ckpt)
     check_rope(report, spec, detected)
     drift = spec_drift(spec, detected) if detected is not None else []
+    runtime = f"; read from its config at run time: {', '.join(taken)}" if taken else ""
     if drift:
-        report.note("spec matches checkpoint", f"{len(drift)} field(s) differ: " + "; ".join(drift))
+        report.note("spec matches checkpoint", f"{len(drift)} field(s) differ: " + "; ".join(drift) + runtime)
     else:
-        report.add("spec matches checkpoint", True, "every field is what the checkpoint says")
+        report.add("spec matches checkpoint", True, "every field is what the checkpoint says" + runtime)
     return drift

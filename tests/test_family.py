@@ -1,0 +1,140 @@
+"""One port, every checkpoint of its architecture.
+
+A port is generated from one tiny checkpoint, then `scaffold verify PORT --checkpoint SIBLING`
+serves a sibling of the same architecture through it: another depth and widths, rope scaling
+(llama3, yarn, linear), a tied head, another sliding-window pattern. Everything those change is
+read from the config at run time, as vLLM's own models do, so the sibling must match
+transformers as the port's own checkpoint does (float32, max |dlogp| <= 1e-4 over the top 20,
+identical greedy continuations).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, scaffold
+
+TOLERANCE = 1e-4
+
+# name: (model_type, the port's checkpoint overrides, the sibling's overrides)
+FAMILIES = {
+    "llama": (
+        "llama",
+        {},
+        {"num_hidden_layers": 4, "hidden_size": 192, "intermediate_size": 320, "num_attention_heads": 6,
+         "num_key_value_heads": 3, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
+    "gemma2": (
+        "gemma2",
+        {"sliding_window": 8, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 1.0,
+         "final_logit_softcapping": 1.0},
+        {"num_hidden_layers": 5, "intermediate_size": 192, "sliding_window": 6, "query_pre_attn_scalar": 32,
+         "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+         "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                         "sliding_attention"],
+         "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
+    "qwen3": (
+        "qwen3",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+        {"num_hidden_layers": 4, "hidden_size": 192, "intermediate_size": 320, "num_attention_heads": 6,
+         "num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2,
+         "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 128}},
+    ),
+}
+
+
+def parity_checks(report: dict) -> dict:
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert checks["port loaded by vLLM"]["status"] == "pass"
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+    return checks
+
+
+def family_member(workdir: Path, model_type: str, arch: str, tag: str, overrides: dict) -> Path:
+    from scaffold.tiny import build_tiny
+
+    return build_tiny(model_type, workdir / f"ckpt-family-{tag}", architecture=arch, overrides=overrides, seed=1)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_port_serves_a_sibling_checkpoint(name, workdir):
+    model_type, base, sibling = FAMILIES[name]
+    arch = f"Family{name.capitalize()}ForCausalLM"
+    ckpt = family_member(workdir, model_type, arch, f"{name}-base", base)
+    other = family_member(workdir, model_type, arch, f"{name}-sibling", sibling)
+    out = workdir / f"port-family-{name}"
+    scaffold("new", ckpt, "-o", out, "--force")
+    model = next(out.glob("*/model.py"))
+    text = model.read_text()
+    for literal in ("ROPE_PARAMETERS", "SLIDING_WINDOW_LAYERS"):
+        assert literal not in text
+    report = json.loads(scaffold("verify", out, "--checkpoint", other, "--json").stdout)
+    checks = parity_checks(report)
+    # The sibling differs in what the port reads from its config, and the check says so.
+    spec_check = checks["spec matches checkpoint"]
+    assert "read from its config at run time" in spec_check["detail"]
+    assert "num_layers" in spec_check["detail"] and "rope_parameters" in spec_check["detail"]
+    print(name, "sibling max |dlogp|", checks["parity: log-probabilities"]["max_delta"])
+
+
+def build_demolm(out: Path, num_layers: int) -> Path:
+    """The shipped DemoLM example, rebuilt by its own builder with another number of layers."""
+    spec = importlib.util.spec_from_file_location("_demolm_builder", EXAMPLES / "build_examples.py")
+    builder = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = builder
+    spec.loader.exec_module(builder)
+    tokenizer = builder.build_tokenizer()
+    config = builder.load_config_class()(bos_token_id=tokenizer.token_to_id("<s>"),
+                                          eos_token_id=tokenizer.token_to_id("</s>"), num_hidden_layers=num_layers)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    builder.write_config(config, out)
+    builder.write_generation_config(config, out)
+    builder.write_tokenizer(tokenizer, out)
+    builder.write_weights(builder.make_weights(config, tokenizer.get_vocab_size()), num_layers, out)
+    for name in ("configuration_demolm.py", "modeling_demolm.py"):
+        shutil.copyfile(builder.SOURCES_DIR / name, out / name)
+    return out
+
+
+@pytest.mark.engine
+def test_demolm_port_serves_nine_layers(workdir):
+    """The example's port, generated from 6 layers (layers 2 and 5 attend fully), serves 9 (2, 5 and 8)."""
+    nine = build_demolm(workdir / "ckpt-demolm-9", 9)
+    assert json.loads((nine / "config.json").read_text())["layer_types"][8] == "full_attention"
+    out = workdir / "port-family-demolm"
+    scaffold("new", EXAMPLES / "demolm", "-o", out, "--force")
+    text = next(out.glob("*/configuration.py")).read_text()
+    assert "rope_theta=500000.0" in text  # the modeling code's convention, a default of the config class
+    report = json.loads(scaffold("verify", out, "--checkpoint", nine, "--json", "--trust-remote-code").stdout)
+    checks = parity_checks(report)
+    print("demolm 9 layers max |dlogp|", checks["parity: log-probabilities"]["max_delta"])
+
+
+def test_a_sibling_of_another_structure_fails_the_static_checks(workdir):
+    """Attention biases are code the port does not have, not a value it reads: verify says so before any
+    engine runs (and the engine would refuse the tensors at load, tests/test_quantized.py)."""
+    base = family_member(workdir, "llama", "StructLlamaForCausalLM", "struct-base", {})
+    biased = family_member(workdir, "llama", "StructLlamaForCausalLM", "struct-biased", {"attention_bias": True})
+    out = workdir / "port-family-struct"
+    scaffold("new", base, "-o", out, "--force")
+    proc = scaffold("verify", out, "--checkpoint", biased, "--static-only", "--json", check=False)
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert proc.returncode != 0 and not report["passed"]
+    assert checks["mapping coverage"]["status"] == "FAIL"
+    assert "qkv_proj.bias" in checks["mapping coverage"]["detail"]
+    assert "qkv_bias" in checks["spec matches checkpoint"]["detail"]
