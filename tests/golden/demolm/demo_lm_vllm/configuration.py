@@ -1,7 +1,9 @@
 """Config class for model_type 'demolm', which transformers does not ship.
 
 Generated from the checkpoint's config.json so the model loads without running the
-checkpoint's own code. Defaults are the values of that config.json.
+checkpoint's own code. Defaults are the values of that config.json, and the
+conventions its modeling code decides where config.json is silent (scaffold_spec.toml
+says which).
 """
 
 from transformers import PretrainedConfig
@@ -25,6 +27,7 @@ class DemoLMConfig(PretrainedConfig):
         rms_norm_eps=1e-05,
         sliding_window=8,
         vocab_size=320,
+        rope_theta=500000.0,
         **kwargs,
     ):
         self.full_attention_interval = full_attention_interval
@@ -49,4 +52,5 @@ class DemoLMConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.sliding_window = sliding_window
         self.vocab_size = vocab_size
+        self.rope_theta = rope_theta
         super().__init__(**kwargs)

@@ -68,6 +68,11 @@ def expected_pieces(name: str) -> list[tuple]:
     return [(name, None, None, None)]
 
 
+def quantized(name: str) -> bool:
+    """A tensor of the checkpoint's quantization method (qweight, scales, ...), not a float weight or bias."""
+    return not name.endswith((".weight", ".bias", ".gating_bias"))
+
+
 def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int]:
     params = dict(model.named_parameters())
     problems, compared = [], 0
@@ -77,6 +82,9 @@ def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int]:
         for param_name, first, dest, rows in expected_pieces(name):
             if param_name not in params:
                 problems.append(f"{name}: no parameter {param_name}")
+                continue
+            if quantized(name):
+                # The quantization method's own parameter; its loader places the packed values.
                 continue
             data, want = params[param_name].data, tensor
             if first is not None:
@@ -160,3 +168,20 @@ def test_a_shard_loaded_twice_is_an_error(on_fresh_model, checkpoint):
 )
 def test_stacked_mapping_matches_whole_module_paths(name):
     assert DemoLMForCausalLM.param_for(name) == (name, None)
+
+
+def test_quantized_tensors_load_where_their_weight_would(checkpoint):
+    """qweight, qzeros, scales, ... of a module go to its parameter of that name, in its weight's shard."""
+    names = [
+        name
+        for name, _ in checkpoint_tensors(checkpoint)
+        if quantized(name) and not skipped(name)
+    ]
+    assert not names, "the port was generated from a float checkpoint"
+    for name in names:
+        module, _, kind = name.rpartition(".")
+        weight_param, shard = DemoLMForCausalLM.param_for(f"{module}.weight")
+        assert DemoLMForCausalLM.param_for(name) == (
+            weight_param.removesuffix("weight") + kind,
+            shard,
+        )
