@@ -14,6 +14,7 @@ AWQ, 4-bit, GEMM layout.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -67,8 +68,6 @@ def float_view(config: dict, tensors: dict, where: Path) -> dict:
             raise CheckpointError(f"tensor {packed[0]!r} is a quantized tensor ({tensors[packed[0]].dtype}) but "
                                   "config.json has no quantization_config saying how to read it.", where)
         return tensors
-    from scaffold.checkpoint import TensorInfo
-
     group = config["quantization_config"].get("group_size", config["quantization_config"].get("q_group_size"))
     out = {}
     for name, info in tensors.items():
@@ -97,5 +96,5 @@ def float_view(config: dict, tensors: dict, where: Path) -> dict:
                                       f"({list(info.shape)}) with group_size {group} needs {list(shape)}.", where)
         if f"{module}.weight" in tensors:
             raise CheckpointError(f"module {module!r} holds both a weight and AWQ tensors.", where)
-        out[f"{module}.weight"] = TensorInfo(f"{module}.weight", scales.dtype, (fan_out, fan_in), info.file)
+        out[f"{module}.weight"] = replace(info, name=f"{module}.weight", dtype=scales.dtype, shape=(fan_out, fan_in))
     return out
