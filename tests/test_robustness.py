@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,8 @@ def static_checks(port: Path) -> dict[str, str]:
 
 
 def shown(message: str, *paths: tuple[Path, str]) -> str:
+    """`message` with this machine's paths replaced by labels, so the document reads the same on every machine."""
+    paths += ((Path(sysconfig.get_paths()["purelib"]), "SITE-PACKAGES"),)
     for path, label in paths:
         message = message.replace(str(path), label)
     return message
@@ -512,6 +515,7 @@ def test_source_comment_cannot_break_out_of_toml():
 # ------------------------------------------------------- last line of defence
 UNEXPECTED = """
 import sys
+import sysconfig
 import scaffold.pipeline
 def analyze(*args, **kwargs):
     return {}["a bug"]
