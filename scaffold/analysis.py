@@ -28,8 +28,8 @@ def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: C
     if homeless:
         more = f" and {len(homeless) - 3} more" if len(homeless) > 3 else ""
         raise UnsupportedArchitecture(
-            f"{len(homeless)} checkpoint tensor(s) have no home in the port: {', '.join(homeless[:3])}{more}. "
-            "A port that dropped them would compute something else.",
+            f"{len(homeless)} checkpoint tensor(s) have no home in the port: {', '.join(homeless[:3])}{more}.",
             ckpt.path,
+            hint="A port that dropped them would compute something else.",
         )
     return Analysis(ckpt, spec, rows)

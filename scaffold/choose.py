@@ -45,6 +45,7 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
     backend = plan(ckpt, trust_remote_code)
     blockers = backend.blockers(include_defects=impl == "auto")
     if not blockers:
+        # The problem alone: its hint (try the backend) is what this choice just did.
         reason = (f"the native generator cannot express it: {native_error.problem.rstrip('.')}" if native_error
                   else "asked for with --impl transformers")
         return Choice("transformers", reason, backend=backend, native_error=native_error)
@@ -52,5 +53,5 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
         raise UnsupportedArchitecture("the transformers backend cannot serve this checkpoint: "
                                       + "; ".join(blockers) + ".", ckpt.config_file)
     raise UnsupportedArchitecture(
-        f"neither implementation can take this checkpoint. Native port: {native_error.problem.rstrip('.')}. "
+        f"neither implementation can take this checkpoint. Native port: {native_error.text.rstrip('.')}. "
         f"Transformers backend: {'; '.join(blockers)}.", ckpt.config_file)

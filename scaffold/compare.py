@@ -80,7 +80,7 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
     try:
         analyze(checkpoint)
     except ScaffoldError as exc:
-        native.reason = f"no native port: {exc.problem}"
+        native.reason = f"no native port: {exc.text}"
         can_native = False
     else:
         can_native = True
