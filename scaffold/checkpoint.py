@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold import quantized
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}

@@ -1,4 +1,4 @@
-"""The `scaffold` command: a thin shell over the pipeline, the renderer and the verifier."""
+"""The `scaffold` command: a thin shell over the analysis, the two generators, the verifier, bench and compare."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ from pathlib import Path
 import click
 
 from scaffold import __version__
-from scaffold.backend.compare import compare_command
+from scaffold import verify as verifier
+from scaffold.analysis import analyze
+from scaffold.backend.generator import generate as generate_backend
 from scaffold.bench import bench
+from scaffold.choose import choose
+from scaffold.compare import compare_command
 from scaffold.errors import ScaffoldError
+from scaffold.pipeline import generate
+from scaffold.review import inspect_json, inspect_text
 from scaffold.text import echo, json_text
 
 
@@ -74,9 +80,6 @@ def main() -> None:
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path), help="TOML file overriding spec fields.")
 def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
     """Show what the tool understood of CHECKPOINT, tensor by tensor. Reads no tensor data."""
-    from scaffold.pipeline import analyze
-    from scaffold.review import inspect_json, inspect_text
-
     analysis = analyze(checkpoint, spec_file)
     if as_json:
         echo(json_text(inspect_json(analysis)))
@@ -98,8 +101,6 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
 def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None, trust_remote_code: bool,
         impl: str) -> None:
     """Generate a vLLM plugin package porting CHECKPOINT."""
-    from scaffold.pipeline import choose, generate
-
     choice = choose(checkpoint, spec_file, impl, trust_remote_code)
     if choice.impl == "native":
         analysis = choice.analysis
@@ -107,8 +108,6 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
                           trust_remote_code=trust_remote_code)
         echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
     else:
-        from scaffold.backend.plan import generate as generate_backend
-
         target = generate_backend(choice.backend, out, force=force, reason=choice.reason)
         comp = choice.backend.compliance
         echo(f"wrote {target} ({comp.model_class} through vLLM's transformers backend, "
@@ -133,8 +132,6 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
 def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_parallel: int, static_only: bool,
            as_json: bool, twin: bool) -> None:
     """Check that PORT computes what the original model computes."""
-    from scaffold import verify as verifier
-
     report = verifier.run(port, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
                           tensor_parallel_size=tensor_parallel, static_only=static_only, twin=twin,
                           progress=None if as_json else lambda line: echo(line, err=True))

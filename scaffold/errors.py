@@ -30,16 +30,24 @@ class ScaffoldError(Exception):
     # reports that quote a subprocess or a linter, which keep their line breaks.
     one_paragraph = False
 
-    def __init__(self, problem: str, path: str | Path | None = None):
+    def __init__(self, problem: str, path: str | Path | None = None, *, hint: str = ""):
+        # `problem` says what is wrong; `hint`, what the user could do about it. Kept apart so that a caller
+        # quoting the problem elsewhere (scaffold.choose, in a backend package's reason) can leave the advice out.
         self.problem = clean(str(problem).strip(), one_paragraph=self.one_paragraph)
+        self.hint = clean(str(hint).strip(), one_paragraph=True)
         self.path = clean(str(path), one_paragraph=True) if path is not None else None
         super().__init__(self.message)
 
     @property
+    def text(self) -> str:
+        """The problem and the hint, without the path."""
+        return f"{self.problem} {self.hint}" if self.hint else self.problem
+
+    @property
     def message(self) -> str:
         if self.path:
-            return f"{self.path}: {self.problem}"
-        return self.problem
+            return f"{self.path}: {self.text}"
+        return self.text
 
 
 class CheckpointError(ScaffoldError):

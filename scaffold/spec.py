@@ -443,7 +443,8 @@ def toml_comment(text: Any) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A TOML value holding `value` exactly: booleans, numbers, strings, and lists and tables of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -453,12 +454,18 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         if any(v is None for v in value):
             raise SpecError(f"the list {value!r} holds null, which TOML cannot write.")
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         # TOML has no null: an entry set to None is left out, as a field set to None is.
-        items = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+        items = [f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items() if v is not None]
         return "{ " + ", ".join(items) + " }" if items else "{}"
     raise SpecError(f"a value of type {type(value).__name__} cannot be written as TOML.")
+
+
+def toml_table(name: str, values: dict[str, Any], *, array: bool = False) -> list[str]:
+    """The lines of one TOML table (`[[name]]` with array=True); an entry set to None is left out."""
+    header = f"[[{name}]]" if array else f"[{name}]"
+    return [header] + [f"{_toml_key(k)} = {toml_value(v)}" for k, v in values.items() if v is not None]
 
 
 def _toml_key(key: Any) -> str:
@@ -480,5 +487,5 @@ def to_toml(spec: Spec) -> str:
         if value is None:
             lines.append(f"# {name} = (none)")
         else:
-            lines.append(f"{name} = {_toml_value(value)}")
+            lines.append(f"{name} = {toml_value(value)}")
     return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ BASE = dict(
 def randomize(model, std: float) -> None:
     """Deterministic-under-the-seed random weights that make every part matter: norm weights
     1 + noise (never the identity), non-zero biases, other weights N(0, std)."""
-    import torch
+    import torch  # deferred on purpose: importing scaffold.tiny (verify.twin does) must not import torch
 
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -53,6 +53,7 @@ def build_tiny(
     std: float = 0.08,
     max_shard_size: str = "500KB",
 ) -> Path:
+    # Deferred on purpose: torch and transformers take seconds to import, and only building a model needs them.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -211,8 +211,8 @@ def test_backend_package_installs_as_a_vllm_plugin(tinymoe_package, tmp_path):
 
 
 def test_auto_prefers_native_port_for_gpt_neox(tiny, workdir):
+    from scaffold.analysis import analyze
     from scaffold.errors import ScaffoldError
-    from scaffold.pipeline import analyze
 
     ckpt = tiny("gpt_neox", "GPTNeoXForCausalLM")
     out = workdir / "neox-auto"

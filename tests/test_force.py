@@ -13,8 +13,8 @@ import pytest
 from ckpt_factory import Shape, write_checkpoint
 from robustness_doc import defence
 
+from scaffold.analysis import analyze
 from scaffold.errors import ScaffoldError
-from scaffold.pipeline import analyze
 from scaffold.render import MANIFEST, render, write_package
 
 SHAPE = Shape(family="llama", architecture="ForceLlamaForCausalLM", hidden=64, heads=4, kv_heads=2, head_dim=16,
@@ -131,7 +131,7 @@ TERMINATED = """
 import os, signal, sys
 from pathlib import Path
 import scaffold.render as render
-from scaffold.pipeline import analyze
+from scaffold.analysis import analyze
 
 real = render.format_and_check
 def check_then_terminate(folder):

@@ -424,7 +424,7 @@ def test_spec_override_cannot_inject_code(tmp_path):
         spec = tmp_path / f"{field}.toml"
         spec.write_text(f"[spec]\n{field} = {json.dumps(value)}\n")
         proc = scaffold("new", ckpt, "-o", tmp_path / "port", "--spec", spec, check=False)
-        # pipeline.choose reports a native-path failure, the spec file's included, against config.json.
+        # scaffold.choose reports a native-path failure, the spec file's included, against config.json.
         named = spec if str(spec) in proc.stderr else ckpt / "config.json"
         err = assert_clean_failure(proc, names=named, expect=field if field != "architecture" else "class name")
         assert not (tmp_path / "port").exists()
@@ -463,8 +463,8 @@ def test_force_never_replaces_the_checkpoint_or_cwd(tmp_path, where):
 
 def test_force_replaces_only_after_the_new_port_is_complete(tmp_path):
     """A failure while writing or checking the new port leaves the old one as it was, and no staging folder."""
+    from scaffold.analysis import analyze
     from scaffold.errors import ScaffoldError
-    from scaffold.pipeline import analyze
     from scaffold.render import render, write_package
 
     ckpt = write_checkpoint(tmp_path / "ckpt", BASE, data="zeros")
@@ -515,11 +515,10 @@ def test_source_comment_cannot_break_out_of_toml():
 # ------------------------------------------------------- last line of defence
 UNEXPECTED = """
 import sys
-import sysconfig
-import scaffold.pipeline
+import scaffold.analysis
 def analyze(*args, **kwargs):
     return {}["a bug"]
-scaffold.pipeline.analyze = analyze
+scaffold.analysis.analyze = analyze
 from scaffold.cli import main
 main(sys.argv[1:])
 """

@@ -10,8 +10,8 @@ import tomllib
 
 from scaffold.errors import ScaffoldError
 from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, py_literal
-from scaffold.text import markdown_text
 from scaffold.spec import Source, Spec, to_toml, toml_comment, toml_string
+from scaffold.text import markdown_text
 
 NASTY = "a'b\"c\\d\ne\tf\x00g\u2028h</script>`|"
 

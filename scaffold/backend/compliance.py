@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,8 +86,6 @@ class ExpectedFusion:
     @property
     def signature(self) -> str:
         """A regular expression matching the log line (after `Fused: `)."""
-        import re
-
         cls = re.escape(self.module_class)
         if self.kind == "qkv":
             return rf"\({re.escape(self.attr)}: {cls}\) -> qkv_proj"

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from scaffold.analysis import Analysis
 from scaffold.backend.census import cross_check
 from scaffold.backend.compliance import Compliance, Rule, check, render_markdown, render_text
-
-if TYPE_CHECKING:
-    from scaffold.pipeline import Analysis
 
 
 def _compliance(analysis: Analysis) -> tuple[Compliance, list[str]]:

@@ -53,10 +53,11 @@ def render_table(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
+    # matplotlib is optional (only --plot needs it) and slow to import.
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display here
 
     impls = [i for i in IMPLS if report["implementations"].get(i, {}).get("available")]
     metrics = report["metrics"]

@@ -10,15 +10,15 @@ from scaffold.spec import Source, Spec
 
 MISSING = object()
 BACKEND_HINT = (
-    " vLLM's transformers backend (`vllm serve CKPT --model-impl transformers`) may serve it if the model's "
+    "vLLM's transformers backend (`vllm serve CKPT --model-impl transformers`) may serve it if the model's "
     "transformers code is compliant with it."
 )
 
 
 def unsupported(feature: str, where, model_type: str | None) -> UnsupportedArchitecture:
     """The error for an architecture feature the generator cannot express, naming the feature."""
-    hint = BACKEND_HINT if model_type else ""
-    return UnsupportedArchitecture(f"{feature}; the generator cannot express this yet.{hint}", where)
+    return UnsupportedArchitecture(f"{feature}; the generator cannot express this yet.", where,
+                                   hint=BACKEND_HINT if model_type else "")
 
 
 def config_value(ckpt: Checkpoint, *keys: str) -> tuple[str | None, Any]:

@@ -48,8 +48,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if hits:
             raise UnsupportedArchitecture(
                 f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}), which the generator cannot express "
-                "yet." + BACKEND_HINT,
+                "yet.",
                 where,
+                hint=BACKEND_HINT,
             )
     names: dict[str, str] = {}
     matches = {n: m for n in ckpt.tensors if (m := LAYER.match(n))}  # the tensors inside decoder layers

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect.identity import transformers_module_name
 
 
 @dataclass(frozen=True)
@@ -122,15 +125,10 @@ def modeling_sources(ckpt: Checkpoint) -> dict[str, str]:
     """
     if ckpt.sources:
         return dict(ckpt.sources)
-    import importlib.util
-    from pathlib import Path
-
     model_type = ckpt.config.get("model_type")
     found = importlib.util.find_spec("transformers")
     if not isinstance(model_type, str) or found is None or not found.submodule_search_locations:
         return {}
-    from scaffold.detect.identity import transformers_module_name
-
     root = Path(next(iter(found.submodule_search_locations))) / "models"
     for folder in dict.fromkeys((model_type, model_type.replace("-", "_"), transformers_module_name(model_type))):
         path = root / folder / f"modeling_{folder}.py"

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import detect
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.proc import run_python
+from scaffold.review import VERIFY_MARKER
 from scaffold.text import markdown_fence
+from scaffold.verify import backend, parity, static  # backend: packages served by vLLM's transformers backend
+from scaffold.verify import twin as twins
+from scaffold.verify.parity import engine_env
 from scaffold.verify.port import Port, load_port, stage_install
 from scaffold.verify.probes import FEEDS, first_nonfinite, localize, probes_for
 from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
@@ -53,8 +61,6 @@ def run(
     shrunk random twin of it (scaffold.verify.twin).
     """
     say = progress or (lambda line: None)
-    from scaffold.backend import verify as backend  # a package serving the checkpoint through vLLM's backend
-
     if backend.is_backend_port(port_dir):
         if twin:
             raise ScaffoldError("--twin verifies generated native ports; this port serves the checkpoint through "
@@ -66,9 +72,7 @@ def run(
     ckpt = read_checkpoint(port.checkpoint)
     report = Report(str(port.path), str(ckpt.path))
     if twin:
-        from scaffold.verify.twin import check_buildable
-
-        check_buildable(ckpt, trust_remote_code or port.trust_remote_code)
+        twins.check_buildable(ckpt, trust_remote_code or port.trust_remote_code)
         say("static checks (the checkpoint's headers only)")
         with _headers_only(report):
             drift = run_static(report, port, ckpt)
@@ -94,9 +98,10 @@ def run(
 @contextmanager
 def _headers_only(report: Report):
     """run_static without reading tensor data: the one check that reads data (a tied head stored beside the
-    embedding, compared value by value) is reported as not compared."""
-    from scaffold.verify import static
+    embedding, compared value by value) is reported as not compared.
 
+    To be replaced by a parameter of static.run_static / check_tied (a data-reading switch) when static.py is
+    next changed; until then the comparison is swapped out for the duration of the block."""
     first = len(report.checks)
     compare = static._tensors_equal
     static._tensors_equal = lambda ckpt, a, b: None  # the check reports None as skipped
@@ -114,9 +119,6 @@ def _headers_only(report: Report):
 def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
              tensor_parallel_size: int, static_only: bool, tensor_parallel_proof: bool, say) -> Report:
     """Build the twin of the port's checkpoint and run the TP proof and parity on it."""
-    from scaffold.detect import detect
-    from scaffold.verify import twin as twins
-
     trusted = trust_remote_code or port.trust_remote_code
     folder, kept = twins.twin_dir(ckpt)
     first = len(report.checks)
@@ -201,8 +203,6 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                    "pass --trust-remote-code to allow running it")
         return report
 
-    from scaffold.verify import parity
-
     workdir = Path(tempfile.mkdtemp(prefix="scaffold-verify-"))
     try:
         prompts = parity.prompts_for(ckpt, port.spec.vocab_size)
@@ -259,8 +259,6 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
 def _fits_twice(ckpt) -> bool:
     """Whether the transformers reference and the engine, each holding the model in float32, fit in
     a third of the memory available now."""
-    import math
-
     fp32_bytes = sum(4 * math.prod(info.shape) for info in ckpt.tensors.values())
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
@@ -272,10 +270,6 @@ def _fits_twice(ckpt) -> bool:
 
 def record_in_review(port_dir: str | Path, report: Report) -> None:
     """Replace the verify section of the port's REVIEW.md with this report."""
-    from datetime import datetime, timezone
-
-    from scaffold.review import VERIFY_MARKER
-
     review = Path(port_dir) / "REVIEW.md"
     if not review.exists():
         return
@@ -335,10 +329,6 @@ class _Sharding:
         """Run the proof in a process of its own, unless it already ran (or does not apply)."""
         if sharding is None or sharding.done:
             return
-        import json
-
-        from scaffold.verify.parity import engine_env
-
         say("tensor-parallel sharding, simulated ranks")
         with tempfile.TemporaryDirectory() as tmp:
             request = {**sharding.request, "out": str(Path(tmp) / "tp.json")}

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import sys
 
+from scaffold.verify.probes import capture
+
 
 def main(request_file: str) -> None:
+    # Heavy, deferred on purpose: the parent imports this package without them; only the worker process runs main.
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -38,8 +41,6 @@ def main(request_file: str) -> None:
     captured: dict = {}
     probe = request.get("probe")
     if probe:
-        from scaffold.verify.probes import capture
-
         handles = capture(model, [tuple(p) for p in probe["points"]], captured)
         with torch.no_grad():
             model(torch.tensor([probe["prompt"]]))

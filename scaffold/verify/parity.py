@@ -123,7 +123,7 @@ def _reference_cache(request: dict, checkpoint: Path) -> Path | None:
 
 def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Path, new_tokens=NEW_TOKENS,
                  probe: dict | None = None) -> dict:
-    import torch
+    import torch  # deferred on purpose (seconds to import): `scaffold verify --static-only` never needs it
 
     request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens,
                "trust_remote_code": trust_remote_code, "probe": probe}
@@ -149,7 +149,7 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
     sharding: a request for scaffold.verify.tp, run in the engine's process after the engine, which saves
     that proof a process of its own; its outcome is the result's "sharding". The caller passes it at TP 1
     only, where the engine runs in this one process."""
-    import torch
+    import torch  # deferred on purpose, as in hf_reference
 
     out = workdir / f"vllm-tp{tensor_parallel_size}{'-' + model_impl if model_impl else ''}.json"
     request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens, "top_k": TOP_K,

@@ -83,7 +83,7 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
     (a transformers layer, or a vLLM norm that returns (normed, residual));
     "stream": hidden + residual of a vLLM decoder layer, i.e. the residual stream.
     """
-    import torch
+    import torch  # deferred on purpose: the parent process plans probes without importing torch
 
     handles = []
     for label, paths, mode in points:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import copy
+import re
 from collections import Counter, defaultdict
 
 from scaffold.checkpoint import Checkpoint
@@ -244,7 +246,7 @@ def check_vocab(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         problems.append(f"lm_head has {head.shape[0]} rows, embed_tokens {rows}")
     if tok is not None and tok > spec.vocab_size:
         problems.append(f"the tokenizer has {tok} tokens, more than vocab_size {spec.vocab_size}")
-    detail = f"vocab_size {spec.vocab_size} = embedding rows" + (f" = lm_head rows" if head is not None else "")
+    detail = f"vocab_size {spec.vocab_size} = embedding rows" + (" = lm_head rows" if head is not None else "")
     if tok is not None:
         detail += f"; tokenizer {tok} tokens" + (f" ({spec.vocab_size - tok} padded rows)" if tok < rows else "")
     report.add("vocabulary", not problems, problems[0] if problems else detail)
@@ -312,8 +314,6 @@ def overridden_fields(spec_file) -> set[str]:
     """Fields a spec file overrode when the port was generated: the port holds them as literals.
 
     scaffold_spec.toml writes each field after a comment naming its source ("# override: FILE")."""
-    import re
-
     try:
         lines = spec_file.read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -328,8 +328,6 @@ def overridden_fields(spec_file) -> set[str]:
 
 def sibling_spec(spec: Spec, detected: Spec, overridden: set[str] = frozenset()) -> tuple[Spec, list[str]]:
     """The port's spec with the values it reads from this checkpoint's config, and the fields taken so."""
-    import copy
-
     effective, taken = copy.deepcopy(spec), []
     for name in FIELDS:
         if name == "package" or name in overridden or getattr(spec, name) == getattr(detected, name):

@@ -22,6 +22,7 @@ Python sources and tokenizer files when the twin needs them.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -32,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import Checkpoint, read_checkpoint
+from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
+from scaffold.mapping import natural, weight_table
+from scaffold.spec import FIELDS
 from scaffold.tiny import randomize
 
 FORMAT = 1  # bump when the twin a config gives changes (it keys the cache)
@@ -274,8 +278,6 @@ def plan_twin(config: dict) -> TwinPlan:
 
 def needs_code(ckpt: Checkpoint) -> bool:
     """transformers can only build the twin's model from the checkpoint's own code."""
-    from scaffold.detect.identity import transformers_model_types
-
     return str(ckpt.config.get("model_type", "")) not in transformers_model_types()
 
 
@@ -317,8 +319,6 @@ def build_twin(ckpt_path: str | Path | Checkpoint, out_dir: str | Path, *, trust
     kept, its tokenizer files); never its tensors. An `out_dir` holding a complete twin of
     the same config is reused.
     """
-    from scaffold.checkpoint import read_checkpoint
-
     ckpt = ckpt_path if isinstance(ckpt_path, Checkpoint) else read_checkpoint(ckpt_path)
     check_buildable(ckpt, trust_remote_code)
     out = Path(out_dir)
@@ -365,6 +365,7 @@ def _complete(out: Path, ckpt: Checkpoint) -> bool:
 
 def _random_weights(folder: Path, trust_remote_code: bool, seed: int) -> None:
     """Random weights for folder/config.json, saved by transformers as safetensors into `folder`."""
+    # Deferred on purpose: torch and transformers take seconds to import, and only building a twin needs them.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -402,8 +403,6 @@ def layout_problems(spec, ckpt: Checkpoint, twin: Checkpoint, twin_spec) -> tupl
     Names the port skips on purpose (rotary buffers, a tied head) are left out of the
     comparison. Returns the problems and the number of tensor names compared.
     """
-    from scaffold.mapping import natural, weight_table
-
     prefix = f"{spec.names['model']}.{spec.names['layers']}."
     experts = max((int(m.group(1)) + 1 for n in twin.tensors if (m := _EXPERT.search(n))), default=0)
 
@@ -450,10 +449,6 @@ def twin_spec(port_spec, real_detected, twin_detected) -> tuple[Any, list[str]]:
     twin disagree); elsewhere the port's own value stays, drift and all. Returns the spec
     and the fields outside the expected sizes that the twin changed.
     """
-    import copy
-
-    from scaffold.spec import FIELDS
-
     spec = copy.deepcopy(port_spec)
     unexpected = []
     for name in FIELDS:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
+
+from scaffold.verify.probes import capture
+from scaffold.verify.tp import prove
 
 CAPTURED: dict = {}
 HANDLES: list = []
@@ -23,8 +27,6 @@ def model_class(model) -> str:
 
 
 def add_probes(points):
-    from scaffold.verify.probes import capture
-
     def apply(model):
         HANDLES.extend(capture(model, points, CAPTURED))
 
@@ -37,6 +39,7 @@ def remove_probes(model) -> None:
 
 
 def main(request_file: str) -> None:
+    # Heavy, deferred on purpose: vLLM is imported by the worker process only, never by the parent.
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -92,7 +95,7 @@ def main(request_file: str) -> None:
 
     probe = request.get("probe")
     if probe and tp == 1:
-        import torch
+        import torch  # only to save the probes; vLLM has imported it already
 
         llm.apply_model(add_probes([tuple(p) for p in probe["points"]]))
         llm.generate([TokensPrompt(prompt_token_ids=probe["prompt"])],
@@ -106,10 +109,6 @@ def main(request_file: str) -> None:
 
 def prove_sharding(request: dict, out: str) -> None:
     """The tensor-parallel proof (scaffold.verify.tp) in this process, which has vLLM imported already."""
-    import traceback
-
-    from scaffold.verify.tp import prove
-
     try:
         outcome = {"results": prove(request)}
     except Exception:  # reported as the check's failure, as the proof's own process would be

@@ -12,6 +12,7 @@ and engine load time.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -21,8 +22,15 @@ from pathlib import Path
 
 import click
 
+from scaffold.analysis import analyze
+from scaffold.backend.plan import plan
+from scaffold.checkpoint import read_checkpoint
 from scaffold.errors import ScaffoldError
+from scaffold.pipeline import generate
 from scaffold.text import echo
+from scaffold.verify import parity
+from scaffold.verify.backend import measure, prompts_and_length
+from scaffold.verify.port import load_port, stage_install
 
 
 @dataclass
@@ -63,12 +71,6 @@ def _fill(side: Side, result, vllm_class: str, load_seconds: float) -> None:
 
 
 def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress=None) -> list[Side]:
-    from scaffold.backend.plan import plan
-    from scaffold.backend.verify import measure, prompts_and_length
-    from scaffold.checkpoint import read_checkpoint
-    from scaffold.pipeline import analyze
-    from scaffold.verify import parity
-
     say = progress or (lambda line: None)
     ckpt = read_checkpoint(checkpoint)
     if ckpt.sources and not trust_remote_code and "auto_map" in ckpt.config:
@@ -78,7 +80,7 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
     try:
         analyze(checkpoint)
     except ScaffoldError as exc:
-        native.reason = f"no native port: {exc.problem}"
+        native.reason = f"no native port: {exc.text}"
         can_native = False
     else:
         can_native = True
@@ -97,9 +99,6 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
         if can_native:
             native.available = True
             try:
-                from scaffold.pipeline import generate
-                from scaffold.verify.port import load_port, stage_install
-
                 say("generating and installing the native port")
                 view = renamed_view(ckpt, workdir / "native-view")
                 analysis = analyze(view)
@@ -137,8 +136,6 @@ def renamed_view(ckpt, folder: Path) -> Path:
 
     Files are hard-linked (copied across file systems); config.json is rewritten.
     """
-    import os
-
     folder.mkdir(parents=True)
     for item in ckpt.path.iterdir():
         if item.is_file() and item.name != "config.json":

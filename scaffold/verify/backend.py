@@ -15,12 +15,15 @@ from pathlib import Path
 
 import tomllib
 
+from scaffold.analysis import analyze
 from scaffold.backend import census as census_mod
 from scaffold.backend import tensors as tensor_check
 from scaffold.backend.compliance import ExpectedFusion, check
 from scaffold.backend.plan import BACKEND_TABLE, installed_versions, known_defects
 from scaffold.checkpoint import Checkpoint, read_checkpoint
 from scaffold.errors import ScaffoldError
+from scaffold.verify import parity
+from scaffold.verify.parity import ParityResult
 from scaffold.verify.port import SPEC_FILE
 from scaffold.verify.report import Report
 
@@ -59,7 +62,7 @@ def expected_from(settings: dict) -> list[ExpectedFusion]:
 class Measured:
     """One engine start of the backend: parity against transformers, fusions fired, load time."""
 
-    parity: object  # scaffold.verify.parity.ParityResult
+    parity: ParityResult | None  # None when the engine failed (error)
     census: census_mod.Census
     load_seconds: float
     vllm_class: str
@@ -68,8 +71,6 @@ class Measured:
 
 def prompts_and_length(ckpt: Checkpoint) -> tuple[list[list[int]], int]:
     """The parity prompts and max_model_len for a checkpoint, from its config alone."""
-    from scaffold.verify import parity
-
     vocab = ckpt.config.get("vocab_size")
     prompts = parity.prompts_for(ckpt, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 256)
     max_pos = ckpt.config.get("max_position_embeddings")
@@ -80,8 +81,6 @@ def measure(ckpt: Checkpoint, expected: list[ExpectedFusion], trusted: bool, *, 
             tensor_parallel_size: int = 1, workdir: Path | None = None,
             say: Callable[[str], None] = lambda line: None) -> tuple[Measured, dict]:
     """Run the backend once (and the transformers reference unless `hf` is given, for the same prompts)."""
-    from scaffold.verify import parity
-
     own = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="scaffold-backend-"))
     try:
@@ -182,8 +181,6 @@ def run(port_dir: str | Path, *, checkpoint: str | Path | None = None, trust_rem
 
 def spec_notes(ckpt: Checkpoint, expected: list[ExpectedFusion]) -> list[str]:
     """Where the spec (when the generator understands the checkpoint) predicts other fusions than the source."""
-    from scaffold.pipeline import analyze
-
     try:
         analysis = analyze(ckpt.path)
     except ScaffoldError:
