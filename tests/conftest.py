@@ -43,6 +43,22 @@ def tiny(workdir):
     return make
 
 
+@pytest.fixture(scope="session")
+def realmodel(tmp_path_factory):
+    """realmodel(name) -> a tiny checkpoint of ../shared/realmodels' `name`, built once per session."""
+    from helpers import build_realmodel
+
+    out = tmp_path_factory.mktemp("realmodels")
+    built: dict = {}
+
+    def make(name: str) -> Path:
+        if name not in built:
+            built[name] = build_realmodel(name, out)
+        return built[name]
+
+    return make
+
+
 MUTANTS_CAUGHT: dict[str, bool] = {}
 
 

@@ -8,6 +8,7 @@ machine and clone. tests/test_golden.py diffs against them; scripts/update_golde
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,26 @@ def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+# ------------------------------------------------------------------ real remote-code models
+# Third-party remote-code models (../shared/realmodels, beside the clone): their sources stay there, under
+# their own licenses; tests build tiny random-weight checkpoints from them at test time.
+REALMODELS = Path(os.environ.get("SCAFFOLD_REALMODELS", REPO.parent / "shared" / "realmodels"))
+REALMODEL_NAMES = ("internlm2", "qwen", "baichuan2", "chatglm2")
+
+
+def build_realmodel(name: str, out: Path) -> Path:
+    """Build ../shared/realmodels' `name` into out/name with its own build.py; the checkpoint folder."""
+    script = REALMODELS / "build.py"
+    if not script.is_file():
+        raise AssertionError(f"{script} is missing: the real remote-code models live in ../shared/realmodels "
+                             "beside the clone (or set SCAFFOLD_REALMODELS)")
+    proc = subprocess.run([sys.executable, str(script), name], env={**os.environ, "REALMODELS_OUT": str(out)},
+                          cwd=out, check=False, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"building {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return out / name
 
 
 # ------------------------------------------------------------------ golden ports
