@@ -31,6 +31,7 @@ import jinja2
 from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
 from scaffold.conventions import convention_defaults
+from scaffold.detect.activations import gated_forms
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
@@ -275,6 +276,9 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
+        # A gated MLP uses vLLM's fused act-and-mul kernel where the registry has one for the activation,
+        # else act(gate) * up with get_act_fn (unknown without vLLM installed: the fused form).
+        "act_and_mul": (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul",
         "quantization": quantization_method(ckpt.config),
         # Fields a spec file overrode: written as literals, never read from the config.
         "overridden": {name for name in FIELDS if spec.source(name).kind == "override"},

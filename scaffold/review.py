@@ -10,6 +10,7 @@ from scaffold.analysis import Analysis
 from scaffold.backend.compliance import render_markdown
 from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
+from scaffold.detect.activations import gated_forms
 from scaffold.mapping import embedding_tensor, head_tensor
 from scaffold.spec import FIELDS
 from scaffold.text import markdown_text
@@ -169,7 +170,10 @@ def decisions(spec) -> list[str]:
                  else "the checkpoint's gate_up_proj holds gate rows then up rows; load_weights cuts it into "
                       "shards 0 and 1")
         out.append(f"- MLP: gated, {where} of `{n['mlp']}.{n['gate_up_proj']}` (`MergedColumnParallelLinear`, "
-                   f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` fused with the multiply.")
+                   f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` "
+                   + ("fused with the multiply."
+                      if (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul"
+                      else "on the gate half, then the multiply (vLLM has no fused kernel for it; `get_act_fn`)."))
     else:
         out.append(f"- MLP: plain, `{n['mlp']}.{n['up_proj']}` (`ColumnParallelLinear`) then `{_md(spec.hidden_act)}` "
                    f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`).")

@@ -64,6 +64,9 @@ ARCHITECTURES = {
                                 "norm_topk_prob": True, "mlp_only_layers": [1]}),
     "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                                 "shared_expert_intermediate_size": 96}),
+    # Activations vLLM's registry has without a fused act-and-mul kernel (gated: act(gate) * up), and plain.
+    "llama-relu2": ("llama", {"hidden_act": "relu2"}),
+    "starcoder2-relu2": ("starcoder2", {"hidden_act": "relu2"}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -95,6 +98,8 @@ EXPECTED_SPEC = {
                   "qk_norm": "per_head"},
     "qwen2_moe": {"num_experts": 4, "moe_renormalize": False, "shared_expert_intermediate_size": 96,
                   "qkv_bias": True},
+    "llama-relu2": {"mlp_kind": "gated", "hidden_act": "relu2"},
+    "starcoder2-relu2": {"mlp_kind": "plain", "hidden_act": "relu2"},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -103,6 +108,7 @@ UNSUPPORTED = {
                                          "hidden_act": "gelu_pytorch_tanh"}, "gated experts with activation"),
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
+    "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
 }
 
 RESULTS: dict[str, dict] = {}

@@ -5,15 +5,12 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.common import set_from_config
+from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
+from scaffold.detect.common import BACKEND_HINT, set_from_config
 from scaffold.detect.sourcecode import declared_linears, modeling_sources, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Spec
 
-# Activations with a fused act-and-mul kernel in vLLM (get_act_and_mul_fn).
-GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh")
-# Activations vLLM's get_act_fn knows, for a plain MLP.
-PLAIN_ACTIVATIONS = ("gelu", "gelu_fast", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "quick_gelu")
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 
 
@@ -29,12 +26,7 @@ def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     act = set_from_config(spec, ckpt, "hidden_act", activation_keys(ckpt), str, default="silu", runtime=False)
-    allowed = GATED_ACTIVATIONS if spec.mlp_kind == "gated" else PLAIN_ACTIVATIONS
-    if act not in allowed:
-        what = "gated MLP activation" if spec.mlp_kind == "gated" else "MLP activation"
-        kernel = "fused act-and-mul kernel" if spec.mlp_kind == "gated" else "activation of that name"
-        raise UnsupportedArchitecture(f"{what} {act!r} has no {kernel} in vLLM; supported: {', '.join(allowed)}.",
-                                      where)
+    _check_activation(act, spec, where)
     n = spec.names
     base = f"{n['model']}.{n['layers']}"
     inter, hidden = spec.intermediate_size, spec.hidden_size
@@ -66,6 +58,24 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             info = ckpt.tensors.get(name)
             if info is None or info.shape != (inter,):
                 raise CheckpointError(f"tensor {name} must exist with shape [{inter}].", where)
+
+
+def _check_activation(act: str, spec: Spec, where) -> None:
+    """`act` must be a name vLLM's activation registry has (a gated MLP may also use a plain activation on the
+    gate half) and one transformers' ACT2FN has, so that both compute the same function."""
+    registry, known = vllm_registry(), transformers_activations()
+    if registry is None:
+        return  # no vLLM here to ask: the port's own load reports an unknown name
+    usable = bool(gated_forms(act)) if spec.mlp_kind == "gated" else act.lower() in registry.plain
+    if usable and (known is None or act in known):
+        return
+    names = sorted(registry.plain | registry.and_mul) if spec.mlp_kind == "gated" else sorted(registry.plain)
+    if known is not None:
+        names = [n for n in names if n in known]
+    what = "gated MLP activation" if spec.mlp_kind == "gated" else "MLP activation"
+    side = "vLLM's activation registry" if not usable else "transformers' ACT2FN (so its meaning is unknown)"
+    raise UnsupportedArchitecture(f"{what} {act!r} is not in {side}; names both know: {', '.join(names)}.", where,
+                                  hint=BACKEND_HINT if spec.model_type else "")
 
 
 def _check_declared(ckpt: Checkpoint, spec: Spec, shapes: dict) -> None:
