@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import detect
+from scaffold.detect.configreads import accounted_keys, unaccounted_reads
 from scaffold.errors import ScaffoldError
 from scaffold.mapping import (
     EXPERT_PARAMS,
@@ -350,6 +351,20 @@ def spec_drift(spec: Spec, detected: Spec) -> list[str]:
     return out
 
 
+def check_config_reads(report: Report, spec: Spec, detected: Spec | None, ckpt: Checkpoint) -> None:
+    """Warn about each config key the modeling code reads that no spec field accounts for (key and line).
+    The port's spec file keeps values, not provenance: the keys come from detection on this checkpoint."""
+    accounted = accounted_keys(spec.provenance) | (accounted_keys(detected.provenance) if detected else set())
+    unknown = unaccounted_reads(ckpt, accounted)
+    if unknown:
+        listed = ", ".join(f"{key} ({where})" for key, where in list(unknown.items())[:12])
+        more = f" and {len(unknown) - 12} more" if len(unknown) > 12 else ""
+        report.note("config keys the code reads", f"{len(unknown)} key(s) no spec field accounts for: {listed}{more}; "
+                    "check what each changes, and set the field it belongs to with --spec", keys=unknown)
+    else:
+        report.add("config keys the code reads", True, "every key the modeling code reads is accounted for")
+
+
 def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
     """The checks that need no engine. A sibling checkpoint (another depth, rope scaling, tied head or
     sliding pattern than the port was generated from) is checked, and then served, with the values the
@@ -371,6 +386,7 @@ def run_static(report: Report, port: Port, ckpt: Checkpoint) -> list[str]:
     check_rope(report, spec, detected)
     drift = spec_drift(spec, detected) if detected is not None else []
     runtime = f"; read from its config at run time: {', '.join(taken)}" if taken else ""
+    check_config_reads(report, spec, detected, ckpt)
     if drift:
         report.note("spec matches checkpoint", f"{len(drift)} field(s) differ: " + "; ".join(drift) + runtime)
     else:
