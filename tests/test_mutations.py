@@ -68,6 +68,8 @@ MUTANTS = [
            check="divergence", says=("input_layernorm", "likely cause: norm_eps")),
     Mutant("(1 + w) norm convention dropped", "gemma", spec="norm_offset = 0.0",
            check="divergence", says=("layernorm", "likely cause: norm_offset")),
+    Mutant("embedding multiplier wrong", "gemma", spec="embedding_multiplier = 2.0",
+           check="divergence", says=("embedding after its multiplier", "likely cause: embedding_multiplier")),
     Mutant("partial rotary applied to the whole head", "stablelm", spec="partial_rotary_factor = 1.0",
            check="divergence", says=("self_attn", "likely cause: partial_rotary_factor")),
     Mutant("parallel-residual block run sequentially", "gpt_neox", spec='block = "pre_norm"',

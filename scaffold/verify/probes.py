@@ -36,7 +36,8 @@ class Probe:
     kind: str  # key of FEEDS
     hf_module: str
     port_module: str
-    port_output: str  # "tensor", "first" (first of a tuple), "stream" (sum of (hidden, residual))
+    port_output: str  # "tensor", "first" (first of a tuple), "stream" (sum of (hidden, residual)),
+    # "input" (the first floating-point tensor the module is called with)
 
 
 def _path(*parts: str) -> str:
@@ -50,9 +51,13 @@ def probes_for(spec) -> list[Probe]:
     names = spec.names
     root = names.get("model", "model")
     out = []
-    if spec.embedding_multiplier is None:  # a scale applied outside the module would read as a divergence
+    if spec.embedding_multiplier is None:
         embed = _path(root, names["embed_tokens"])
         out.append(Probe("embedding", "embed", embed, embed, "tensor"))
+    else:
+        # Both sides scale the embedding outside its module: probe what layer 0 receives.
+        first = _path(root, names["layers"], "0")
+        out.append(Probe("embedding after its multiplier", "embed", first, first, "input"))
     parts = [("attn_norm", "input_layernorm", "first"), ("self_attn", "self_attn", "tensor"),
              ("attn_post_norm", "post_attention_layernorm", "first"), ("mlp_norm", "post_attention_layernorm", "first"),
              ("mlp", "mlp", "tensor"), ("mlp_post_norm", "post_attention_layernorm", "first")]
@@ -95,6 +100,18 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
             except AttributeError:
                 continue
         if module is None:  # this side has no such module; the probe is left out
+            continue
+
+        if mode == "input":
+            def pre_hook(_module, args, kwargs, label=label):
+                if label not in store:
+                    tensors = [a for a in (*args, kwargs.get("hidden_states")) if isinstance(a, torch.Tensor)
+                               and a.is_floating_point()]
+                    if tensors:  # a copy: vLLM's fused residual norms update their inputs in place
+                        saved = tensors[0].detach().to(torch.float32)
+                        store[label] = saved.reshape(-1, saved.shape[-1]).cpu().clone()
+
+            handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
             continue
 
         def hook(_module, _inputs, output, label=label, mode=mode):
