@@ -209,7 +209,7 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
         max_len = min(port.spec.max_position, 256)
         probes = probes_for(port.spec)
         longest = max(prompts, key=len)
-        hf_probe = {"prompt": longest, "points": [(p.label, p.hf_module, "first") for p in probes]}
+        hf_probe = {"prompt": longest, "points": [(p.label, p.hf_module, p.hf_output) for p in probes]}
         # The two processes are independent: run them side by side when two copies of the
         # model fit in memory with room to spare (most of each is start-up, on one core).
         together = _fits_twice(ckpt)

@@ -37,7 +37,13 @@ class Probe:
     hf_module: str
     port_module: str
     port_output: str  # "tensor", "first" (first of a tuple), "stream" (sum of (hidden, residual)),
-    # "input" (the first floating-point tensor the module is called with)
+    # "input" (the first floating-point tensor the module is called with: a vLLM decoder layer's hidden_states
+    # after its int positions; a transformers layer's hidden_states, positional or by keyword)
+
+    @property
+    def hf_output(self) -> str:
+        """The transformers side: a module's output (its first element when a tuple), or its input."""
+        return "input" if self.port_output == "input" else "first"
 
 
 def _path(*parts: str) -> str:
