@@ -114,3 +114,19 @@ def test_the_ports_alibi_slopes_are_baichuan2s(tmp_path, baichuan2_source, heads
     assert len(reference) == heads
     torch.testing.assert_close(port_slopes, torch.tensor(reference, dtype=torch.float32), rtol=1e-6, atol=0)
     assert "get_rope" not in model and "alibi_slopes=slopes" in model
+
+
+def test_review_and_model_say_alibi_and_the_normalized_head_only_when_the_spec_has_them(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    read(ckpt)
+    (tmp_path / "spec.toml").write_text('position_scheme = "alibi"\nnormalized_head = true\n')
+    scaffold("new", ckpt, "-o", tmp_path / "alibi", "--spec", tmp_path / "spec.toml")
+    scaffold("new", ckpt, "-o", tmp_path / "rotary")
+    for port, expected in (("alibi", True), ("rotary", False)):
+        review = (tmp_path / port / "REVIEW.md").read_text()
+        model = next((tmp_path / port).glob("*/model.py")).read_text()
+        assert ("- positions: ALiBi, no rotary embedding" in review) is expected, port
+        assert ("- rotary embedding: NeoX style." in review) is not expected, port
+        assert ("- normalized head: the rows of `lm_head` are L2-normalized" in review) is expected, port
+        assert ("torch.nn.functional.normalize(loaded_weight" in model) is expected, port
+        assert ("self.rotary_emb = get_rope(" in model) is not expected, port
