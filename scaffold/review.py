@@ -22,7 +22,9 @@ def warnings(analysis: Analysis) -> list[str]:
     spec, ckpt = analysis.spec, analysis.ckpt
     out = []
     rope = spec.source("rope_parameters")
-    if rope.kind == "code":
+    if spec.position_scheme != "rotary":
+        pass  # no rotary embedding: its parameters are not used
+    elif rope.kind == "code":
         out.append(f"rope_theta is not in config.json; it was taken from the modeling code ({rope.detail}). "
                    "vLLM would otherwise assume its own default.")
     elif rope.kind == "default":
@@ -156,12 +158,7 @@ def decisions(spec) -> list[str]:
            + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
     if spec.qk_norm != "none":
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
-    rope = f"rotary embedding: {'NeoX' if spec.rope_neox_style else 'GPT-J (interleaved pairs)'} style"
-    if spec.partial_rotary_factor != 1.0:
-        rope += f" over {spec.partial_rotary_factor:g} of each head"
-    if spec.no_rope_layers:
-        rope += f"; layers {spec.no_rope_layers} skip it"
-    out.append(f"- {rope}.")
+    out.append(f"- {_positions(spec)}.")
     if spec.sliding_window:
         out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
                    "the other layers attend fully.")
@@ -204,7 +201,26 @@ def decisions(spec) -> list[str]:
         out.append("- scaling: " + "; ".join(scales) + ".")
     tied = f"tied: {n['lm_head']} is {n['embed_tokens']}" if spec.tie_word_embeddings else "untied"
     out.append(f"- embeddings {tied}.")
+    if spec.normalized_head:
+        out.append(f"- normalized head: the rows of `{n['lm_head']}` are L2-normalized once, in load_weights, as "
+                   f"the modeling code normalizes them before its matmul ({_md(spec.source('normalized_head').detail)}).")
     return out
+
+
+def _positions(spec) -> str:
+    """How the port encodes positions, in words."""
+    where = _md(spec.source("position_scheme"))
+    if spec.position_scheme == "alibi":
+        return (f"positions: ALiBi, no rotary embedding ({where}); each head adds its slope times the key "
+                "distance to the attention scores, slopes computed per head and sliced per tensor-parallel rank")
+    if spec.position_scheme == "none":
+        return f"positions: none, no rotary embedding and no attention bias ({where})"
+    rope = f"rotary embedding: {'NeoX' if spec.rope_neox_style else 'GPT-J (interleaved pairs)'} style"
+    if spec.partial_rotary_factor != 1.0:
+        rope += f" over {spec.partial_rotary_factor:g} of each head"
+    if spec.no_rope_layers:
+        rope += f"; layers {spec.no_rope_layers} skip it"
+    return rope
 
 
 def review_markdown(analysis: Analysis) -> str:

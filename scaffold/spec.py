@@ -63,6 +63,7 @@ class Source:
 # Choices of the enumerated fields, checked on overrides.
 CHOICES = {
     "qkv_layout": ("separate", "fused", "interleaved"),
+    "position_scheme": ("rotary", "alibi", "none"),
     "gate_up_layout": ("separate", "fused"),
     "qk_norm": ("none", "per_head", "full"),
     "mlp_kind": ("gated", "plain"),
@@ -147,6 +148,10 @@ class Spec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     attn_logit_softcap: float | None = None
 
+    # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
+    # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.
+    position_scheme: str = "rotary"
+
     # Rotary embedding.
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     # Rotary parameters of the sliding-window layers where they differ (Gemma 3's local
@@ -185,6 +190,8 @@ class Spec:
     # Embeddings and head.
     tie_word_embeddings: bool = False
     lm_head_bias: bool = False
+    # The head's rows are L2-normalized before the matmul (Baichuan 2's NormHead).
+    normalized_head: bool = False
     embedding_multiplier: float | None = None
     logits_scale: float | None = None
     final_logit_softcap: float | None = None

@@ -7,10 +7,10 @@ and sets spec fields with their Source. Nothing here executes checkpoint code.
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import attention, identity, layout, mlp, moe, norms, rope, scaling, sizes
+from scaffold.detect import attention, head, identity, layout, mlp, moe, norms, rope, scaling, sizes
 from scaffold.spec import Spec, validate_identifiers, validate_names
 
-DETECTORS = (identity, sizes, layout, attention, rope, mlp, moe, norms, scaling)
+DETECTORS = (identity, sizes, layout, attention, rope, mlp, moe, norms, scaling, head)
 
 
 def detect(ckpt: Checkpoint) -> Spec:

@@ -30,7 +30,7 @@ LAYER = re.compile(r"([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)\Z")
 # Module names a role goes by in the checkpoints the generator knows (first match wins).
 CANDIDATES = {
     "self_attn": ("self_attn", "attention"),
-    "qkv_proj": ("qkv_proj", "query_key_value"),
+    "qkv_proj": ("qkv_proj", "query_key_value", "W_pack"),
     "o_proj": ("o_proj", "dense"),
     "mlp": ("mlp",),
     "plain_up": ("c_fc", "dense_h_to_4h", "up_proj"),

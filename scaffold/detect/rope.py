@@ -1,8 +1,10 @@
-"""Rotary embedding parameters: config.json first, then defaults in the modeling code."""
+"""The position scheme (rotary, ALiBi) from the modeling code; rotary parameters from config.json first,
+then defaults in the modeling code."""
 
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect.positions import alibi_code, rotary_code
 from scaffold.detect.sourcecode import config_default, modeling_sources, rotate_half_style
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -16,6 +18,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
+    _position_scheme(ckpt, spec)
     where = ckpt.config_file
     cfg = ckpt.config
     params = cfg.get("rope_parameters")
@@ -96,6 +99,28 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:
+    """Rotary or ALiBi, from what the modeling code computes. Code that can compute both (Falcon's) is
+    switched by config.json's `alibi` flag. Without modeling code the model is assumed to rotate."""
+    sources = modeling_sources(ckpt)
+    alibi, rotary = alibi_code(sources), rotary_code(sources)
+    flag = ckpt.config.get("alibi")
+    if alibi is not None and rotary is not None:
+        if not isinstance(flag, bool):
+            raise UnsupportedArchitecture(
+                f"the modeling source computes both ALiBi ({alibi}) and a rotary embedding ({rotary}), and "
+                "config.json has no boolean 'alibi' key to say which this checkpoint uses. Set "
+                '`position_scheme = "alibi"` or `"rotary"` in a --spec file.', ckpt.config_file)
+        scheme, source = ("alibi" if flag else "rotary"), Source("config", f"config.json alibi = {flag}")
+    elif alibi is not None:
+        scheme, source = "alibi", Source("code", f"{alibi}: the code builds ALiBi attention biases, no rotary")
+    elif rotary is not None:
+        scheme, source = "rotary", Source("code", f"{rotary}: the code computes a rotary embedding")
+    else:
+        scheme, source = "rotary", Source("default", "no modeling source says otherwise: rotary embedding")
+    spec.set("position_scheme", scheme, source)
 
 
 def _checked(params: dict, where) -> dict:

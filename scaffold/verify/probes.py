@@ -17,7 +17,7 @@ FEEDS = {
     "embed": ["vocab_size", "hidden_size", "embedding_multiplier", "names", "dtype"],
     "input_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
     "self_attn": ["num_heads", "num_kv_heads", "head_dim", "qkv_layout", "qkv_bias", "o_bias", "qk_norm",
-                  "rope_parameters", "sliding_rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
+                  "position_scheme", "rope_parameters", "sliding_rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
                   "sliding_window", "sliding_window_layers", "attention_scale", "attn_logit_softcap"],
     "post_attention_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
     "mlp": ["mlp_kind", "gate_up_layout", "hidden_act", "mlp_bias", "gate_extra_bias", "intermediate_size",
@@ -25,7 +25,8 @@ FEEDS = {
             "shared_expert_intermediate_size", "dense_layers"],
     "layer": ["block", "residual_multiplier"],
     "final_norm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias"],
-    "logits": ["tie_word_embeddings", "lm_head_bias", "vocab_size", "logits_scale", "final_logit_softcap"],
+    "logits": ["tie_word_embeddings", "lm_head_bias", "normalized_head", "vocab_size", "logits_scale",
+               "final_logit_softcap"],
 }
 THRESHOLD = 1e-3  # relative error; float32 ports agree to ~1e-6
 

@@ -280,6 +280,9 @@ def _tensors_equal(ckpt: Checkpoint, a: str, b: str) -> bool:
 
 
 def check_rope(report: Report, spec: Spec, detected: Spec | None) -> None:
+    if spec.position_scheme != "rotary":
+        report.add("rope parameters", True, f"not used: the port's position scheme is {spec.position_scheme}")
+        return
     theta = spec.rope_parameters.get("rope_theta")
     if not theta:
         report.add("rope parameters", False, "the spec has no rope_theta")
