@@ -149,6 +149,9 @@ def decisions(spec) -> list[str]:
                  "shards q, k, v so tensor parallelism shards each projection",
         "interleaved": f"the checkpoint's `{qkv}` holds q, k, v per head ([heads, 3, head_dim] rows); "
                        "load_weights regroups it into shards q, k, v",
+        "grouped": f"the checkpoint's `{qkv}` holds, per KV head, that group's query heads, then its key, then its "
+                   "value ([kv_heads, heads / kv_heads + 2, head_dim] rows); load_weights regroups it into shards "
+                   "q, k, v",
     }[spec.qkv_layout]
     out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
            f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"

@@ -62,7 +62,7 @@ class Source:
 
 # Choices of the enumerated fields, checked on overrides.
 CHOICES = {
-    "qkv_layout": ("separate", "fused", "interleaved"),
+    "qkv_layout": ("separate", "fused", "interleaved", "grouped"),
     "gate_up_layout": ("separate", "fused"),
     "qk_norm": ("none", "per_head", "full"),
     "mlp_kind": ("gated", "plain"),
