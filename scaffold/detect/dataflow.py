@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
-from scaffold.detect.sourcecode import _classes, _dotted, _module_constants, _parsed
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 LINEAR_CLASSES = {"Linear", "Conv1D"}
 # Callees whose result is the activation of their argument (torch's, transformers' and einops' names).
@@ -36,7 +36,8 @@ RESHAPERS = ("view", "reshape", "unflatten")
 MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
 # Tensor methods whose result is metadata, not data derived from the tensor.
 METADATA = ("size", "dim", "numel", "stride", "data_ptr", "element_size", "get_device")
-MAX_INLINE = 4
+MAX_INLINE = 4  # nesting depth of inlined calls
+MAX_INLINED_CALLS = 2000  # per forward analysed: bounds the time any source can cost
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,7 @@ class Events:
 class Interpreter:
     """Abstract execution of one forward: every value is the set of producer outputs it derives from."""
 
-    def __init__(self, sources: dict, file: str, cls: ast.ClassDef, producers: set, config: dict,
-                 inline_modules: dict | None = None):
+    def __init__(self, sources: dict, file: str, cls: ast.ClassDef, producers: set, config: dict):
         self.sources, self.file, self.cls = sources, file, cls
         self.producers = producers
         self.config = config
@@ -113,6 +113,7 @@ class Interpreter:
         self.local_functions = {n.name: n for n in ast.walk(self.init)
                                 if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
         self.depth = 0
+        self.inlined = 0
 
     # ------------------------------------------------------------------ statements
     def run_method(self, name: str, args: list) -> object:
@@ -122,8 +123,9 @@ class Interpreter:
         return self.call_function(func, [EMPTY, *args], {})
 
     def call_function(self, func: ast.FunctionDef, args: list, kwargs: dict):
-        if self.depth >= MAX_INLINE:
+        if self.depth >= MAX_INLINE or self.inlined >= MAX_INLINED_CALLS:
             return _join_all([*args, *kwargs.values()])
+        self.inlined += 1
         params = [a.arg for a in func.args.posonlyargs + func.args.args]
         env = {p: EMPTY for p in params}
         for p, value in zip(params, args):
@@ -173,7 +175,7 @@ class Interpreter:
                 other = dict(env)
                 self.block(stmt.body, env, returns)
                 self.block(stmt.orelse, other, returns)
-                for name in set(env) | set(other):
+                for name in (set(env) | set(other)) - {"__expr__"}:
                     env[name] = _join(env.get(name, EMPTY), other.get(name, EMPTY))
         elif isinstance(stmt, (ast.For, ast.While)):
             if isinstance(stmt, ast.For):
@@ -343,6 +345,10 @@ class Interpreter:
             return EMPTY
         rest = node.args[first_arg:]
         if method in SPLITTERS:
+            # Cutting a projection already viewed as heads (rotate_half's chunk(2)) takes halves of each head,
+            # not pieces of a fused output.
+            if all(o.stage == "shaped" or o.piece is not None for o in base):
+                return base
             layout = "interleaved" if any(o.stage == "per_head" for o in base) else "fused"
             return frozenset(replace(o, pending=layout) if o.piece is None else o for o in base)
         if method in RESHAPERS:
@@ -618,6 +624,11 @@ def _qkv_roles(events: Events) -> dict:
                     votes.append((line, next(iter(lk)), next(iter(rk)), next(iter({o.key for o in right2}))))
                     break
     decided = {(q, k, v) for _, q, k, v in votes}
+    mixed = [line for line, args in events.calls
+             if len([a for a in args if a]) >= 3 and any(len({o.key for o in a}) > 1 for a in args)]
+    if not decided and mixed:
+        raise Undecided(f"where q, k and v meet (line {mixed[0]}), each may come from more than one projection "
+                        "or cut, depending on a branch the config does not decide")
     if not decided:
         raise Undecided("no call or matmul in forward takes q, k and v from distinct projections")
     if len(decided) > 1:
@@ -663,6 +674,10 @@ def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Ml
         if gsrc != usrc and gpiece is None and upiece is None:
             return Mlp(cls.name, file, "gated", gsrc, usrc, down, False, False,
                        _where(file, line, f"act({gsrc}(x)) * {usrc}(x), then {down}"), found)
+    if interp.events.products:
+        line = interp.events.products[0][0]
+        raise Undecided(f"{cls.name}.forward multiplies projections at {file}:{line}, but no factor is one "
+                        "projection's activated output")
     if len(ups) == 1:
         line = interp.events.inputs[down][0][0]
         return Mlp(cls.name, file, "plain", None, ups[0], down, False, False,
@@ -721,6 +736,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     subs = {a: v for a, v in _init_assignments(init).items() if isinstance(v, ast.Call)
             and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
     undecided = []
+    attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either
     attention = mlp = None
     attn_attr = mlp_attr = None
     for attr, value in subs.items():
@@ -734,13 +750,14 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             if any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in MATMULS + ("softmax",)
                    for n in ast.walk(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
                 undecided.append(f"{attr} ({sub[1].name}): {e}")
+                attention_like.add(attr)
         if flow is not None:
             if attention is not None:
                 return _undecided_layer(file, cls, undecided + [f"two attention modules: {attn_attr}, {attr}"])
             attention, attn_attr = flow, attr
     for attr, value in subs.items():
         sub = _submodule_class(sources, value)
-        if sub is None or attr == attn_attr:
+        if sub is None or attr == attn_attr or attr in attention_like:
             continue
         try:
             flow = analyze_mlp(sources, sub[0], sub[1], config)
@@ -758,7 +775,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         inputs = interp.events.inputs
         for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_attr)):
             srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
-            if len(srcs) == 1 and next(iter(srcs)) not in (attn_attr, mlp_attr):
+            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in (attn_attr, mlp_attr):
                 norms[role] = next(iter(srcs))
                 evidence[role] = _where(file, inputs[sublayer][0][0], f"{sublayer} reads {norms[role]}'s output")
         for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_attr)):

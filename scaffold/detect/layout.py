@@ -269,7 +269,7 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
                                f"({code.evidence})", where, spec.model_type)
         names["gate_up_proj"] = code.gate
         spec.set("mlp_kind", "gated", Source("code", code.evidence))
-        spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence}: gate rows, then up rows"))
+        spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence} (gate rows, then up rows)"))
         up = code.gate
     elif code is not None:
         names["up_proj"] = up = code.up
@@ -300,6 +300,24 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
     if "shared_expert" in names and spec.mlp_kind != "gated":
         raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is not a gated MLP; the generator's mixture-of-experts "
                                       "layers are gated.", where)
+
+
+def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:
+    """(block, detail, norm roles) from the norms the layer's forward applies; None for a combination the code
+    analysis does not settle (the tensor names decide then)."""
+    roles = set(norms)
+    ordered = {r: norms[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in norms}
+    if roles == {"attn_norm", "mlp_norm"} and norms["attn_norm"] == norms["mlp_norm"]:
+        return "parallel", "one norm per layer: attention and MLP both read its output", {"attn_norm": norms["attn_norm"]}
+    if roles == {"attn_norm", "mlp_norm"}:
+        if parallel is True:
+            return "parallel", "config.json use_parallel_residual: attention and MLP both read the input", ordered
+        return "pre_norm", f"{norms['attn_norm']} before attention, {norms['mlp_norm']} before MLP", ordered
+    if roles == {"attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm"}:
+        return "sandwich", "norms before and after both attention and MLP", ordered
+    if roles == {"attn_post_norm", "mlp_post_norm"}:
+        return "post_norm", "norms after attention and after MLP, none before", ordered
+    return None
 
 
 def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> dataflow.Layer | None:
@@ -375,19 +393,11 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     where = ckpt.config_file
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
-    code = flow.norms if flow is not None else {}
-    if code and {"attn_norm", "mlp_norm"} <= set(code) and code["attn_norm"] != code["mlp_norm"]:
-        # The layer's forward says which norm each sublayer reads (and which follow them).
-        names.update(code)
-        before = f"{code['attn_norm']} before attention, {code['mlp_norm']} before MLP"
-        if {"attn_post_norm", "mlp_post_norm"} <= set(code):
-            block, detail = "sandwich", "norms before and after both attention and MLP"
-        elif parallel is True:
-            block, detail = "parallel", "config.json use_parallel_residual: attention and MLP both read the input"
-        else:
-            block, detail = "pre_norm", before
-        if "attn_post_norm" in code and block != "sandwich" or "mlp_post_norm" in code and block != "sandwich":
-            raise _unsupported(f"layer 0 has norms after only one sublayer ({code})", where, spec.model_type)
+    from_code = _code_block(flow.norms if flow is not None else {}, parallel)
+    if from_code is not None:
+        # The layer's forward says which norm each sublayer reads, and which follow them.
+        block, detail, roles = from_code
+        names.update(roles)
     elif have == set(NORMS):
         block, detail = "sandwich", "norms before and after both attention and MLP"
         names.update(attn_norm="input_layernorm", attn_post_norm="post_attention_layernorm",
