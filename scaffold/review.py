@@ -170,7 +170,9 @@ def decisions(spec) -> list[str]:
     if spec.mlp_kind == "gated":
         where = ("gate and up are separate tensors, loaded as shards 0 and 1" if spec.gate_up_layout == "separate"
                  else "the checkpoint's gate_up_proj holds gate rows then up rows; load_weights cuts it into "
-                      "shards 0 and 1")
+                      "shards 0 and 1" if spec.gate_up_order == "gate_first"
+                 else "the checkpoint's gate_up_proj holds up rows then gate rows; load_weights cuts it and loads "
+                      "the second half as shard 0 (gate), the first as shard 1 (up)")
         out.append(f"- MLP: gated, {where} of `{n['mlp']}.{n['gate_up_proj']}` (`MergedColumnParallelLinear`, "
                    f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` fused with the multiply.")
     else:

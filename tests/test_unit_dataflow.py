@@ -187,3 +187,16 @@ def test_a_fused_gate_up_with_the_up_half_first_is_marked():
 
 def test_no_decoder_layer_list_gives_none():
     assert dataflow.analyze_layer({"m.py": textwrap.dedent("class A:\n    pass\n")}, {}) is None
+
+
+def test_the_mapping_loads_an_up_first_gate_up_in_order():
+    """A fused gate_up with the up half first: its first rows fill shard 1 (up), the rest shard 0 (gate)."""
+    from scaffold.mapping import map_in_layer, _Modules
+    from scaffold.spec import Spec
+
+    spec = Spec(intermediate_size=32, mlp_kind="gated", gate_up_layout="fused", gate_up_order="up_first")
+    spec.names.update(gate_up_proj="dense_h_to_4h")
+    targets = map_in_layer(spec, "mlp.dense_h_to_4h.weight", _Modules.of(spec))
+    assert targets == [("mlp.dense_h_to_4h.weight", 1, "rows 0:32"), ("mlp.dense_h_to_4h.weight", 0, "rows 32:64")]
+    spec.gate_up_order = "gate_first"
+    assert map_in_layer(spec, "mlp.dense_h_to_4h.weight", _Modules.of(spec))[0][1] == 0

@@ -264,12 +264,11 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
         spec.set("gate_up_layout", "separate", Source("code", code.evidence))
         up = code.gate
     elif code is not None and code.kind == "gated":
-        if code.up_first:
-            raise _unsupported(f"{ref_name}'s {mlp}.{code.gate} holds the up half before the gate half "
-                               f"({code.evidence})", where, spec.model_type)
         names["gate_up_proj"] = code.gate
+        order = "up rows, then gate rows" if code.up_first else "gate rows, then up rows"
         spec.set("mlp_kind", "gated", Source("code", code.evidence))
-        spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence} (gate rows, then up rows)"))
+        spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence} ({order})"))
+        spec.set("gate_up_order", "up_first" if code.up_first else "gate_first", Source("code", code.evidence))
         up = code.gate
     elif code is not None:
         names["up_proj"] = up = code.up
