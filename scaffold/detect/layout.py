@@ -1,10 +1,12 @@
 """Tensor layout: module names, which projections are fused, the block, the norms, biases, ties.
 
 The tensors are the ground truth here; config flags such as attention_bias only
-say what the author meant. Where the tensors cannot tell two computations apart
-(a fused q/k/v tensor stored per head or per projection, an RMSNorm from a
-LayerNorm without bias, a norm that scales by 1 + w), the modeling source is
-read as text: the checkpoint's own code, else transformers' modeling file.
+say what the author meant. Which module inside a decoder layer plays which role
+(q, k, v and how a fused q/k/v output is cut, the gate, up and down projections,
+the norm before each sublayer) is read from what the layer's code computes
+(scaffold.detect.dataflow: the checkpoint's own code, else transformers' modeling
+file, parsed as text) and confirmed by the tensors; the table of known names
+(CANDIDATES) decides only where there is no source or the code does not say.
 """
 
 from __future__ import annotations
