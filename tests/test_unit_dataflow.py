@@ -191,7 +191,7 @@ def test_no_decoder_layer_list_gives_none():
 
 def test_the_mapping_loads_an_up_first_gate_up_in_order():
     """A fused gate_up with the up half first: its first rows fill shard 1 (up), the rest shard 0 (gate)."""
-    from scaffold.mapping import map_in_layer, _Modules
+    from scaffold.mapping import _Modules, map_in_layer
     from scaffold.spec import Spec
 
     spec = Spec(intermediate_size=32, mlp_kind="gated", gate_up_layout="fused", gate_up_order="up_first")
