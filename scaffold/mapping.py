@@ -11,7 +11,10 @@ load under their own name. Three kinds of tensor load into part of a parameter:
 - split: one checkpoint tensor holding q, k, v (gate, up) one after another, cut
   into its shards;
 - interleaved: one tensor holding q, k, v per head ([heads, 3, head_dim] rows),
-  regrouped into the q, k, v shards.
+  regrouped into the q, k, v shards;
+- grouped: one tensor holding, per KV head, that group's query heads, then its key,
+  then its value ([kv_heads, heads / kv_heads + 2, head_dim] rows, InternLM2's wqkv);
+  interleaved is its special case kv_heads == heads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ STACKED = (
 SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)rotary_emb\.(cos|sin)_cached$|(^|\.)attention\.(bias|masked_bias)$")
 QKV = ("q", "k", "v")
 GATE_UP = (0, 1)
+UP_GATE = (1, 0)
 # Where vLLM's FusedMoE (0.24 to 0.32) keeps the weights of every expert, inside the
 # experts module: gate and up stacked as w13 ([experts, 2 * intermediate, hidden]),
 # down as w2 ([experts, hidden, intermediate]). Shard ids are (expert, w1 | w2 | w3).
@@ -82,10 +86,11 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
     """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
     n = spec.names
     rows = []
-    if spec.qkv_layout in ("fused", "interleaved"):
+    if spec.qkv_layout in ("fused", "interleaved", "grouped"):
         rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
-        rows.append((f"{n['mlp']}.{n['gate_up_proj']}", GATE_UP))
+        # Shard ids in row order: a tensor holding the up half first fills shard 1 from its first rows.
+        rows.append((f"{n['mlp']}.{n['gate_up_proj']}", GATE_UP if spec.gate_up_order == "gate_first" else UP_GATE))
     return rows
 
 
@@ -117,7 +122,7 @@ def shard_rows(spec: Spec, shards: tuple) -> list[tuple[str | int, int, int]]:
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         return [("q", 0, q), ("k", q, kv), ("v", q + kv, kv)]
     inter = spec.intermediate_size
-    return [(0, 0, inter), (1, inter, inter)]
+    return [(shards[0], 0, inter), (shards[1], inter, inter)]
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
         shards = modules.split[module]
         if spec.qkv_layout == "interleaved" and shards == QKV:
             return [(rest, s, f"rows of every head's {s} block") for s in shards]
+        if spec.qkv_layout == "grouped" and shards == QKV:
+            return [(rest, s, f"rows of every KV group's {s} block") for s in shards]
         return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
     if module in modules.plain:
         return [(rest, None, "")]

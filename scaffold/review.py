@@ -152,6 +152,9 @@ def decisions(spec) -> list[str]:
                  "shards q, k, v so tensor parallelism shards each projection",
         "interleaved": f"the checkpoint's `{qkv}` holds q, k, v per head ([heads, 3, head_dim] rows); "
                        "load_weights regroups it into shards q, k, v",
+        "grouped": f"the checkpoint's `{qkv}` holds, per KV head, that group's query heads, then its key, then its "
+                   "value ([kv_heads, heads / kv_heads + 2, head_dim] rows); load_weights regroups it into shards "
+                   "q, k, v",
     }[spec.qkv_layout]
     out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
            f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
@@ -165,7 +168,9 @@ def decisions(spec) -> list[str]:
     if spec.mlp_kind == "gated":
         where = ("gate and up are separate tensors, loaded as shards 0 and 1" if spec.gate_up_layout == "separate"
                  else "the checkpoint's gate_up_proj holds gate rows then up rows; load_weights cuts it into "
-                      "shards 0 and 1")
+                      "shards 0 and 1" if spec.gate_up_order == "gate_first"
+                 else "the checkpoint's gate_up_proj holds up rows then gate rows; load_weights cuts it and loads "
+                      "the second half as shard 0 (gate), the first as shard 1 (up)")
         out.append(f"- MLP: gated, {where} of `{n['mlp']}.{n['gate_up_proj']}` (`MergedColumnParallelLinear`, "
                    f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` "
                    + ("fused with the multiply."

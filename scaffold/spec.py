@@ -62,9 +62,10 @@ class Source:
 
 # Choices of the enumerated fields, checked on overrides.
 CHOICES = {
-    "qkv_layout": ("separate", "fused", "interleaved"),
+    "qkv_layout": ("separate", "fused", "interleaved", "grouped"),
     "position_scheme": ("rotary", "alibi", "none"),
     "gate_up_layout": ("separate", "fused"),
+    "gate_up_order": ("gate_first", "up_first"),
     "qk_norm": ("none", "per_head", "full"),
     "mlp_kind": ("gated", "plain"),
     "norm_kind": ("rms", "layer"),
@@ -164,6 +165,7 @@ class Spec:
     # MLP.
     mlp_kind: str = "gated"
     gate_up_layout: str = "separate"
+    gate_up_order: str = "gate_first"  # which half of a fused gate_up tensor holds the gate rows
     hidden_act: str = "silu"
     mlp_bias: bool = False
     gate_extra_bias: str | None = None

@@ -1,18 +1,21 @@
 """Tensor layout: module names, which projections are fused, the block, the norms, biases, ties.
 
 The tensors are the ground truth here; config flags such as attention_bias only
-say what the author meant. Where the tensors cannot tell two computations apart
-(a fused q/k/v tensor stored per head or per projection, an RMSNorm from a
-LayerNorm without bias, a norm that scales by 1 + w), the modeling source is
-read as text: the checkpoint's own code, else transformers' modeling file.
+say what the author meant. Which module inside a decoder layer plays which role
+(q, k, v and how a fused q/k/v output is cut, the gate, up and down projections,
+the norm before each sublayer) is read from what the layer's code computes
+(scaffold.detect.dataflow: the checkpoint's own code, else transformers' modeling
+file, parsed as text) and confirmed by the tensors; the table of known names
+(CANDIDATES) decides only where there is no source or the code does not say.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import moe
+from scaffold.detect import dataflow, moe
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
@@ -112,13 +115,20 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 return cand
         return None
 
-    attn = first("self_attn")
-    if attn is None:
-        raise UnsupportedArchitecture(f"layer 0 has no attention module (looked for {CANDIDATES['self_attn']}).",
-                                      where)
-    names["self_attn"] = attn
+    # The roles come from what the layer's code computes (scaffold.detect.dataflow); the
+    # name table CANDIDATES is a hint for checkpoints without source, or where the code
+    # does not decide.
     sources = modeling_sources(ckpt)
-    if all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
+    flow = _layer_flow(sources, ckpt, names["layers"], layer0)
+    code_attn = flow.attention_flow if flow is not None else None
+    attn = flow.attention if code_attn is not None else first("self_attn")
+    if attn is None:
+        raise UnsupportedArchitecture(f"layer 0 has no attention module (looked for {CANDIDATES['self_attn']}"
+                                      f"{_undecided(flow)}).", where)
+    names["self_attn"] = attn
+    if code_attn is not None:
+        _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.layers.0.{attn}", layer0)
+    elif all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
         names.update(q_proj="q_proj", k_proj="k_proj", v_proj="v_proj", qkv_proj="qkv_proj")
         spec.set("qkv_layout", "separate", src(f"{attn}.q_proj.weight"))
         qkv_bias = has(f"{attn}.q_proj.bias")
@@ -136,9 +146,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             spec.set("qkv_layout", "fused", Source("tensor", f"{prefix}.layers.0.{attn}.{fused}.weight: {detail}"))
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
-        raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight.",
-                                      where)
-    o_proj = first("o_proj", attn)
+        raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight"
+                                      f"{_undecided(flow)}.", where)
+    o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
     if o_proj is None:
         raise UnsupportedArchitecture(f"layer 0's {attn} has no output projection.", where)
     names["o_proj"] = o_proj
@@ -168,7 +178,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             ref_name = f"layer {sparse}'s shared expert"
         else:
             ref = None
-    mlp = names["mlp"] if expert_modules is not None else first("mlp")
+    code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
+    mlp = names["mlp"] if expert_modules is not None else flow.mlp if code_mlp is not None else first("mlp")
     if mlp is None:
         raise UnsupportedArchitecture("layer 0 has no MLP module.", where)
     names["mlp"] = mlp
@@ -180,7 +191,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("gate_up_layout", "separate", Source("default", "no dense MLP"))
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
-        _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where)
+        _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
         # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
         extra = sorted(rest.split(".", 1)[1] for rest in ref if rest.startswith(mlp + ".") and rest.count(".") == 1)
     for name in extra:
@@ -193,7 +204,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
-    _norms_and_block(ckpt, spec, names, layer0, sources, inside)
+    _norms_and_block(ckpt, spec, names, layer0, sources, inside, flow)
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -240,15 +251,32 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
-               where) -> None:
-    """The dense MLP's kind, layout, names and biases, read from the tensors `ref` of one layer."""
+               where, code: dataflow.Mlp | None = None) -> None:
+    """The dense MLP's kind, layout, names and biases: from what its code computes (`code`), else read from the
+    tensors `ref` of one layer by the names the generator knows."""
     prefix = names["model"]
 
     def has(rest: str) -> bool:
         return rest in ref
 
-    down = first("down_proj", mlp, ref)
-    if has(f"{mlp}.gate_proj.weight") and has(f"{mlp}.up_proj.weight"):
+    down = code.down if code is not None else first("down_proj", mlp, ref)
+    if code is not None and code.kind == "gated" and not code.fused:
+        names.update(gate_proj=code.gate, up_proj=code.up, gate_up_proj="gate_up_proj")
+        spec.set("mlp_kind", "gated", Source("code", code.evidence))
+        spec.set("gate_up_layout", "separate", Source("code", code.evidence))
+        up = code.gate
+    elif code is not None and code.kind == "gated":
+        names["gate_up_proj"] = code.gate
+        order = "up rows, then gate rows" if code.up_first else "gate rows, then up rows"
+        spec.set("mlp_kind", "gated", Source("code", code.evidence))
+        spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence} ({order})"))
+        spec.set("gate_up_order", "up_first" if code.up_first else "gate_first", Source("code", code.evidence))
+        up = code.gate
+    elif code is not None:
+        names["up_proj"] = up = code.up
+        spec.set("mlp_kind", "plain", Source("code", code.evidence))
+        spec.set("gate_up_layout", "separate", Source("default", "no gate"))
+    elif has(f"{mlp}.gate_proj.weight") and has(f"{mlp}.up_proj.weight"):
         names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj")
         spec.set("mlp_kind", "gated", src(f"{mlp}.gate_proj.weight", layer))
         spec.set("gate_up_layout", "separate", src(f"{mlp}.gate_proj.weight", layer))
@@ -275,6 +303,82 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
                                       "layers are gated.", where)
 
 
+def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:
+    """(block, detail, norm roles) from the norms the layer's forward applies; None for a combination the code
+    analysis does not settle (the tensor names decide then)."""
+    roles = set(norms)
+    ordered = {r: norms[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in norms}
+    if roles == {"attn_norm", "mlp_norm"} and norms["attn_norm"] == norms["mlp_norm"]:
+        return "parallel", "one norm per layer: attention and MLP both read its output", {"attn_norm": norms["attn_norm"]}
+    if roles == {"attn_norm", "mlp_norm"}:
+        if parallel is True:
+            return "parallel", "config.json use_parallel_residual: attention and MLP both read the input", ordered
+        return "pre_norm", f"{norms['attn_norm']} before attention, {norms['mlp_norm']} before MLP", ordered
+    if roles == {"attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm"}:
+        return "sandwich", "norms before and after both attention and MLP", ordered
+    if roles == {"attn_post_norm", "mlp_post_norm"}:
+        return "post_norm", "norms after attention and after MLP, none before", ordered
+    return None
+
+
+def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> dataflow.Layer | None:
+    """What the decoder layer's code computes, with every role it names confirmed by a tensor of layer 0; None
+    without source. Roles the tensors do not confirm are dropped (the name table decides those)."""
+    if not sources:
+        return None
+    try:
+        flow = dataflow.analyze_layer(sources, ckpt.config, layers) or dataflow.analyze_layer(sources, ckpt.config)
+    except RecursionError:
+        return None
+    if flow is None:
+        return None
+
+    def present(module: str | None, *projections: str | None) -> bool:
+        return module is not None and all(f"{module}.{p}.weight" in layer0 for p in projections if p)
+
+    attn = flow.attention_flow
+    if attn is not None and not present(flow.attention, attn.q, attn.k, attn.v):
+        attn = None
+    mlp = flow.mlp_flow
+    if mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
+        mlp = None
+    norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0}
+    return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
+
+
+def _undecided(flow: dataflow.Layer | None) -> str:
+    """Why the code did not decide, for an error message."""
+    if flow is None or not flow.undecided:
+        return ""
+    return f"; its code does not say which projection is which: {'; '.join(flow.undecided)}"
+
+
+def _code_qkv(ckpt: Checkpoint, spec: Spec, names: dict, code: dataflow.Attention, module: str,
+              layer0: dict) -> None:
+    """q/k/v names, layout and bias from the attention's code."""
+    attn = names["self_attn"]
+    source = Source("code", code.evidence)
+    if code.layout == "separate":
+        names.update(q_proj=code.q, k_proj=code.k, v_proj=code.v, qkv_proj="qkv_proj")
+    else:
+        names["qkv_proj"] = code.q
+    spec.set("qkv_layout", code.layout, source)
+    if code.layout == "interleaved":
+        _one_kv_head_per_head(ckpt, spec, f"{module}.{code.q}.weight")
+    elif code.layout == "grouped":
+        _grouped_rows(ckpt, spec, f"{module}.{code.q}.weight")
+    spec.set("qkv_bias", f"{attn}.{code.q}.bias" in layer0, Source("tensor", f"{module}.{code.q}.bias"))
+
+
+def _grouped_rows(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
+    """Grouped per KV head: each of num_kv_heads groups holds its heads / kv_heads query heads, a key and a value."""
+    rows = ckpt.tensors[tensor].shape[0]
+    heads, kv, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    if kv <= 0 or heads % kv or rows != (heads + 2 * kv) * dim:
+        raise CheckpointError(f"tensor {tensor} has {rows} rows; q, k, v grouped per KV head over {heads} heads and "
+                              f"{kv} KV heads of size {dim} needs {(heads + 2 * kv) * dim}.", ckpt.config_file)
+
+
 def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
     """Per-head interleaved q/k/v has as many KV heads as query heads, whatever the config says."""
     rows = ckpt.tensors[tensor].shape[0]
@@ -285,11 +389,17 @@ def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
                                                     spec.source("num_heads").expr))
 
 
-def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict) -> None:
+def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict,
+                     flow: dataflow.Layer | None = None) -> None:
     where = ckpt.config_file
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
-    if have == set(NORMS):
+    from_code = _code_block(flow.norms if flow is not None else {}, parallel)
+    if from_code is not None:
+        # The layer's forward says which norm each sublayer reads, and which follow them.
+        block, detail, roles = from_code
+        names.update(roles)
+    elif have == set(NORMS):
         block, detail = "sandwich", "norms before and after both attention and MLP"
         names.update(attn_norm="input_layernorm", attn_post_norm="post_attention_layernorm",
                      mlp_norm="pre_feedforward_layernorm", mlp_post_norm="post_feedforward_layernorm")

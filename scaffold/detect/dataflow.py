@@ -1,0 +1,791 @@
+"""What a decoder layer's code computes, read statically from its source (parsed, never run).
+
+The checkpoint's tensor names say nothing reliable about roles: one author's `w1` is
+the gate, another's is the up projection; `wqkv` may hold q, k and v one after another,
+per head, or per group of query heads sharing a KV head. This module follows the data
+through the layer's `forward` methods instead:
+
+- the decoder layer is the class whose instances fill an nn.ModuleList of the model;
+- in its forward, the module whose output feeds the attention (the MLP) is that
+  sublayer's norm;
+- in the attention's forward, every value is tagged with the projection it came from
+  and how it was cut out of a fused output; where q, k and v meet (a call taking three
+  of them, or the score and value matmuls) says which is which;
+- in the MLP's forward, the projection whose output is activated and multiplied is the
+  gate, the other factor the up projection, the projection applied to the product the
+  down projection.
+
+The interpreter is deliberately small: values are sets of origins (projection, piece,
+how it was cut, activated or not), branches join by union, and calls into functions
+of the same source are inlined a few levels deep. Where the code does not decide a
+role, the answer is None with the reason, never a guess.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field, replace
+
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed
+
+LINEAR_CLASSES = {"Linear", "Conv1D"}
+# Callees whose result is the activation of their argument (torch's, transformers' and einops' names).
+ACTIVATIONS = ("silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "swish", "mish", "act")
+SPLITTERS = ("split", "chunk", "unbind", "tensor_split")
+RESHAPERS = ("view", "reshape", "unflatten")
+MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
+# Tensor methods whose result is metadata, not data derived from the tensor.
+METADATA = ("size", "dim", "numel", "stride", "data_ptr", "element_size", "get_device")
+MAX_INLINE = 4  # nesting depth of inlined calls
+MAX_INLINED_CALLS = 2000  # per forward analysed: bounds the time any source can cost
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where (part of) a value comes from: the output of projection `src`, or its piece `piece` once cut."""
+
+    src: str
+    piece: int | None = None
+    layout: str | None = None  # how the piece was cut: "fused" (one after another), "interleaved", "grouped"
+    stage: str = "flat"  # the shape the fused output was given: flat, per_head, grouped, stacked
+    pending: str | None = None  # cut by split/chunk, not yet unpacked into pieces
+    act: bool = False
+    line: int = 0
+
+    @property
+    def key(self) -> tuple:
+        return (self.src, self.piece, self.layout)
+
+
+EMPTY: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class Tup:
+    """A tuple of values (a function's `return a, b`)."""
+
+    items: tuple
+
+
+def _flat(value) -> frozenset:
+    if isinstance(value, Tup):
+        out = set()
+        for item in value.items:
+            out |= _flat(item)
+        return frozenset(out)
+    return value
+
+
+def _join(a, b):
+    if isinstance(a, Tup) and isinstance(b, Tup) and len(a.items) == len(b.items):
+        return Tup(tuple(_join(x, y) for x, y in zip(a.items, b.items)))
+    if isinstance(a, Tup) and not _flat(b):
+        return a
+    if isinstance(b, Tup) and not _flat(a):
+        return b
+    return _flat(a) | _flat(b)
+
+
+@dataclass
+class Events:
+    """What the interpreter saw: calls taking several derived values, products, matmuls, projection inputs."""
+
+    calls: list = field(default_factory=list)  # (line, [origins of each positional argument])
+    matmuls: list = field(default_factory=list)  # (line, left origins, right origins)
+    products: list = field(default_factory=list)  # (line, left origins, right origins)
+    inputs: dict = field(default_factory=dict)  # producer -> (line, origins of its input)
+
+
+class Interpreter:
+    """Abstract execution of one forward: every value is the set of producer outputs it derives from."""
+
+    def __init__(self, sources: dict, file: str, cls: ast.ClassDef, producers: set, config: dict):
+        self.sources, self.file, self.cls = sources, file, cls
+        self.producers = producers
+        self.config = config
+        self.events = Events()
+        self.classes = _classes(sources)
+        self.functions = {n.name: (f, n) for f, tree in _parsed(sources) for n in tree.body
+                          if isinstance(n, ast.FunctionDef)}
+        self.methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        self.init = self.methods.get("__init__")
+        self.attr_values = _init_assignments(self.init)
+        self.local_functions = {n.name: n for n in ast.walk(self.init)
+                                if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
+        self.depth = 0
+        self.inlined = 0
+
+    # ------------------------------------------------------------------ statements
+    def run_method(self, name: str, args: list) -> object:
+        func = self.methods.get(name)
+        if func is None:
+            return EMPTY
+        return self.call_function(func, [EMPTY, *args], {})
+
+    def call_function(self, func: ast.FunctionDef, args: list, kwargs: dict):
+        if self.depth >= MAX_INLINE or self.inlined >= MAX_INLINED_CALLS:
+            return _join_all([*args, *kwargs.values()])
+        self.inlined += 1
+        params = [a.arg for a in func.args.posonlyargs + func.args.args]
+        env = {p: EMPTY for p in params}
+        for p, value in zip(params, args):
+            env[p] = value
+        for k, value in kwargs.items():
+            if k in env:
+                env[k] = value
+        if func.args.vararg is not None:
+            env[func.args.vararg.arg] = Tup(tuple(args[len(params):]))
+        self.depth += 1
+        try:
+            returns: list = []
+            self.block(func.body, env, returns)
+        finally:
+            self.depth -= 1
+        out = EMPTY
+        for value in returns:
+            out = _join(out, value) if out != EMPTY else value
+        return out
+
+    def block(self, body: list, env: dict, returns: list) -> None:
+        for stmt in body:
+            self.statement(stmt, env, returns)
+
+    def statement(self, stmt: ast.stmt, env: dict, returns: list) -> None:
+        if isinstance(stmt, ast.Assign):
+            value = self.expr(stmt.value, env)
+            for target in stmt.targets:
+                self.assign(target, value, stmt.value, env)
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            self.assign(stmt.target, self.expr(stmt.value, env), stmt.value, env)
+        elif isinstance(stmt, ast.AugAssign):
+            value = self.binop(stmt.op, self.expr(stmt.target, env), self.expr(stmt.value, env), stmt.lineno)
+            self.assign(stmt.target, value, stmt.value, env)
+        elif isinstance(stmt, ast.Return) and stmt.value is not None:
+            returns.append(self.expr(stmt.value, env))
+        elif isinstance(stmt, ast.Expr):
+            self.expr(stmt.value, env)
+        elif isinstance(stmt, ast.If):
+            decided = self.condition(stmt.test)
+            if decided is True:
+                self.block(stmt.body, env, returns)
+            elif decided is False:
+                self.block(stmt.orelse, env, returns)
+            else:
+                self.expr(stmt.test, env)
+                other = dict(env)
+                self.block(stmt.body, env, returns)
+                self.block(stmt.orelse, other, returns)
+                for name in (set(env) | set(other)) - {"__expr__"}:
+                    env[name] = _join(env.get(name, EMPTY), other.get(name, EMPTY))
+        elif isinstance(stmt, (ast.For, ast.While)):
+            if isinstance(stmt, ast.For):
+                self.assign(stmt.target, _flat(self.expr(stmt.iter, env)), None, env)
+            self.block(stmt.body, env, returns)
+            self.block(stmt.orelse, env, returns)
+        elif isinstance(stmt, ast.With):
+            self.block(stmt.body, env, returns)
+        elif isinstance(stmt, ast.Try):
+            self.block(stmt.body, env, returns)
+            for handler in stmt.handlers:
+                self.block(handler.body, env, returns)
+            self.block(stmt.finalbody, env, returns)
+
+    def assign(self, target: ast.expr, value, source: ast.expr | None, env: dict) -> None:
+        if isinstance(target, ast.Name):
+            env[target.id] = value
+            env.setdefault("__expr__", {})[target.id] = source
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            n = len(target.elts)
+            items = self.unpack(value, n, source, env)
+            for elt, item in zip(target.elts, items):
+                self.assign(elt, item, None, env)
+
+    def unpack(self, value, n: int, source: ast.expr | None, env: dict) -> list:
+        if isinstance(value, Tup) and len(value.items) == n:
+            return list(value.items)
+        flat = _flat(value)
+        if any(o.pending for o in flat):
+            return [frozenset(_piece(o, i, o.pending, getattr(source, "lineno", o.line)) if o.pending else o
+                              for o in flat) for i in range(n)]
+        if isinstance(source, ast.Call):
+            # A call handed n derived values and unpacked into n: each comes back in its place
+            # (q, k = apply_rotary(q, k, cos, sin) when the function is not inlined).
+            args = [_flat(self.expr(a, env)) for a in source.args]
+            derived = [a for a in args if a]
+            if len(derived) == n:
+                return derived
+        return [flat] * n
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, node: ast.expr, env: dict):
+        if isinstance(node, ast.Name):
+            return env.get(node.id, EMPTY)
+        if isinstance(node, ast.Constant):
+            return EMPTY
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return Tup(tuple(self.expr(e, env) for e in node.elts))
+        if isinstance(node, ast.Starred):
+            return self.expr(node.value, env)
+        if isinstance(node, ast.BinOp):
+            return self.binop(node.op, self.expr(node.left, env), self.expr(node.right, env), node.lineno)
+        if isinstance(node, ast.UnaryOp):
+            return self.expr(node.operand, env)
+        if isinstance(node, ast.IfExp):
+            decided = self.condition(node.test)
+            if decided is not None:
+                return self.expr(node.body if decided else node.orelse, env)
+            return _join(self.expr(node.body, env), self.expr(node.orelse, env))
+        if isinstance(node, (ast.BoolOp, ast.Compare)):
+            for sub in ast.iter_child_nodes(node):
+                if isinstance(sub, ast.expr):
+                    self.expr(sub, env)
+            return EMPTY
+        if isinstance(node, ast.Attribute):
+            # x.shape, x.dtype, x.device: metadata; x.T: the data.
+            base = self.expr(node.value, env)
+            return base if node.attr in ("T", "mT", "data") else EMPTY
+        if isinstance(node, ast.Subscript):
+            return self.subscript(node, env)
+        if isinstance(node, ast.Call):
+            return self.call(node, env)
+        return EMPTY
+
+    def binop(self, op: ast.operator, left, right, line: int):
+        lf, rf = _flat(left), _flat(right)
+        if isinstance(op, ast.Mult) and lf and rf:
+            self.events.products.append((line, lf, rf))
+        if isinstance(op, ast.MatMult) and lf and rf:
+            self.events.matmuls.append((line, lf, rf))
+        return lf | rf
+
+    def subscript(self, node: ast.Subscript, env: dict):
+        value = self.expr(node.value, env)
+        index = node.slice
+        if isinstance(value, Tup):
+            if isinstance(index, ast.Constant) and isinstance(index.value, int) and -len(value.items) <= index.value < len(value.items):
+                return value.items[index.value]
+            return _flat(value)
+        if not value:
+            return EMPTY
+        last = index.elts[-1] if isinstance(index, ast.Tuple) and index.elts else index
+        if isinstance(index, ast.Tuple):
+            # x[..., a, :] selects along the axis before the trailing full slices.
+            meaningful = [e for e in index.elts if not _full_slice(e) and not _ellipsis(e)]
+            last = meaningful[-1] if len(meaningful) == 1 else None
+        out = set()
+        for o in value:
+            out.add(self.select(o, last, node.lineno))
+        return frozenset(out)
+
+    def select(self, o: Origin, index: ast.expr | None, line: int) -> Origin:
+        """The piece of a fused output that `[index]` takes, when the index picks one."""
+        if o.piece is not None or index is None:
+            return o
+        number = _int(index)
+        if o.pending and number is not None:
+            return _piece(o, number, o.pending, line)
+        if o.stage == "stacked" and number is not None and number >= 0:
+            return _piece(o, number, "fused", line)
+        if o.stage == "grouped":
+            if number in (-2, -1):
+                return _piece(o, number + 3, "grouped", line)
+            if isinstance(index, ast.Slice) and index.lower is None and index.upper is not None and index.step is None:
+                return _piece(o, 0, "grouped", line)
+        if o.stage == "flat" and isinstance(index, ast.Slice) and index.step is None:
+            # One after another along the last axis: [:a] first, [a:b] in the middle, [b:] last.
+            if index.lower is None and index.upper is not None:
+                return _piece(o, 0, "fused", line)
+            if index.lower is not None and index.upper is not None:
+                return _piece(o, 1, "fused", line)
+            if index.lower is not None and index.upper is None:
+                return _piece(o, 2, "fused", line)
+        return o
+
+    def call(self, node: ast.Call, env: dict):
+        func = node.func
+        args = [self.expr(a, env) for a in node.args]
+        kwargs = {k.arg: self.expr(k.value, env) for k in node.keywords if k.arg}
+        derived = [_flat(a) for a in args if _flat(a)]
+        name = _dotted(func)
+        short = name.rsplit(".", 1)[-1] if name else (func.attr if isinstance(func, ast.Attribute) else "")
+        line = node.lineno
+        # self.<producer>(x): a projection (or, in a decoder layer, a sublayer).
+        if name.startswith("self.") and name.count(".") == 1 and short in self.producers:
+            self.events.inputs.setdefault(short, []).append(
+                (line, _flat(args[0]) if args else _flat(_join_all(list(kwargs.values())))))
+            return frozenset({Origin(short, line=line)})
+        if len(derived) >= 2:
+            self.events.calls.append((line, [_flat(a) for a in args]))
+        if short in MATMULS and len(derived) >= 2:
+            pos = [_flat(a) for a in args if _flat(a)]
+            self.events.matmuls.append((line, pos[-2], pos[-1]))
+        # Methods on a tensor: x.view(...), x.split(...), x.size().
+        if isinstance(func, ast.Attribute) and not name.startswith("self.") and short not in ("cat", "stack"):
+            base = _flat(self.expr(func.value, env))
+            if base:
+                return self.tensor_method(base, short, node, env)
+        if short in SPLITTERS and derived:
+            return self.tensor_method(derived[0], short, node, env, first_arg=1)
+        if short == "rearrange" and args and _flat(args[0]):
+            return self.rearrange(_flat(args[0]), node)
+        if short in RESHAPERS and derived:
+            return self.tensor_method(derived[0], short, node, env, first_arg=1)
+        # Functions and methods of the same source: inlined.
+        target = self.resolve(func)
+        if target is not None:
+            fn, bound = target
+            return self.call_function(fn, ([EMPTY] if bound else []) + args, kwargs)
+        joined = _flat(_join_all([*args, *kwargs.values()]))
+        if self.is_activation(func):
+            return frozenset(replace(o, act=True) for o in joined)
+        return joined
+
+    def tensor_method(self, base: frozenset, method: str, node: ast.Call, env: dict, first_arg: int = 0):
+        if method in METADATA:
+            return EMPTY
+        rest = node.args[first_arg:]
+        if method in SPLITTERS:
+            # Cutting a projection already viewed as heads (rotate_half's chunk(2)) takes halves of each head,
+            # not pieces of a fused output.
+            if all(o.stage == "shaped" or o.piece is not None for o in base):
+                return base
+            layout = "interleaved" if any(o.stage == "per_head" for o in base) else "fused"
+            return frozenset(replace(o, pending=layout) if o.piece is None else o for o in base)
+        if method in RESHAPERS:
+            # A shape this does not recognize ("shaped") stops slices from reading as pieces
+            # (rotate_half's x[..., : d // 2] on a q already viewed per head).
+            stage = self.shape_stage(method, rest, node, env) or "shaped"
+            return frozenset(replace(o, stage=stage) if o.piece is None else o for o in base)
+        return base
+
+    def shape_stage(self, method: str, args: list, node: ast.Call, env: dict) -> str | None:
+        """What a view/reshape/unflatten does to a fused output: per head (…, heads, 3 * head_dim), grouped per KV
+        head (…, kv_heads, groups + 2, head_dim) or stacked (3, …)."""
+        exprs = [self.local_expr(a, env) for a in args]
+        if method == "unflatten" and len(exprs) >= 2 and isinstance(exprs[1], (ast.Tuple, ast.List)) and \
+                exprs[1].elts and _int(exprs[1].elts[0]) == 3:
+            return "stacked"
+        for e in exprs:
+            for sub in ast.walk(e):
+                if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and 3 in (_int(sub.left), _int(sub.right)):
+                    return "per_head"
+                if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add) and 2 in (_int(sub.left), _int(sub.right)):
+                    return "grouped"
+        return None
+
+    def rearrange(self, base: frozenset, node: ast.Call):
+        pattern = node.args[1] if len(node.args) > 1 else None
+        if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)):
+            return base
+        left, _, right = pattern.value.partition("->")
+        grouped = any(isinstance(k.value, ast.BinOp) and isinstance(k.value.op, ast.Add)
+                      and 2 in (_int(k.value.left), _int(k.value.right)) for k in node.keywords)
+        if "(" in left and "(" not in right and grouped:
+            return frozenset(replace(o, stage="grouped") if o.piece is None else o for o in base)
+        return base
+
+    def local_expr(self, node: ast.expr, env: dict) -> ast.expr:
+        """A local name's assigned expression (hidden_shape = (*input_shape, -1, 3 * self.head_size))."""
+        if isinstance(node, ast.Starred):
+            node = node.value
+        if isinstance(node, ast.Name):
+            found = env.get("__expr__", {}).get(node.id)
+            if found is not None:
+                return found
+        return node
+
+    def resolve(self, func: ast.expr) -> tuple[ast.FunctionDef, bool] | None:
+        """The function a call runs, when the source defines it: (function, takes self)."""
+        name = _dotted(func)
+        if name.startswith("self.") and name.count(".") == 1:
+            attr = name[5:]
+            if attr in self.methods:
+                return self.methods[attr], True
+            assigned = self.attr_values.get(attr)
+            if isinstance(assigned, ast.Name) and assigned.id in self.local_functions:
+                return self.local_functions[assigned.id], False
+            if isinstance(assigned, ast.Call):
+                cls = self.classes.get(_dotted(assigned.func).rsplit(".", 1)[-1])
+                forward = next((n for n in cls[1].body if isinstance(n, ast.FunctionDef) and n.name == "forward"),
+                               None) if cls else None
+                if forward is not None:
+                    return forward, True
+            return None
+        if isinstance(func, ast.Name) and func.id in self.functions:
+            return self.functions[func.id][1], False
+        return None
+
+    def is_activation(self, func: ast.expr) -> bool:
+        name = _dotted(func)
+        if name.startswith("self.") and name.count(".") == 1:
+            assigned = self.attr_values.get(name[5:])
+            if isinstance(assigned, ast.Subscript) and _dotted(assigned.value).endswith("ACT2FN"):
+                return True
+            if isinstance(assigned, ast.Call):
+                callee = _dotted(assigned.func).rsplit(".", 1)[-1].lower()
+                return callee == "get_activation" or any(a in callee for a in ACTIVATIONS)
+        short = name.rsplit(".", 1)[-1].lower() if name else ""
+        return any(a in short for a in ACTIVATIONS)
+
+    def condition(self, test: ast.expr) -> bool | None:
+        """A branch condition the config decides (`if self.multi_query_attention:`), else None."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = self.condition(test.operand)
+            return None if inner is None else not inner
+        name = _dotted(test)
+        key = None
+        if name.startswith("self.") and name.count(".") == 1:
+            assigned = self.attr_values.get(name[5:])
+            if assigned is not None and _dotted(assigned).startswith("config.") and _dotted(assigned).count(".") == 1:
+                key = _dotted(assigned)[7:]
+        elif name.startswith("config.") and name.count(".") == 1:
+            key = name[7:]
+        if key is not None and isinstance(self.config.get(key), bool):
+            return self.config[key]
+        return None
+
+
+def _join_all(values: list):
+    out = EMPTY
+    for v in values:
+        out = out | _flat(v)
+    return out
+
+
+def _piece(o: Origin, index: int, layout: str, line: int) -> Origin:
+    return replace(o, piece=index, layout=layout, pending=None, line=line)
+
+
+def _int(node) -> int | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int(node.operand)
+        return None if inner is None else -inner
+    return None
+
+
+def _full_slice(node) -> bool:
+    return isinstance(node, ast.Slice) and node.lower is None and node.upper is None and node.step is None
+
+
+def _ellipsis(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is Ellipsis
+
+
+def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
+    """self.X = <expr> in __init__ (the last one, where several branches assign it)."""
+    out: dict[str, ast.expr] = {}
+    if init is None:
+        return out
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
+                and _dotted(node.targets[0].value) == "self":
+            out.setdefault(node.targets[0].attr, node.value)
+    return out
+
+
+# ====================================================================== the answers
+@dataclass(frozen=True)
+class Linear:
+    attr: str
+    bias: str  # the bias= expression as written ("False", "config.bias"); "True" when left out
+    line: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    cls: str
+    file: str
+    layout: str  # separate, fused, interleaved, grouped
+    q: str
+    k: str
+    v: str
+    o: str | None
+    evidence: str  # FILE:LINE: what decided it
+    linears: dict
+
+
+@dataclass(frozen=True)
+class Mlp:
+    cls: str
+    file: str
+    kind: str  # gated, plain
+    gate: str | None
+    up: str
+    down: str
+    fused: bool  # gate and up in one projection
+    up_first: bool  # ... with the up half first
+    evidence: str
+    linears: dict
+
+
+@dataclass(frozen=True)
+class Layer:
+    cls: str
+    file: str
+    attention: str | None
+    mlp: str | None
+    norms: dict  # role (attn_norm, mlp_norm, attn_post_norm, mlp_post_norm) -> attribute
+    evidence: dict  # role -> FILE:LINE: ...
+    attention_flow: Attention | None
+    mlp_flow: Mlp | None
+    undecided: tuple  # what the code did not decide, with why
+
+
+class Undecided(Exception):
+    """The code does not decide a role; the message says why."""
+
+
+def _class(sources: dict, name: str) -> tuple[str, ast.ClassDef] | None:
+    return _classes(sources).get(name.rsplit(".", 1)[-1])
+
+
+def linears(file: str, cls: ast.ClassDef) -> dict[str, Linear]:
+    """self.X = nn.Linear(...) in the class's __init__."""
+    out = {}
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    for attr, value in _init_assignments(init).items():
+        if isinstance(value, ast.Call) and _dotted(value.func).rsplit(".", 1)[-1] in LINEAR_CLASSES:
+            bias = next((ast.unparse(k.value) for k in value.keywords if k.arg == "bias"), None)
+            if bias is None:
+                bias = ast.unparse(value.args[2]) if len(value.args) > 2 else "True"
+            out[attr] = Linear(attr, bias, value.lineno)
+    return out
+
+
+def _submodule_class(sources: dict, value: ast.expr) -> tuple[str, ast.ClassDef] | None:
+    """The class a `self.X = ...` value builds: Cls(...), or TABLE[key](...) with TABLE a dict of classes (its
+    first entry: the eager implementation)."""
+    if not isinstance(value, ast.Call):
+        return None
+    func = value.func
+    if isinstance(func, ast.Subscript):
+        table = _dotted(func.value)
+        for _, tree in _parsed(sources):
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and any(_dotted(t) == table for t in node.targets) \
+                        and isinstance(node.value, ast.Dict) and node.value.values:
+                    return _class(sources, _dotted(node.value.values[0]))
+        return None
+    return _class(sources, _dotted(func))
+
+
+def _where(file: str, line: int, text: str) -> str:
+    return f"{file}:{line}: {text}"
+
+
+def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Attention:
+    """Which projection gives q, k and v, and how a fused one is cut; raises Undecided."""
+    found = linears(file, cls)
+    if not found:
+        raise Undecided(f"{cls.name} declares no nn.Linear in __init__")
+    interp = Interpreter(sources, file, cls, set(found), config)
+    interp.run_method("forward", [frozenset(), frozenset(), frozenset()])
+    roles = _qkv_roles(interp.events)
+    keys = {r: next(iter(roles[r])) for r in "qkv"}
+    srcs = {keys[r][0] for r in "qkv"}
+    origins = {r: roles[r][keys[r]] for r in "qkv"}
+    if len(srcs) == 3 and all(keys[r][1] is None for r in "qkv"):
+        layout, q, k, v = "separate", keys["q"][0], keys["k"][0], keys["v"][0]
+        evidence = _where(file, origins["q"], f"q, k, v are {q}, {k}, {v}")
+    elif len(srcs) == 1 and [keys[r][1] for r in "qkv"] == [0, 1, 2] and len({keys[r][2] for r in "qkv"}) == 1:
+        layout = keys["q"][2]
+        q = k = v = keys["q"][0]
+        what = {"fused": "q, k, v one after another", "interleaved": "q, k, v per head",
+                "grouped": "per KV head: its query heads, then k, then v"}[layout]
+        evidence = _where(file, origins["k"], f"{q}'s output cut into {what}")
+    else:
+        raise Undecided(f"{cls.name}.forward: q, k, v come from {keys}, not three projections or three pieces of "
+                        "one in q, k, v order")
+    used = {q, k, v}
+    after = [a for a, calls in interp.events.inputs.items() if a not in used and any(o for _, o in calls)]
+    o_proj = after[0] if len(after) == 1 else None
+    return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found)
+
+
+def _qkv_roles(events: Events) -> dict:
+    """{role: {origin key: line}} from where q, k and v meet; raises Undecided when nothing or contradictions
+    decide them."""
+    votes: list[tuple[int, tuple, tuple, tuple]] = []
+    for line, args in events.calls:
+        derived = [a for a in args if a]
+        if len(derived) >= 3 and all(len({o.key for o in a}) == 1 for a in derived[:3]):
+            keys = tuple(next(iter(a)).key for a in derived[:3])
+            if len(set(keys)) == 3:
+                votes.append((line, *keys))
+    # Scores then context: matmul(q, k^T) ... matmul(scores, v).
+    for i, (line, left, right) in enumerate(events.matmuls):
+        lk, rk = {o.key for o in left}, {o.key for o in right}
+        if len(lk) == 1 and len(rk) == 1 and lk != rk:
+            for _, left2, right2 in events.matmuls[i + 1:]:
+                if lk | rk <= {o.key for o in left2} and len({o.key for o in right2}) == 1 \
+                        and not {o.key for o in right2} & (lk | rk):
+                    votes.append((line, next(iter(lk)), next(iter(rk)), next(iter({o.key for o in right2}))))
+                    break
+    decided = {(q, k, v) for _, q, k, v in votes}
+    mixed = [line for line, args in events.calls
+             if len([a for a in args if a]) >= 3 and any(len({o.key for o in a}) > 1 for a in args)]
+    if not decided and mixed:
+        raise Undecided(f"where q, k and v meet (line {mixed[0]}), each may come from more than one projection "
+                        "or cut, depending on a branch the config does not decide")
+    if not decided:
+        raise Undecided("no call or matmul in forward takes q, k and v from distinct projections")
+    if len(decided) > 1:
+        raise Undecided(f"forward's attention calls disagree on q, k, v ({sorted(map(str, decided))})")
+    q, k, v = next(iter(decided))
+    # The line where each was cut out of a fused output (or projected), for the evidence.
+    lines = {}
+    for _, args in events.calls:
+        for a in args:
+            for o in a:
+                lines.setdefault(o.key, o.line)
+    for _, left, right in events.matmuls:
+        for o in left | right:
+            lines.setdefault(o.key, o.line)
+    return {"q": {q: lines[q]}, "k": {k: lines[k]}, "v": {v: lines[v]}}
+
+
+def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Mlp:
+    """Gate, up and down projections of an MLP class; raises Undecided."""
+    found = linears(file, cls)
+    if not found:
+        raise Undecided(f"{cls.name} declares no nn.Linear in __init__")
+    interp = Interpreter(sources, file, cls, set(found), config)
+    interp.run_method("forward", [frozenset()])
+    downs = [a for a, calls in interp.events.inputs.items() if any(o for _, o in calls)]
+    if len(downs) != 1:
+        raise Undecided(f"{cls.name}.forward: {len(downs)} projections read another's output ({downs})")
+    down = downs[0]
+    ups = sorted(a for a in found if a != down and a in interp.events.inputs)
+    for line, left, right in interp.events.products:
+        la, ra = {o for o in left if o.act}, {o for o in right if o.act}
+        gate_side, up_side = (left, right) if la and not ra else (right, left) if ra and not la else (None, None)
+        if gate_side is None:
+            continue
+        gk, uk = {o.key for o in gate_side}, {o.key for o in up_side}
+        if len(gk) != 1 or len(uk) != 1:
+            continue
+        (gsrc, gpiece, _), (usrc, upiece, _) = next(iter(gk)), next(iter(uk))
+        if gsrc == usrc and gpiece is not None and upiece is not None and {gpiece, upiece} == {0, 1}:
+            return Mlp(cls.name, file, "gated", gsrc, gsrc, down, True, upiece == 0,
+                       _where(file, line, f"{gsrc}'s output cut in two: half {gpiece} activated (the gate) times "
+                                          f"half {upiece}"), found)
+        if gsrc != usrc and gpiece is None and upiece is None:
+            return Mlp(cls.name, file, "gated", gsrc, usrc, down, False, False,
+                       _where(file, line, f"act({gsrc}(x)) * {usrc}(x), then {down}"), found)
+    if interp.events.products:
+        line = interp.events.products[0][0]
+        raise Undecided(f"{cls.name}.forward multiplies projections at {file}:{line}, but no factor is one "
+                        "projection's activated output")
+    if len(ups) == 1:
+        line = interp.events.inputs[down][0][0]
+        return Mlp(cls.name, file, "plain", None, ups[0], down, False, False,
+                   _where(file, line, f"{down} reads {ups[0]}'s activated output, no product"), found)
+    raise Undecided(f"{cls.name}.forward: no activated projection multiplied by another")
+
+
+def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.ClassDef, int] | None:
+    """The decoder layer: the class whose instances fill an nn.ModuleList (the one at `list_attr` if given)."""
+    hits = []
+    for file, tree in _parsed(sources):
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Attribute) and isinstance(node.value, ast.Call)
+                    and _dotted(node.value.func).rsplit(".", 1)[-1] == "ModuleList" and node.value.args):
+                continue
+            attr = node.targets[0].attr
+            if list_attr is not None and attr != list_attr:
+                continue
+            elt = node.value.args[0]
+            if isinstance(elt, (ast.ListComp, ast.GeneratorExp)):
+                elt = elt.elt
+            if not isinstance(elt, ast.Call):
+                continue
+            cls = _class(sources, _dotted(elt.func))
+            if cls is None:
+                builder = _builder_return(tree, node, _dotted(elt.func))
+                cls = _class(sources, builder) if builder else None
+            if cls is not None:
+                hits.append((cls[0], cls[1], node.lineno, file))
+    classes = {h[1].name for h in hits}
+    if len(classes) != 1:
+        return None
+    return hits[0][0], hits[0][1], hits[0][2]
+
+
+def _builder_return(tree: ast.Module, at: ast.AST, name: str) -> str | None:
+    """`def build_layer(i): return GLMBlock(...)` next to the ModuleList: the class it returns."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call):
+                    return _dotted(sub.value.func)
+    return None
+
+
+def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> Layer | None:
+    """Roles inside the decoder layer, as its code computes them; None when the source has no decoder layer
+    class this can find."""
+    found = layer_class(sources, list_attr)
+    if found is None:
+        return None
+    file, cls, _ = found
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    # Every module the layer builds; which is a norm, the forward says (and the tensors confirm).
+    subs = {a: v for a, v in _init_assignments(init).items() if isinstance(v, ast.Call)
+            and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
+    undecided = []
+    attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either
+    attention = mlp = None
+    attn_attr = mlp_attr = None
+    for attr, value in subs.items():
+        sub = _submodule_class(sources, value)
+        if sub is None:
+            continue
+        try:
+            flow = analyze_attention(sources, sub[0], sub[1], config)
+        except Undecided as e:
+            flow = None
+            if any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in MATMULS + ("softmax",)
+                   for n in ast.walk(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
+                undecided.append(f"{attr} ({sub[1].name}): {e}")
+                attention_like.add(attr)
+        if flow is not None:
+            if attention is not None:
+                return _undecided_layer(file, cls, undecided + [f"two attention modules: {attn_attr}, {attr}"])
+            attention, attn_attr = flow, attr
+    for attr, value in subs.items():
+        sub = _submodule_class(sources, value)
+        if sub is None or attr == attn_attr or attr in attention_like:
+            continue
+        try:
+            flow = analyze_mlp(sources, sub[0], sub[1], config)
+        except Undecided as e:
+            if linears(*sub):
+                undecided.append(f"{attr} ({sub[1].name}): {e}")
+            continue
+        if mlp is not None:
+            return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
+        mlp, mlp_attr = flow, attr
+    norms, evidence = {}, {}
+    if attn_attr and mlp_attr:
+        interp = Interpreter(sources, file, cls, set(subs), config)
+        interp.run_method("forward", [frozenset({Origin("<input>")})])
+        inputs = interp.events.inputs
+        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_attr)):
+            srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
+            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in (attn_attr, mlp_attr):
+                norms[role] = next(iter(srcs))
+                evidence[role] = _where(file, inputs[sublayer][0][0], f"{sublayer} reads {norms[role]}'s output")
+        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_attr)):
+            for attr, calls in inputs.items():
+                if attr not in (attn_attr, mlp_attr) and calls and all({o.src for o in c} == {sublayer}
+                                                                         for _, c in calls):
+                    norms[role] = attr
+                    evidence[role] = _where(file, calls[0][0], f"{attr} reads {sublayer}'s output")
+    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided))
+
+
+def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:
+    return Layer(cls.name, file, None, None, {}, {}, None, None, tuple(why))
