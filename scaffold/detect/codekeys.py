@@ -123,7 +123,7 @@ def methods(sources: dict[str, str]):
 
 
 def callee(node: ast.AST) -> str:
-    """The last component of a call's function: nn.Embedding(...) -> Embedding."""
+    """The last component of a call's function (nn.Embedding(...) -> Embedding), or of a dotted name."""
     func = node.func if isinstance(node, ast.Call) else node
     if isinstance(func, ast.Attribute):
         return func.attr
@@ -221,7 +221,7 @@ def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
     sources = dict(ckpt.sources)
     if not sources:
         sources = _transformers_configuration(ckpt.config.get("model_type"))
-    for name, text in sources.items():
+    for text in sources.values():
         tree = parse(text)
         for node in ast.walk(tree) if tree is not None else ():
             if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
@@ -253,3 +253,30 @@ def code_sources(ckpt: Checkpoint) -> dict[str, str]:
     read their sizes under the standard names, which config.json (with attribute_map) already gives."""
     return dict(ckpt.sources) if ckpt.sources else {}
 
+
+
+def registered_buffers(sources: dict[str, str]) -> set[str]:
+    """Names the code registers as buffers: `self.register_buffer("inv_freq", ...)`, any dtype, persistent
+    or not. A checkpoint that stores one (chatglm's rotary inv_freq) holds something the port recomputes."""
+    out = set()
+    for _name, _cls, func in methods(sources):
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "register_buffer" and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                out.add(node.args[0].value)
+    return out
+
+
+def module_kinds(sources: dict[str, str]) -> dict[str, set[str]]:
+    """attribute -> the classes the code assigns to `self.<attribute>` (nn.Embedding -> "Embedding"). A helper
+    call around the constructor (chatglm's `init_method(nn.Linear, ...)`) counts its first argument."""
+    out: dict[str, set[str]] = {}
+    for _file, _cls, _func, attr, value in self_assignments(sources):
+        if isinstance(value, ast.Call):
+            kind = callee(value)
+            if value.args and isinstance(value.args[0], (ast.Attribute, ast.Name)) and callee(value.args[0]) in (
+                    "Linear", "Embedding"):
+                kind = callee(value.args[0])
+            out.setdefault(attr, set()).add(kind)
+    return out

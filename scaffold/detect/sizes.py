@@ -145,7 +145,7 @@ def _kv_heads(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], reads: set[st
     if key == "multi_query_group_num" and flag in reads:
         # chatglm: the groups apply only where multi_query_attention is set; otherwise one KV head per head.
         on = ckpt.config.get(flag)
-        expr = f"config.{key} if config.{flag} else {spec.source('num_heads').expr}"
+        expr = f"(config.{key} if config.{flag} else {spec.source('num_heads').expr})"
         spec.set("num_kv_heads", spec.num_kv_heads if on else spec.num_heads,
                  Source("code", f"config.json {key} where {flag} (the code reads both)", expr))
 
