@@ -98,7 +98,9 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
     heads = sorted(module(n) for n, i in top.items()
                    if n.count(".") == 1 and n.endswith(".weight") and len(i.shape) == 2)
     flat = len(embeds) == 1 and len(norms) == 1 and len(heads) <= 1
-    if code and not (flat and built_as(embeds[0], "Embedding")):
+    # The usual layout stands unless it does not fit or the code builds that "embedding" as something else.
+    contradicted = flat and embeds[0] in kinds and not built_as(embeds[0], "Embedding")
+    if code and (not flat or contradicted):
         matrices = sorted(module(n) for n, i in top.items() if n.endswith(".weight") and len(i.shape) == 2)
         embeds = [m[len(prefix) + 1:] for m in matrices if m.startswith(prefix + ".") and built_as(m, "Embedding")]
         heads = [m for m in matrices if not built_as(m, "Embedding") and (built_as(m, "Linear") or "." not in m)]
