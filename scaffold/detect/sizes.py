@@ -156,7 +156,8 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
     hidden = spec.source("hidden_size").expr
     if not sources or not hidden:
         return None
-    classes = {_callee_name(call) for _f, _func, _a, call in _any_constructed(sources, "mlp")}
+    classes = {codekeys.callee(value) for _file, _cls, _func, attr, value in codekeys.self_assignments(sources)
+               if attr == "mlp" and isinstance(value, ast.Call)}
     found = []
     for file, cls, func in codekeys.methods(sources):
         if cls.name not in classes or func.name != "__init__":
@@ -169,12 +170,3 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
                     found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
     return _valued(_unique(found), config, aliases)
 
-
-def _any_constructed(sources: dict, attribute: str):
-    for file, _cls, func, attr, value in codekeys.self_assignments(sources):
-        if attr == attribute and isinstance(value, ast.Call):
-            yield file, func, attr, value
-
-
-def _callee_name(call: ast.Call) -> str:
-    return codekeys.callee(call)
