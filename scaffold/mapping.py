@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.spec import Spec
+from scaffold.spec import Spec, renamed_prefixes
 
 # (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
@@ -154,13 +154,22 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     if name in modules.top:
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
-        return [(name, None, "")]
+        return [(port_param(spec, name), None, "")]
     prefix = layer_prefix(spec)
     inside = _layer_and_rest(prefix, name)
     if inside is None:
-        return [(None, None, "recomputed buffer")] if _skipped(name) else None
+        return [(None, None, "recomputed buffer")] if _skipped(name) or name in spec.skipped_tensors else None
     layer, rest = inside
-    return _prefixed(f"{prefix}{layer}.", map_in_layer(spec, rest, modules))
+    return _prefixed(port_param(spec, f"{prefix}{layer}."), map_in_layer(spec, rest, modules))
+
+
+def port_param(spec: Spec, name: str) -> str:
+    """The port's name for checkpoint name `name`: the same, but for the nested top-level modules the port
+    keeps higher up (its hf_to_vllm_mapper, spec.renamed_prefixes)."""
+    for old, new in renamed_prefixes(spec).items():
+        if new is not None and name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
@@ -232,7 +241,7 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
         if rest not in inside:
             inside[rest] = (natural("." + rest), map_in_layer(spec, rest, modules))
         key, targets = inside[rest]
-        keyed.append(([*head, int(layer), *key], name, _prefixed(f"{prefix}{layer}.", targets)))
+        keyed.append(([*head, int(layer), *key], name, _prefixed(port_param(spec, f"{prefix}{layer}."), targets)))
     keyed.sort(key=lambda item: item[0])
     for _, name, targets in keyed:
         if targets is None:

@@ -36,7 +36,17 @@ from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
 from scaffold.quantized import quantization_method
-from scaffold.spec import FIELDS, IDENTIFIER, Spec, to_toml, toml_string, toml_table, validate_identifiers
+from scaffold.spec import (
+    FIELDS,
+    IDENTIFIER,
+    Spec,
+    port_names,
+    renamed_prefixes,
+    to_toml,
+    toml_string,
+    toml_table,
+    validate_identifiers,
+)
 from scaffold.text import markdown_text
 
 # The one import up the layers, listed by name in pyproject.toml's import contract: the generator refuses a port
@@ -282,6 +292,9 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "quantization": quantization_method(ckpt.config),
         # Fields a spec file overrode: written as literals, never read from the config.
         "overridden": {name for name in FIELDS if spec.source(name).kind == "override"},
+        # The port's attribute for each module role, and the checkpoint prefixes it renames on load.
+        "port_names": port_names(spec.names),
+        "renamed_prefixes": renamed_prefixes(spec),
         # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
         "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
                                                                if spec.partial_rotary_factor != 1.0 else {})},

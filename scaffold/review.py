@@ -12,7 +12,7 @@ from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
 from scaffold.detect.activations import gated_forms
 from scaffold.mapping import embedding_tensor, head_tensor
-from scaffold.spec import FIELDS
+from scaffold.spec import FIELDS, OMITTED_WHEN_EMPTY
 from scaffold.text import markdown_text
 
 VERIFY_MARKER = "<!-- scaffold verify results -->"
@@ -55,7 +55,8 @@ def warnings(analysis: Analysis) -> list[str]:
 
 def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
     spec = analysis.spec
-    return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS]
+    return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS
+            if getattr(spec, name) or name not in OMITTED_WHEN_EMPTY]
 
 
 _md = markdown_text  # checkpoint-derived text for a REVIEW.md line or table cell

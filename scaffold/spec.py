@@ -113,6 +113,13 @@ NAME_ROLES = (
 )
 MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+# Top-level roles whose checkpoint module may sit deeper in the tree (chatglm's
+# transformer.encoder.layers, transformer.embedding.word_embeddings): a dotted path,
+# relative to the base model (lm_head: from the root). The port keeps the last
+# component as its attribute and maps the checkpoint's names onto it on load.
+NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head")
+# Fields written into scaffold_spec.toml only when set (most checkpoints have none).
+OMITTED_WHEN_EMPTY = ("skipped_tensors",)
 
 
 @dataclass
@@ -201,6 +208,9 @@ class Spec:
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = "float32"
     tokenizer_vocab_size: int | None = None
+    # Checkpoint tensors the code registers as buffers (chatglm's rotary inv_freq)
+    # that the port recomputes: dropped on load.
+    skipped_tensors: list[str] = field(default_factory=list)
 
     provenance: dict[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
@@ -389,8 +399,11 @@ def validate_names(spec: Spec, origin: str) -> None:
         if role not in NAME_ROLES:
             raise SpecError(f"spec field 'names' has unknown role {role!r}; known roles: {', '.join(NAME_ROLES)}.",
                             origin)
-        if not isinstance(value, str) or not IDENTIFIER.match(value) or keyword.iskeyword(value):
-            raise SpecError(f"spec field names.{role} = {value!r} is not a valid Python identifier.", origin)
+        pattern = MODULE_NAME if role in NESTED_ROLES else IDENTIFIER
+        if (not isinstance(value, str) or not pattern.match(value)
+                or any(keyword.iskeyword(part) for part in value.split("."))):
+            kind = "a dotted module path" if role in NESTED_ROLES else "a valid Python identifier"
+            raise SpecError(f"spec field names.{role} = {value!r} is not {kind}.", origin)
     for role in ("model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "o_proj", "qkv_proj", "mlp",
                  "down_proj", "up_proj"):
         if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
@@ -403,6 +416,28 @@ def validate_names(spec: Spec, origin: str) -> None:
             if role not in names:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
+
+
+def port_names(names: dict[str, str]) -> dict[str, str]:
+    """The port's module names by role: a nested top-level role (NESTED_ROLES) keeps the last component of
+    its checkpoint path as its attribute; every other role is named as in the checkpoint."""
+    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES else value for role, value in names.items()}
+
+
+def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
+    """Checkpoint name prefixes -> the port's (None: dropped), for vLLM's WeightsMapper(orig_to_new_prefix=...):
+    the nested top-level modules, and the buffers the port recomputes. Empty for a checkpoint the port's
+    module names match."""
+    names, port = spec.names, port_names(spec.names)
+    model = names["model"]
+    out: dict[str, str | None] = {}
+    for role in ("embed_tokens", "layers", "norm"):
+        if names[role] != port[role]:
+            out[f"{model}.{names[role]}."] = f"{model}.{port[role]}."
+    if names["lm_head"] != port["lm_head"]:
+        out[f"{names['lm_head']}."] = f"{port['lm_head']}."
+    out.update(dict.fromkeys(spec.skipped_tensors))
+    return out
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:
@@ -492,6 +527,8 @@ def to_toml(spec: Spec) -> str:
     ]
     for name in FIELDS:
         value = getattr(spec, name)
+        if name in OMITTED_WHEN_EMPTY and not value:
+            continue
         lines.append(f"# {toml_comment(spec.source(name))}")
         if value is None:
             lines.append(f"# {name} = (none)")

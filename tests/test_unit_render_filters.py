@@ -10,7 +10,7 @@ import tomllib
 
 from scaffold.errors import ScaffoldError
 from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, py_literal
-from scaffold.spec import Source, Spec, to_toml, toml_comment, toml_string
+from scaffold.spec import OMITTED_WHEN_EMPTY, Source, Spec, to_toml, toml_comment, toml_string
 from scaffold.text import markdown_text
 
 NASTY = "a'b\"c\\d\ne\tf\x00g\u2028h</script>`|"
@@ -85,5 +85,6 @@ def test_to_toml_round_trips_every_field_it_writes():
     spec.set("hidden_size", 64, Source("config", "config.json hidden_size\nwith a newline"))
     written = tomllib.loads(to_toml(spec))["spec"]
     assert "sliding_window" not in written  # None is left out: TOML has no null
-    expected = {name: value for name, value in spec.to_dict().items() if value is not None}
+    expected = {name: value for name, value in spec.to_dict().items()
+                if value is not None and (value or name not in OMITTED_WHEN_EMPTY)}
     assert written == expected

@@ -13,6 +13,7 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import IDENTIFIER, Source, Spec
 
 SUFFIX = "ForCausalLM"
+AUTO_CAUSAL_LM = "AutoModelForCausalLM"
 
 
 AUTO_TABLES = ("CONFIG_MAPPING_NAMES", "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
@@ -84,6 +85,21 @@ def package_name(prefix: str, model_type: str) -> tuple[str, str]:
     return "port_vllm", f"neither the class prefix {prefix!r} nor model_type {model_type!r} gives a name"
 
 
+def causal_lm_class(ckpt: Checkpoint) -> str | None:
+    """The class config.json's auto_map names for AutoModelForCausalLM ("modeling_x.Class" or
+    "repo--modeling_x.Class"), if any: remote code says there which class is the causal LM, whatever its name."""
+    auto_map = ckpt.config.get("auto_map")
+    entry = auto_map.get(AUTO_CAUSAL_LM) if isinstance(auto_map, dict) else None
+    if isinstance(entry, list) and entry:  # tokenizers list (slow, fast); a model class is a string
+        entry = entry[0]
+    if not isinstance(entry, str):
+        return None
+    name = entry.rsplit(".", 1)[-1]
+    # Not a class name: it names nothing the port could be, so it says nothing (architectures[0], checked on its
+    # own, is what goes into generated code).
+    return name if len(name) <= MAX_NAME_CHARS and IDENTIFIER.fullmatch(name) else None
+
+
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     archs = ckpt.config.get("architectures")
@@ -95,19 +111,32 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             f"the architecture {arch[:80]!r} is not a Python class name; refusing to put it into generated code.",
             where,
         )
-    if not arch.endswith(SUFFIX) or arch == SUFFIX:
+    causal = causal_lm_class(ckpt)
+    if causal is not None and causal != arch:
         raise UnsupportedArchitecture(
-            f"the architecture {arch!r} is not a causal language model (a class named ...{SUFFIX}); "
-            "scaffold ports text decoders.",
+            f"config.json's auto_map names {causal!r} as the causal language model (AutoModelForCausalLM) but "
+            f"architectures[0] is {arch!r}; scaffold ports the causal language model.",
+            where,
+        )
+    if causal is None and (not arch.endswith(SUFFIX) or arch == SUFFIX):
+        raise UnsupportedArchitecture(
+            f"the architecture {arch!r} is not a causal language model (a class named ...{SUFFIX}, or the class "
+            "config.json's auto_map names for AutoModelForCausalLM); scaffold ports text decoders.",
             where,
         )
     model_type = ckpt.config.get("model_type")
     if not isinstance(model_type, str) or not MODEL_TYPE.fullmatch(model_type):
         raise CheckpointError(f"config.json's 'model_type' must be a simple name, not {model_type!r}.", where)
-    prefix = arch[: -len(SUFFIX)]
     spec.set("architecture", arch, Source("config", "config.json architectures[0]"))
     spec.set("model_type", model_type, Source("config", "config.json model_type"))
-    spec.set("class_prefix", prefix, Source("derived", f"{arch} without '{SUFFIX}'"))
+    if arch.endswith(SUFFIX) and arch != SUFFIX:
+        prefix = arch[: -len(SUFFIX)]
+        spec.set("class_prefix", prefix, Source("derived", f"{arch} without '{SUFFIX}'"))
+    else:
+        # auto_map's causal LM under another name (QWenLMHeadModel): the port's classes are named from it.
+        prefix = re.sub(r"(ForConditionalGeneration|LMHeadModel|ForCausalLM)\Z", "", arch) or arch
+        spec.set("class_prefix", prefix, Source("derived", f"{arch} (auto_map's AutoModelForCausalLM) without "
+                                                           f"its suffix"))
     package, how = package_name(prefix, model_type)
     spec.set("package", package, Source("derived", how))
     known = model_type in transformers_model_types()

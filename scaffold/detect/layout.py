@@ -15,7 +15,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import dataflow, moe
+from scaffold.detect import codekeys, dataflow, moe
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
@@ -28,11 +28,10 @@ UNSUPPORTED_MARKERS = (
     (re.compile(r"\.linear_attn\.|\.(recurrent|rwkv|time_mix)\w*\."), "linear or recurrent attention"),
 )
 
-LAYER = re.compile(r"([A-Za-z_]\w*)\.layers\.(\d+)\.(.+)\Z")
 
 # Module names a role goes by in the checkpoints the generator knows (first match wins).
 CANDIDATES = {
-    "self_attn": ("self_attn", "attention"),
+    "self_attn": ("self_attn", "attention", "self_attention"),
     "qkv_proj": ("qkv_proj", "query_key_value", "W_pack"),
     "o_proj": ("o_proj", "dense"),
     "mlp": ("mlp",),
@@ -42,6 +41,91 @@ CANDIDATES = {
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
+
+
+def layer_list(ckpt: Checkpoint, code: dict[str, str]) -> tuple[str, str]:
+    """(base model prefix, path of the layer list under it): the one repeated numbered block of tensors,
+    PREFIX.PATH.N.rest for any dotted PATH (model.layers, transformer.h, transformer.encoder.layers), confirmed
+    by the code's `nn.ModuleList([...])` where the checkpoint ships its modeling source."""
+    where = ckpt.config_file
+    blocks: dict[str, int] = {}
+    for name in ckpt.tensors:
+        parts = name.split(".")
+        # The first numbered component: an expert list inside a layer is part of that layer.
+        index = next((i for i, p in enumerate(parts[:-1]) if i and p.isascii() and p.isdigit()), None)
+        if index is not None:
+            path = ".".join(parts[:index])
+            blocks[path] = blocks.get(path, 0) + 1
+    paths = sorted(p for p in blocks if "." in p)  # PREFIX.PATH: the base model holds the list
+    built = {layers.attribute for layers in codekeys.layer_lists(code)}
+    if len(paths) > 1 and built:
+        paths = [p for p in paths if p.rsplit(".", 1)[-1] in built] or paths
+    if len(paths) != 1:
+        sample = ", ".join(sorted(ckpt.tensors)[:4])
+        raise UnsupportedArchitecture(
+            "the tensors do not follow a decoder layout the generator knows (PREFIX.PATH.N....); "
+            f"found {'layer lists under ' + ', '.join(paths) if paths else 'no layer list'}, e.g. {sample}.",
+            where,
+        )
+    prefix, layers = paths[0].split(".", 1)
+    if built and layers.rsplit(".", 1)[-1] not in built:
+        raise UnsupportedArchitecture(
+            f"the tensors' numbered block is {paths[0]}.N but the modeling source builds its layer list as "
+            f"{', '.join(sorted('self.' + b for b in built))} (nn.ModuleList); refusing to guess which is the "
+            "decoder.", where)
+    return prefix, layers
+
+
+def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: dict,
+                 code: dict[str, str]) -> tuple[str, str, str]:
+    """The embedding and final norm (module paths under `prefix`) and the head (from the root).
+
+    Most checkpoints keep the embedding and the final norm directly under the base model and the head beside
+    it. Where the code says otherwise (chatglm's transformer.embedding.word_embeddings, its head
+    transformer.output_layer inside the base model), they are found anywhere in the tree, by the module
+    class the code builds them with (nn.Embedding, nn.Linear) and the final norm's shape.
+    """
+    where = ckpt.config_file
+    hidden = spec.hidden_size
+    kinds = codekeys.module_kinds(code)
+
+    def module(name: str) -> str:
+        return name.rsplit(".", 1)[0]
+
+    def built_as(path: str, kind: str) -> bool:
+        return kind in kinds.get(path.rsplit(".", 1)[-1], ())
+
+    shallow = {n: i for n, i in inside.items() if n.count(".") == 1}
+    embeds = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and len(i.shape) == 2)
+    norms = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and i.shape == (hidden,))
+    heads = sorted(module(n) for n, i in top.items()
+                   if n.count(".") == 1 and n.endswith(".weight") and len(i.shape) == 2)
+    flat = len(embeds) == 1 and len(norms) == 1 and len(heads) <= 1
+    # The usual layout stands unless it does not fit or the code builds that "embedding" as something else.
+    contradicted = flat and embeds[0] in kinds and not built_as(embeds[0], "Embedding")
+    if code and (not flat or contradicted):
+        matrices = sorted(module(n) for n, i in top.items() if n.endswith(".weight") and len(i.shape) == 2)
+        embeds = [m[len(prefix) + 1:] for m in matrices if m.startswith(prefix + ".") and built_as(m, "Embedding")]
+        heads = [m for m in matrices if not built_as(m, "Embedding") and (built_as(m, "Linear") or "." not in m)]
+        norms = sorted(module(n) for n, i in inside.items() if n.endswith(".weight") and i.shape == (hidden,))
+        where_text = f"under {prefix!r} (built with nn.Embedding in the modeling source)"
+    else:
+        where_text = f"directly under {prefix!r}"
+    if len(embeds) != 1:
+        raise UnsupportedArchitecture(f"expected one embedding matrix {where_text}, found {embeds or 'none'}.",
+                                      where)
+    if len(norms) != 1:
+        raise UnsupportedArchitecture(f"expected one final norm {where_text.split(' (')[0]}, found "
+                                      f"{norms or 'none'}.", where)
+    if len(heads) > 1:
+        raise UnsupportedArchitecture(f"expected at most one output head beside {prefix!r}, found {heads}.", where)
+    head = heads[0] if heads else "lm_head"
+    attributes = [embeds[0].rsplit(".", 1)[-1], norms[0].rsplit(".", 1)[-1]]
+    if len(set(attributes)) != 2 or head.rsplit(".", 1)[-1] == prefix:
+        raise UnsupportedArchitecture(f"the embedding {embeds[0]!r}, final norm {norms[0]!r} and head {head!r} "
+                                      "end in the same name; the port names its modules after their last "
+                                      "component.", where)
+    return embeds[0], norms[0], head
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -56,17 +140,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 hint=BACKEND_HINT,
             )
     names: dict[str, str] = {}
-    matches = {n: m for n in ckpt.tensors if (m := LAYER.match(n))}  # the tensors inside decoder layers
-    prefixes = sorted({m.group(1) for m in matches.values()})
-    if len(prefixes) != 1:
-        sample = ", ".join(sorted(ckpt.tensors)[:4])
-        raise UnsupportedArchitecture(
-            "the tensors do not follow a decoder layout the generator knows (PREFIX.layers.N....); "
-            f"found {'layer lists under ' + ', '.join(prefixes) if prefixes else 'no layer list'}, e.g. {sample}.",
-            where,
-        )
-    prefix = names["model"] = prefixes[0]
-    names["layers"] = "layers"
+    code = codekeys.code_sources(ckpt)
+    prefix, layers_path = layer_list(ckpt, code)
+    names["model"], names["layers"] = prefix, layers_path
+    tail = re.compile(rf"({re.escape(prefix)})\.{re.escape(layers_path)}\.(\d+)\.(.+)\Z")
+    matches = {n: m for n in ckpt.tensors if (m := tail.match(n))}  # the tensors inside decoder layers
     layer_ids = {int(m.group(2)) for m in matches.values()}
     # Layers 0..num_layers-1, each present, compared without building that range (the count is untrusted).
     if len(layer_ids) != spec.num_layers or min(layer_ids) != 0 or max(layer_ids) != spec.num_layers - 1:
@@ -76,25 +154,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             where,
         )
 
-    # Top level: the embedding and final norm under the prefix, the head beside it.
-    vocab, hidden = spec.vocab_size, spec.hidden_size
-    top = {n: info for n, info in ckpt.tensors.items() if n not in matches}
-    inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".") and n.count(".") == 2}
-    embeds = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and len(i.shape) == 2)
-    norms = sorted(n.rsplit(".", 1)[0] for n, i in inside.items() if n.endswith(".weight") and i.shape == (hidden,))
-    heads = sorted(n.rsplit(".", 1)[0] for n, i in top.items()
-                   if n.count(".") == 1 and n.endswith(".weight") and len(i.shape) == 2)
-    if len(embeds) != 1:
-        raise UnsupportedArchitecture(
-            f"expected one embedding matrix directly under {prefix!r}, found {embeds or 'none'}.", where)
-    if len(norms) != 1:
-        raise UnsupportedArchitecture(f"expected one final norm directly under {prefix!r}, found {norms or 'none'}.",
-                                      where)
-    if len(heads) > 1:
-        raise UnsupportedArchitecture(f"expected at most one output head beside {prefix!r}, found {heads}.", where)
-    names["embed_tokens"], names["norm"] = embeds[0], norms[0]
-    names["lm_head"] = heads[0] if heads else "lm_head"
-    embed_name, head_name = f"{prefix}.{embeds[0]}.weight", f"{names['lm_head']}.weight"
+    # Top level: the embedding, the final norm and the head, wherever the tree holds them.
+    vocab = spec.vocab_size
+    buffers = codekeys.registered_buffers(code)
+    skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
+    top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
+    inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
+    embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
+    names["embed_tokens"], names["norm"], names["lm_head"] = embed, norm, head
+    spec.set("skipped_tensors", skipped,
+             Source("code", "buffers the code registers (register_buffer), recomputed by the port") if skipped
+             else Source("default", "the checkpoint stores no buffers"))
+    embed_name, head_name = f"{prefix}.{embed}.weight", f"{head}.weight"
 
     # Layer 0: which module plays which role.
     per_layer: dict[int, dict] = {i: {} for i in layer_ids}
@@ -106,7 +177,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         return rest in tensors
 
     def src(rest: str, layer: int = 0) -> Source:
-        return Source("tensor", f"{prefix}.layers.{layer}.{rest}")
+        return Source("tensor", f"{prefix}.{names['layers']}.{layer}.{rest}")
 
     def first(role: str, inside_of: str = "", tensors: dict = layer0) -> str | None:
         for cand in CANDIDATES[role]:
@@ -127,7 +198,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                       f"{_undecided(flow)}).", where)
     names["self_attn"] = attn
     if code_attn is not None:
-        _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.layers.0.{attn}", layer0)
+        _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.{names['layers']}.0.{attn}", layer0)
     elif all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
         names.update(q_proj="q_proj", k_proj="k_proj", v_proj="v_proj", qkv_proj="qkv_proj")
         spec.set("qkv_layout", "separate", src(f"{attn}.q_proj.weight"))
@@ -136,14 +207,21 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     elif (fused := first("qkv_proj", attn)) is not None:
         names["qkv_proj"] = fused
         found = interleaved_qkv(sources, fused)
+        rows = layer0[f"{attn}.{fused}.weight"].shape[0] if has(f"{attn}.{fused}.weight") else None
+        if (found is not None and spec.num_kv_heads != spec.num_heads
+                and rows == (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim):
+            # Grouped KV heads cannot be stored per head; the per-head view is the code's other branch
+            # (chatglm views per head only without multi_query_attention).
+            found = None
         if found is not None:
             spec.set("qkv_layout", "interleaved",
                      Source("code", f"{found}: {fused} output viewed as [heads, 3 * head_size]"))
-            _one_kv_head_per_head(ckpt, spec, f"{prefix}.layers.0.{attn}.{fused}.weight")
+            _one_kv_head_per_head(ckpt, spec, f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight")
         else:
             detail = "q, k, v rows one after another" + (
                 "" if sources else " (no modeling source to say otherwise)")
-            spec.set("qkv_layout", "fused", Source("tensor", f"{prefix}.layers.0.{attn}.{fused}.weight: {detail}"))
+            spec.set("qkv_layout", "fused",
+                     Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight: {detail}"))
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
         raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight"
@@ -160,7 +238,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                spec.model_type)
         kind = "per_head" if info.shape[0] == spec.head_dim else "full"
         names.update(q_norm="q_norm", k_norm="k_norm")
-        spec.set("qk_norm", kind, Source("tensor", f"{prefix}.layers.0.{attn}.q_norm.weight has {info.shape[0]} rows"))
+        spec.set("qk_norm", kind, Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.q_norm.weight has "
+                                                   f"{info.shape[0]} rows"))
     else:
         spec.set("qk_norm", "none", src(f"{attn}.q_norm.weight (absent)"))
 
@@ -187,7 +266,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if ref is None:
         # Experts only: the dense roles keep their conventional names and are not used.
         names.update(gate_proj="gate_proj", up_proj="up_proj", gate_up_proj="gate_up_proj", down_proj="down_proj")
-        spec.set("mlp_kind", "gated", Source("tensor", f"{prefix}.layers.{sparse}.{mlp}.experts: gated experts"))
+        spec.set("mlp_kind", "gated", Source("tensor", f"{prefix}.{names['layers']}.{sparse}.{mlp}.experts: gated experts"))
         spec.set("gate_up_layout", "separate", Source("default", "no dense MLP"))
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
@@ -198,7 +277,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         found = added_to_call(ckpt, names.get("gate_proj", "gate_proj"), name)
         if found is None:
             raise UnsupportedArchitecture(
-                f"tensor {prefix}.layers.0.{mlp}.{name} has no home in the port: the modeling source does not "
+                f"tensor {prefix}.{names['layers']}.0.{mlp}.{name} has no home in the port: the modeling source does not "
                 "show it added to gate_proj's output, and the generator does not know where else it would go.",
                 where,
             )
@@ -217,12 +296,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     checked = {0: claimed | (expert_modules if 0 in sparse_layers else dense)}
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
         checked[layer] = claimed | (expert_modules if layer in sparse_layers else dense)
+    stack = f"{prefix}.{names['layers']}"
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)
         if stray:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
-                               f"({', '.join(f'{prefix}.layers.{layer}.{s}' for s in stray[:3])})", where,
+                               f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
                                spec.model_type)
     spec.set("names", names, Source("tensor", "module names of the embedding, layer 0 and the head"))
 
@@ -284,12 +364,20 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
     elif has(f"{mlp}.gate_up_proj.weight"):
         names["gate_up_proj"] = "gate_up_proj"
         spec.set("mlp_kind", "gated", src(f"{mlp}.gate_up_proj.weight", layer))
-        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.layers.{layer}.{mlp}.gate_up_proj.weight: "
+        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.{names['layers']}.{layer}.{mlp}.gate_up_proj.weight: "
                                                              "gate rows, then up rows"))
         up = "gate_up_proj"
+    elif ((up := first("plain_up", mlp, ref)) is not None and down is not None
+          and getattr(ref.get(f"{mlp}.{up}.weight"), "shape", (0,))[0] == 2 * spec.intermediate_size):
+        # An up projection twice the MLP width feeding a down projection of that width: gate rows, then up
+        # rows (chatglm's dense_h_to_4h: swiglu's chunk(2), silu(x[0]) * x[1]).
+        names["gate_up_proj"] = up
+        spec.set("mlp_kind", "gated", src(f"{mlp}.{up}.weight", layer))
+        spec.set("gate_up_layout", "fused", Source("tensor", f"{prefix}.{names['layers']}.{layer}.{mlp}.{up}.weight: "
+                                                             f"2 * {spec.intermediate_size} rows, gate then up"))
     elif (up := first("plain_up", mlp, ref)) is not None and down is not None:
         names["up_proj"] = up
-        spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.layers.{layer}.{mlp}.{up}.weight without a gate"))
+        spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.{names['layers']}.{layer}.{mlp}.{up}.weight without a gate"))
         spec.set("gate_up_layout", "separate", Source("default", "no gate"))
     else:
         raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) "
@@ -439,7 +527,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
         spec.set("norm_offset", 0.0, Source("default", "norm output is x_normed * weight"))
     if has_bias and spec.norm_kind == "rms":
         raise _unsupported(f"{norm_attr} has a bias but its code is an RMS norm", where, spec.model_type)
-    spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.layers.0.{norm_attr}.bias"))
+    spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.bias"))
     final_bias = f"{names['norm']}.bias" in inside
     if final_bias != has_bias:
         raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)

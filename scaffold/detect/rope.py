@@ -3,9 +3,12 @@ then defaults in the modeling code."""
 
 from __future__ import annotations
 
+import ast
+
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import codekeys
 from scaffold.detect.positions import alibi_code, rotary_code
-from scaffold.detect.sourcecode import config_default, modeling_sources, rotate_half_style
+from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -46,6 +49,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if cfg.get("rope_theta") is not None:
             params["rope_theta"] = cfg["rope_theta"]
             source = Source("config", "config.json rope_theta")
+        elif (base := _base_key(ckpt)) is not None:
+            # The code passes its own key as the base (qwen's RotaryEmbedding(dim, base=config.rotary_emb_base)).
+            params["rope_theta"] = ckpt.config[base.keys[0]]
+            source = Source("code", f"{base}: base={base.expr}")
         else:
             found = config_default(ckpt, "rope_theta")
             if found is not None:
@@ -77,15 +84,24 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     params.pop("partial_rotary_factor", None)
     spec.set("rope_parameters", params, source)
 
+    stored = _stored_frequencies(ckpt, spec)
     if factor is not None:
         if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise CheckpointError(f"partial_rotary_factor must be in (0, 1], not {factor!r}.", where)
         spec.set("partial_rotary_factor", float(factor), Source("config", "config.json partial_rotary_factor"))
+    elif stored is not None:
+        name, count = stored
+        spec.set("partial_rotary_factor", 2 * count / spec.head_dim,
+                 Source("tensor", f"{name} holds {count} frequencies: {2 * count} of {spec.head_dim} head dims rotate"))
     else:
         spec.set("partial_rotary_factor", 1.0, Source("default", "rotary embedding over the whole head"))
     gptj = rotate_half_style(modeling_sources(ckpt))
+    pairs = _adjacent_pairs(ckpt.sources) if gptj is None else None
     if gptj is not None:
         spec.set("rope_neox_style", False, Source("code", f"{gptj}: rotate_half pairs even and odd channels"))
+    elif pairs is not None:
+        spec.set("rope_neox_style", False, Source("code", f"{pairs}: the rotary function pairs adjacent channels "
+                                                          "(x.reshape(..., 2)), GPT-J style"))
     else:
         spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
 
@@ -135,3 +151,37 @@ def _checked(params: dict, where) -> dict:
     if "partial_rotary_factor" in params:
         raise UnsupportedArchitecture("a partial_rotary_factor for one layer type only is not supported.", where)
     return params
+
+
+def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:
+    """The config key the code passes as the rotary base (`base=config.rotary_emb_base`), if one, present."""
+    found = {f.expr: f for f in codekeys.keyword_reads(codekeys.code_sources(ckpt), "base")
+             if len(f.keys) == 1 and f.expr == f"config.{f.keys[0]}"}
+    if len(found) != 1:
+        return None
+    base = next(iter(found.values()))
+    value = ckpt.config.get(base.keys[0])
+    return base if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _stored_frequencies(ckpt: Checkpoint, spec: Spec) -> tuple[str, int] | None:
+    """A stored rotary inv_freq buffer (one frequency per rotated pair) whose length says how many head dims
+    rotate: chatglm rotates the first half of each head."""
+    found = {(n, info.shape[0]) for n in spec.skipped_tensors
+             if n.endswith(".inv_freq") and len((info := ckpt.tensors[n]).shape) == 1}
+    if len(found) != 1:
+        return None
+    name, count = next(iter(found))
+    return (name, count) if 0 < 2 * count <= spec.head_dim else None
+
+
+def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
+    """Where a rotary function (its name says rotary) views channels as adjacent pairs: `x.reshape(..., 2)`."""
+    for name, node in walk(sources):
+        if isinstance(node, ast.FunctionDef) and "rotary" in node.name.lower():
+            for sub in ast.walk(node):
+                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                        and sub.func.attr in ("reshape", "view") and len(sub.args) > 1
+                        and isinstance(sub.args[-1], ast.Constant) and sub.args[-1].value == 2):
+                    return Found("gptj", name, sub.lineno)
+    return None

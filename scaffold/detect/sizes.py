@@ -1,26 +1,77 @@
-"""Model dimensions, read from config.json and checked against tensor shapes."""
+"""Model dimensions: each under the config key the modeling code reads, checked against tensor shapes.
+
+Where the checkpoint ships its modeling source, the code says which config attribute holds each size
+(codekeys): `range(config.num_layers)` builds the layer list, `nn.Embedding(config.padded_vocab_size, ...)`
+the embedding, the MLP's down projection takes `config.intermediate_size // 2` features. The generated model
+evaluates that same expression at run time, so it serves sibling checkpoints. Without source, or where the
+code does not say, the key names transformers' configs use are hints, looked up through the config class's
+attribute_map first (GPT-2 keeps hidden_size as n_embd).
+"""
 
 from __future__ import annotations
 
+import ast
+
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import codekeys
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec
 
+# Config keys each size goes by in the checkpoints the generator knows (first present wins).
+HINTS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_heads": ("num_attention_heads", "n_head"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "max_position": ("max_position_embeddings", "n_positions", "seq_length"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "head_dim": ("head_dim",),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+}
+# Keys that are hints only where the code reads them (kv_channels is a head size in qwen and chatglm, but
+# another config could use the name for something else).
+CODE_HINTS = {"num_kv_heads": ("multi_query_group_num",), "head_dim": ("kv_channels",)}
+# The name transformers' PretrainedConfig gives each size, which a config class's attribute_map redirects.
+STANDARD = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "vocab_size": "vocab_size", "max_position": "max_position_embeddings",
+            "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size"}
+LINEARS = ("Linear", "Conv1D")
+
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
-    set_from_config(spec, ckpt, "hidden_size", ("hidden_size", "n_embd", "d_model"), int)
-    set_from_config(spec, ckpt, "num_layers", ("num_hidden_layers", "n_layer", "num_layers"), int)
-    set_from_config(spec, ckpt, "num_heads", ("num_attention_heads", "n_head"), int)
-    set_from_config(spec, ckpt, "vocab_size", ("vocab_size",), int)
-    set_from_config(spec, ckpt, "max_position", ("max_position_embeddings", "n_positions"), int, default=2048)
-    key, kv = config_value(ckpt, "num_key_value_heads", "num_kv_heads")
-    if key is None:
-        spec.set("num_kv_heads", spec.num_heads,
-                 Source("default", "no num_key_value_heads: one KV head per query head", "config.num_attention_heads"))
-    else:
-        set_from_config(spec, ckpt, "num_kv_heads", (key,), int)
+    sources = codekeys.code_sources(ckpt)
+    aliases = codekeys.attribute_map(ckpt)
+    reads = codekeys.config_reads(sources)
+    from_code = _code_sizes(ckpt, sources, aliases)
+
+    def keys(field: str) -> tuple[str, ...]:
+        hints = HINTS[field] + tuple(k for k in CODE_HINTS.get(field, ()) if k in reads)
+        read = tuple(k for k in hints if k in reads)
+        mapped = aliases.get(STANDARD[field])
+        return tuple(dict.fromkeys(((mapped,) if mapped else ()) + read + hints))
+
+    def size(field: str, found: tuple[codekeys.CodeExpr, int] | None = None, **kwargs) -> None:
+        chosen = keys(field)
+        found = found or from_code.get(field)
+        hinted = config_value(ckpt, *chosen)[0]
+        if found is not None and found[0].expr != f"config.{hinted}":
+            # The code reads another key than the hints would pick: the code decides.
+            spec.set(field, found[1], Source("code", f"{found[0]}: {found[0].expr}", found[0].expr))
+            return
+        set_from_config(spec, ckpt, field, chosen, int, **kwargs)
+        key = config_value(ckpt, *chosen)[0]
+        if key is not None and key == aliases.get(STANDARD[field]) and key != STANDARD[field]:
+            spec.set(field, getattr(spec, field),
+                     Source("config", f"config.json {key} (attribute_map: {STANDARD[field]})", f"config.{key}"))
+
+    size("hidden_size")
+    size("num_layers")
+    size("num_heads")
+    size("vocab_size")
+    size("max_position", default=2048)
+    _kv_heads(ckpt, spec, keys("num_kv_heads"), reads)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
         if getattr(spec, name) <= 0:
             raise CheckpointError(f"{spec.source(name).detail} must be positive, not {getattr(spec, name)}.", where)
@@ -30,9 +81,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             "the head counts do not divide.",
             where,
         )
-    key, head_dim = config_value(ckpt, "head_dim")
+    key, _ = config_value(ckpt, *keys("head_dim"))
     if key is not None:
-        set_from_config(spec, ckpt, "head_dim", ("head_dim",), int)
+        size("head_dim")
     else:
         if spec.hidden_size % spec.num_heads:
             raise CheckpointError(
@@ -42,10 +93,80 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk, nk = spec.source("hidden_size").expr, spec.source("num_heads").expr
         spec.set("head_dim", spec.hidden_size // spec.num_heads,
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
-    key, _ = config_value(ckpt, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
-    if key is not None:
-        set_from_config(spec, ckpt, "intermediate_size", (key,), int)
+    found = _mlp_width(sources, spec, ckpt.config, aliases)
+    key, _ = config_value(ckpt, *keys("intermediate_size"))
+    if found is not None or key is not None:
+        size("intermediate_size", found)
     else:
         hk = spec.source("hidden_size").expr
         spec.set("intermediate_size", 4 * spec.hidden_size,
                  Source("default", "no intermediate_size: 4 * hidden_size", f"4 * {hk}" if hk else None))
+
+
+def _valued(found: codekeys.CodeExpr | None, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:
+    if found is None:
+        return None
+    value = codekeys.evaluate(found.expr, config, aliases)
+    return (found, value) if value is not None else None
+
+
+def _unique(found: list[codekeys.CodeExpr]) -> codekeys.CodeExpr | None:
+    """The one expression the code uses, else None (two different ones: the code does not say which)."""
+    exprs = {f.expr for f in found}
+    return found[0] if len(exprs) == 1 else None
+
+
+def _code_sizes(ckpt: Checkpoint, sources: dict, aliases: dict) -> dict[str, tuple[codekeys.CodeExpr, int]]:
+    """Sizes the code computes from config: the layer count, the embedding's rows and width."""
+    out = {}
+    if not sources:
+        return out
+    counts = [layers.count for layers in codekeys.layer_lists(sources) if layers.count is not None]
+    if (found := _valued(_unique(counts), ckpt.config, aliases)) is not None:
+        out["num_layers"] = found
+    # The embedding: an nn.Embedding whose module the checkpoint stores (PrefixEncoder-style extras are not).
+    stored = {name.rsplit(".", 2)[-2] for name, info in ckpt.tensors.items()
+              if name.endswith(".weight") and len(info.shape) == 2 and name.count(".") >= 1}
+    for field, index, keyword in (("vocab_size", 0, "num_embeddings"), ("hidden_size", 1, "embedding_dim")):
+        found = [e for attr, e in codekeys.call_arg(sources, ("Embedding",), None, index, keyword) if attr in stored]
+        if (got := _valued(_unique(found), ckpt.config, aliases)) is not None:
+            out[field] = got
+    return out
+
+
+def _kv_heads(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], reads: set[str]) -> None:
+    key, _ = config_value(ckpt, *keys)
+    if key is None:
+        spec.set("num_kv_heads", spec.num_heads,
+                 Source("default", "no num_key_value_heads: one KV head per query head", spec.source("num_heads").expr))
+        return
+    set_from_config(spec, ckpt, "num_kv_heads", (key,), int)
+    flag = "multi_query_attention"
+    if key == "multi_query_group_num" and flag in reads:
+        # chatglm: the groups apply only where multi_query_attention is set; otherwise one KV head per head.
+        on = ckpt.config.get(flag)
+        expr = f"(config.{key} if config.{flag} else {spec.source('num_heads').expr})"
+        spec.set("num_kv_heads", spec.num_kv_heads if on else spec.num_heads,
+                 Source("code", f"config.json {key} where {flag} (the code reads both)", expr))
+
+
+def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:
+    """The MLP width: the input features of the MLP's down projection, the one linear of the `mlp` module's
+    class that maps back to hidden_size."""
+    hidden = spec.source("hidden_size").expr
+    if not sources or not hidden:
+        return None
+    classes = {codekeys.callee(value) for _file, _cls, _func, attr, value in codekeys.self_assignments(sources)
+               if attr == "mlp" and isinstance(value, ast.Call)}
+    found = []
+    for file, cls, func in codekeys.methods(sources):
+        if cls.name not in classes or func.name != "__init__":
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and codekeys.callee(node) in LINEARS and len(node.args) >= 2:
+                features_in = codekeys.config_expr(node.args[0], func)
+                features_out = codekeys.config_expr(node.args[1], func)
+                if features_out and features_out[0] == hidden and features_in and features_in[0] != hidden:
+                    found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
+    return _valued(_unique(found), config, aliases)
+

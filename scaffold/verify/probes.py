@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scaffold.spec import port_names
+
 # Spec fields that feed each kind of module; the suspects when that module diverges.
 FEEDS = {
     "embed": ["vocab_size", "hidden_size", "embedding_multiplier", "names", "dtype"],
@@ -55,33 +57,33 @@ def probes_for(spec) -> list[Probe]:
     """Probe points in execution order. The port names its modules as the checkpoint does
     (spec.names), so one module path serves both sides; only the logits differ (the port
     computes them in its logits_processor)."""
-    names = spec.names
+    names, port = spec.names, port_names(spec.names)  # a nested top-level module keeps its last component
     root = names.get("model", "model")
     out = []
     if spec.embedding_multiplier is None:
         embed = _path(root, names["embed_tokens"])
-        out.append(Probe("embedding", "embed", embed, embed, "tensor"))
+        out.append(Probe("embedding", "embed", embed, _path(root, port["embed_tokens"]), "tensor"))
     else:
         # Both sides scale the embedding outside its module: probe what layer 0 receives.
         first = _path(root, names["layers"], "0")
-        out.append(Probe("embedding after its multiplier", "embed", first, first, "input"))
+        out.append(Probe("embedding after its multiplier", "embed", first, _path(root, port["layers"], "0"), "input"))
     parts = [("attn_norm", "input_layernorm", "first"), ("self_attn", "self_attn", "tensor"),
              ("attn_post_norm", "post_attention_layernorm", "first"), ("mlp_norm", "post_attention_layernorm", "first"),
              ("mlp", "mlp", "tensor"), ("mlp_post_norm", "post_attention_layernorm", "first")]
     for i in range(spec.num_layers):
-        layer = _path(root, names["layers"], str(i))
+        layer, port_layer = _path(root, names["layers"], str(i)), _path(root, port["layers"], str(i))
         for role, kind, mode in parts:
             if names.get(role):
-                path = _path(layer, names[role])
-                hf_path = path
+                path = _path(port_layer, names[role])
+                hf_path = _path(layer, names[role])
                 if role == "mlp" and names[role] != "mlp":
                     # transformers may rename a checkpoint's MLP module on load (Mixtral's
                     # block_sparse_moe is `mlp` in transformers 5): either path will do.
-                    hf_path = f"{path}|{_path(layer, 'mlp')}"
+                    hf_path = f"{hf_path}|{_path(layer, 'mlp')}"
                 out.append(Probe(f"layer {i} {names[role]}", kind, hf_path, path, mode))
-        out.append(Probe(f"layer {i} output", "layer", layer, layer, "stream"))
+        out.append(Probe(f"layer {i} output", "layer", layer, port_layer, "stream"))
     norm = _path(root, names["norm"])
-    out.append(Probe("final norm", "final_norm", norm, norm, "first"))
+    out.append(Probe("final norm", "final_norm", norm, _path(root, port["norm"]), "first"))
     out.append(Probe("logits", "logits", names.get("lm_head", "lm_head"), "logits_processor", "tensor"))
     return out
 

@@ -19,7 +19,7 @@ from scaffold.mapping import (
     stacked_modules,
     weight_table,
 )
-from scaffold.spec import FIELDS, Spec
+from scaffold.spec import FIELDS, Spec, port_names
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
 
@@ -34,7 +34,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     Written from the spec's structure (block, layouts, biases), not from mapping.py's table,
     so the two can be held against each other.
     """
-    n = spec.names
+    n = port_names(spec.names)  # the port's module names (a nested top-level module keeps its last component)
     top, head = f"{n['model']}.", f"{n['lm_head']}."
     params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,), f"{top}{n['norm']}.weight": (None,)}
     if spec.norm_bias:

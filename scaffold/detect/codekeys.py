@@ -1,0 +1,282 @@
+"""Which config attribute the modeling code reads for each size, read statically from its source.
+
+A remote-code model names its sizes as it likes (chatglm2's `num_layers` and `padded_vocab_size`, qwen's
+`kv_channels` and `intermediate_size // 2`). The code says which: `nn.ModuleList([Block(...) for i in
+range(config.num_layers)])`, `nn.Embedding(config.padded_vocab_size, ...)`. This module turns such an
+argument back into an expression over `config` (following `self.x = ...` and local assignments in the same
+function), so the generated model evaluates the same expression at run time. Nothing here runs the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaffold.checkpoint import Checkpoint
+from scaffold.detect.identity import transformers_module_name
+from scaffold.detect.sourcecode import parse
+
+# Operators an expression over config may use; anything else is not a size the port can re-evaluate.
+OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}
+MAX_DEPTH = 8  # assignments followed from an argument back to config (self.a = b; b = config.x)
+
+
+@dataclass(frozen=True)
+class CodeExpr:
+    """An expression over `config` the code computes a size with, and where."""
+
+    expr: str  # e.g. "config.intermediate_size // 2"
+    keys: tuple[str, ...]  # the config attributes it reads
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _is_config(node: ast.AST) -> bool:
+    """`config` or `self.config`."""
+    return (isinstance(node, ast.Name) and node.id == "config") or (
+        isinstance(node, ast.Attribute) and node.attr == "config"
+        and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+
+def _assignments(func: ast.FunctionDef) -> dict[str, ast.AST]:
+    """`name = value` and `self.name = value` in one function (a name assigned twice is left out: ambiguous)."""
+    out: dict[str, ast.AST] = {}
+    twice = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                key = target.id
+            elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                key = "self." + target.attr
+            else:
+                continue
+            if key in out:
+                twice.add(key)
+            out[key] = node.value
+    return {k: v for k, v in out.items() if k not in twice}
+
+
+def config_expr(node: ast.AST, func: ast.FunctionDef | None, _depth: int = 0) -> tuple[str, tuple[str, ...]] | None:
+    """`node` as an expression over config (integer constants, + - * //), with the keys it reads; None when it
+    depends on anything else."""
+    if _depth > MAX_DEPTH:
+        return None
+    local = _assignments(func) if func is not None else {}
+    if isinstance(node, ast.Attribute) and _is_config(node.value):
+        return f"config.{node.attr}", (node.attr,)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return str(node.value), ()
+    if isinstance(node, ast.Name) and node.id in local:
+        return config_expr(local[node.id], func, _depth + 1)
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and f"self.{node.attr}" in local):
+        return config_expr(local[f"self.{node.attr}"], func, _depth + 1)
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        left, right = config_expr(node.left, func, _depth + 1), config_expr(node.right, func, _depth + 1)
+        if left is None or right is None:
+            return None
+        wrap = (lambda s: f"({s})" if " " in s else s)
+        return f"{wrap(left[0])} {OPERATORS[type(node.op)]} {wrap(right[0])}", left[1] + right[1]
+    return None
+
+
+def evaluate(expr: str, config: dict, aliases: dict[str, str] | None = None) -> int | None:
+    """The value of an expression config_expr made, over config.json's values (through the config class's
+    attribute_map); None when a key is missing or not an integer."""
+    aliases = aliases or {}
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Attribute):
+            key = node.attr if node.attr in config else aliases.get(node.attr, node.attr)
+            got = config.get(key)
+            return got if type(got) is int else None
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.BinOp):
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):
+                return None
+            return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}.get(
+                type(node.op), left // right if isinstance(node.op, ast.FloorDiv) else None)
+        return None
+
+    return value(ast.parse(expr, mode="eval").body)
+
+
+def methods(sources: dict[str, str]):
+    """(file, class, function) for every method of every class in the sources."""
+    for name, text in sources.items():
+        tree = parse(text)
+        if tree is None:
+            continue
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef):
+                for func in cls.body:
+                    if isinstance(func, ast.FunctionDef):
+                        yield name, cls, func
+
+
+def callee(node: ast.AST) -> str:
+    """The last component of a call's function (nn.Embedding(...) -> Embedding), or of a dotted name."""
+    func = node.func if isinstance(node, ast.Call) else node
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _arg(call: ast.Call, index: int, keyword: str) -> ast.AST | None:
+    for kw in call.keywords:
+        if kw.arg == keyword:
+            return kw.value
+    return call.args[index] if len(call.args) > index else None
+
+
+def self_assignments(sources: dict[str, str]):
+    """(file, class, function, attribute, value) for every `self.attribute = value`."""
+    for file, cls, func in methods(sources):
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                    and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"):
+                yield file, cls, func, node.targets[0].attr, node.value
+
+
+@dataclass(frozen=True)
+class LayerList:
+    """`self.<attribute> = nn.ModuleList([<block>(...) for i in range(<count>)])` in class <owner>."""
+
+    attribute: str
+    owner: str
+    block: str
+    count: CodeExpr | None
+
+
+def layer_lists(sources: dict[str, str]) -> list[LayerList]:
+    """Every list of repeated blocks the code builds, with the expression that counts them."""
+    out = []
+    for file, cls, func, attr, value in self_assignments(sources):
+        if not (isinstance(value, ast.Call) and callee(value) == "ModuleList" and value.args):
+            continue
+        comp = value.args[0]
+        if not isinstance(comp, (ast.ListComp, ast.GeneratorExp)) or len(comp.generators) != 1:
+            continue
+        loop = comp.generators[0].iter
+        block = callee(comp.elt) if isinstance(comp.elt, ast.Call) else ""
+        count = None
+        if isinstance(loop, ast.Call) and callee(loop) == "range" and len(loop.args) == 1:
+            found = config_expr(loop.args[0], func)
+            if found is not None:
+                count = CodeExpr(found[0], found[1], file, loop.lineno)
+        out.append(LayerList(attr, cls.name, block, count))
+    return out
+
+
+def constructed(sources: dict[str, str], classes: tuple[str, ...], attribute: str | None = None):
+    """(file, function, attribute, call) for `self.<attribute> = <one of classes>(...)`."""
+    for file, _cls, func, attr, value in self_assignments(sources):
+        if isinstance(value, ast.Call) and callee(value) in classes and attribute in (None, attr):
+            yield file, func, attr, value
+
+
+def call_arg(sources: dict[str, str], classes: tuple[str, ...], attribute: str | None, index: int,
+             keyword: str) -> list[tuple[str, CodeExpr]]:
+    """(attribute, expression) for an argument of `self.<attribute> = Class(...)`, where it is one over config."""
+    out = []
+    for file, func, attr, call in constructed(sources, classes, attribute):
+        node = _arg(call, index, keyword)
+        found = config_expr(node, func) if node is not None else None
+        if found is not None:
+            out.append((attr, CodeExpr(found[0], found[1], file, call.lineno)))
+    return out
+
+
+def keyword_reads(sources: dict[str, str], keyword: str) -> list[CodeExpr]:
+    """Every `Anything(..., <keyword>=<expression over config>)`, e.g. eps=config.layernorm_epsilon."""
+    out = []
+    for file, _cls, func in methods(sources):
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    if kw.arg == keyword:
+                        found = config_expr(kw.value, func)
+                        if found is not None and found[1]:
+                            out.append(CodeExpr(found[0], found[1], file, node.lineno))
+    return out
+
+
+def config_reads(sources: dict[str, str]) -> set[str]:
+    """Every attribute the code reads off `config` / `self.config`."""
+    return {node.attr for name, text in sources.items() if (tree := parse(text)) is not None
+            for node in ast.walk(tree) if isinstance(node, ast.Attribute) and _is_config(node.value)}
+
+
+def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
+    """The config class's `attribute_map` (standard name -> the key it is stored under, e.g. GPT-2's
+    hidden_size -> n_embd): from the checkpoint's own configuration source, else transformers' file."""
+    sources = dict(ckpt.sources)
+    if not sources:
+        sources = _transformers_configuration(ckpt.config.get("model_type"))
+    for text in sources.values():
+        tree = parse(text)
+        for node in ast.walk(tree) if tree is not None else ():
+            if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+                    and any(isinstance(t, ast.Name) and t.id == "attribute_map"
+                            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
+                try:
+                    table = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(table, dict):
+                    return {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, str)}
+    return {}
+
+
+def _transformers_configuration(model_type) -> dict[str, str]:
+    found = importlib.util.find_spec("transformers")
+    if not isinstance(model_type, str) or found is None or not found.submodule_search_locations:
+        return {}
+    folder = transformers_module_name(model_type)
+    path = Path(next(iter(found.submodule_search_locations))) / "models" / folder / f"configuration_{folder}.py"
+    try:
+        return {f"transformers/models/{folder}/{path.name}": path.read_text(encoding="utf-8")}
+    except OSError:
+        return {}
+
+
+def code_sources(ckpt: Checkpoint) -> dict[str, str]:
+    """The modeling code to read sizes from: the checkpoint's own files only. transformers' modeling files
+    read their sizes under the standard names, which config.json (with attribute_map) already gives."""
+    return dict(ckpt.sources) if ckpt.sources else {}
+
+
+
+def registered_buffers(sources: dict[str, str]) -> set[str]:
+    """Names the code registers as buffers: `self.register_buffer("inv_freq", ...)`, any dtype, persistent
+    or not. A checkpoint that stores one (chatglm's rotary inv_freq) holds something the port recomputes."""
+    out = set()
+    for _name, _cls, func in methods(sources):
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "register_buffer" and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                out.add(node.args[0].value)
+    return out
+
+
+def module_kinds(sources: dict[str, str]) -> dict[str, set[str]]:
+    """attribute -> the classes the code assigns to `self.<attribute>` (nn.Embedding -> "Embedding"). A helper
+    call around the constructor (chatglm's `init_method(nn.Linear, ...)`) counts its first argument."""
+    out: dict[str, set[str]] = {}
+    for _file, _cls, _func, attr, value in self_assignments(sources):
+        if isinstance(value, ast.Call):
+            kind = callee(value)
+            if value.args and isinstance(value.args[0], (ast.Attribute, ast.Name)) and callee(value.args[0]) in (
+                    "Linear", "Embedding"):
+                kind = callee(value.args[0])
+            out.setdefault(attr, set()).add(kind)
+    return out
