@@ -17,7 +17,7 @@ from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, Undetermined, Unknown
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
@@ -57,11 +57,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     prefixes = sorted({m.group(1) for m in matches.values()})
     if len(prefixes) != 1:
         sample = ", ".join(sorted(ckpt.tensors)[:4])
-        raise UnsupportedArchitecture(
+        raise Undetermined(*(Unknown(
+            f"names.{role}",
             "the tensors do not follow a decoder layout the generator knows (PREFIX.layers.N....); "
-            f"found {'layer lists under ' + ', '.join(prefixes) if prefixes else 'no layer list'}, e.g. {sample}.",
-            where,
-        )
+            f"found {'layer lists under ' + ', '.join(prefixes) if prefixes else 'no layer list'}, e.g. {sample}",
+            tuple((f"{p}.layers", "one of several layer lists") for p in prefixes)
+            or (("PREFIX.layers.N", "no tensor matches"),),
+        ) for role in ("model", "layers")))
     prefix = names["model"] = prefixes[0]
     names["layers"] = "layers"
     layer_ids = {int(m.group(2)) for m in matches.values()}
@@ -82,13 +84,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     heads = sorted(n.rsplit(".", 1)[0] for n, i in top.items()
                    if n.count(".") == 1 and n.endswith(".weight") and len(i.shape) == 2)
     if len(embeds) != 1:
-        raise UnsupportedArchitecture(
-            f"expected one embedding matrix directly under {prefix!r}, found {embeds or 'none'}.", where)
+        raise Undetermined(Unknown("names.embed_tokens", f"expected one embedding matrix directly under {prefix!r}, "
+                                   f"found {embeds or 'none'}", tuple((e, "one of several") for e in embeds)))
     if len(norms) != 1:
-        raise UnsupportedArchitecture(f"expected one final norm directly under {prefix!r}, found {norms or 'none'}.",
-                                      where)
+        raise Undetermined(Unknown("names.norm", f"expected one final norm directly under {prefix!r}, found "
+                                   f"{norms or 'none'}", tuple((n, "one of several") for n in norms)))
     if len(heads) > 1:
-        raise UnsupportedArchitecture(f"expected at most one output head beside {prefix!r}, found {heads}.", where)
+        raise Undetermined(Unknown("names.lm_head", f"expected at most one output head beside {prefix!r}, found "
+                                   f"{heads}", tuple((h, "one of several") for h in heads)))
     names["embed_tokens"], names["norm"] = embeds[0], norms[0]
     names["lm_head"] = heads[0] if heads else "lm_head"
     embed_name, head_name = f"{prefix}.{embeds[0]}.weight", f"{names['lm_head']}.weight"
@@ -114,8 +117,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     attn = first("self_attn")
     if attn is None:
-        raise UnsupportedArchitecture(f"layer 0 has no attention module (looked for {CANDIDATES['self_attn']}).",
-                                      where)
+        raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows",
+                                   tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
     names["self_attn"] = attn
     sources = modeling_sources(ckpt)
     if all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
@@ -136,11 +139,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             spec.set("qkv_layout", "fused", Source("tensor", f"{prefix}.layers.0.{attn}.{fused}.weight: {detail}"))
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
-        raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight.",
-                                      where)
+        raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
+                                   "weight", (("q_proj, k_proj, v_proj", "not all present"),
+                                              *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
     o_proj = first("o_proj", attn)
     if o_proj is None:
-        raise UnsupportedArchitecture(f"layer 0's {attn} has no output projection.", where)
+        raise Undetermined(Unknown("names.o_proj", f"layer 0's {attn} has no output projection the generator knows",
+                                   tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
     if has(f"{attn}.q_norm.weight"):
@@ -170,7 +175,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             ref = None
     mlp = names["mlp"] if expert_modules is not None else first("mlp")
     if mlp is None:
-        raise UnsupportedArchitecture("layer 0 has no MLP module.", where)
+        raise Undetermined(Unknown("names.mlp", "layer 0 has no MLP module the generator knows",
+                                   tuple((c, "absent") for c in CANDIDATES["mlp"])))
     names["mlp"] = mlp
     extra = []
     if ref is None:
@@ -264,10 +270,14 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
         spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.layers.{layer}.{mlp}.{up}.weight without a gate"))
         spec.set("gate_up_layout", "separate", Source("default", "no gate"))
     else:
-        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) "
-                                      "nor a plain one (an up projection and a down projection).", where)
+        raise Undetermined(Unknown("mlp_kind", f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, "
+                                   "down_proj) nor a plain one (an up projection and a down projection)",
+                                   (("gated", "no gate_proj and up_proj, no gate_up_proj"),
+                                    ("plain", "no up projection among " + ", ".join(CANDIDATES["plain_up"])
+                                     + " with a down projection"))))
     if down is None:
-        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} has no down projection.", where)
+        raise Undetermined(Unknown("names.down_proj", f"{ref_name}'s {mlp} has no down projection the generator "
+                                   "knows", tuple((c, "absent") for c in CANDIDATES["down_proj"])))
     names["down_proj"] = down
     spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias", layer))
     if "shared_expert" in names and spec.mlp_kind != "gated":
@@ -306,8 +316,8 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
         names["attn_norm"] = "input_layernorm"
         block, detail = "parallel", "one norm per layer: attention and MLP both read its output"
     else:
-        raise _unsupported(f"layer 0 has the norms {sorted(have) or 'none'}, a block layout the generator does "
-                           "not know", where, spec.model_type)
+        raise Undetermined(Unknown("block", f"layer 0 has the norms {sorted(have) or 'none'}, a block layout the "
+                                   "generator does not know", tuple((n, "absent") for n in NORMS if n not in have)))
     if parallel is False and block == "parallel":
         raise _unsupported("config.json use_parallel_residual is false but each layer has one norm", where,
                            spec.model_type)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, Undetermined
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -15,10 +15,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     set_from_config(spec, ckpt, "num_heads", ("num_attention_heads", "n_head"), int)
     set_from_config(spec, ckpt, "vocab_size", ("vocab_size",), int)
     set_from_config(spec, ckpt, "max_position", ("max_position_embeddings", "n_positions"), int, default=2048)
+    if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
+                   if n in spec.unknowns]:
+        raise Undetermined(*unknown)  # the checks and the derived sizes below need them
     key, kv = config_value(ckpt, "num_key_value_heads", "num_kv_heads")
     if key is None:
         spec.set("num_kv_heads", spec.num_heads,
-                 Source("default", "no num_key_value_heads: one KV head per query head", "config.num_attention_heads"))
+                 Source("default", "no num_key_value_heads: one KV head per query head",
+                        spec.source("num_heads").expr))
     else:
         set_from_config(spec, ckpt, "num_kv_heads", (key,), int)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
