@@ -12,6 +12,7 @@ understand (understand, for `scaffold inspect`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from scaffold.checkpoint import Checkpoint
@@ -115,16 +116,17 @@ def config_keyed(ckpt: Checkpoint, values: dict[str, Any], origin: str) -> tuple
 
 def incomplete(spec: Spec, ckpt: Checkpoint, origin: str | None) -> ScaffoldError:
     """The refusal for what stayed unknown: the fields, in a few lines, and how to supply them."""
-    missing = [u for f, u in spec.unknowns.items() if not f.startswith("(")]
+    # The fields; a detector's note only when a later one settled every field it was blocked by.
+    missing = [u for f, u in spec.unknowns.items() if not f.startswith("(")] or list(spec.unknowns.values())
     by_reason: dict[str, list[str]] = {}
-    for u in missing:
-        by_reason.setdefault(u.reason, []).append(u.field)
+    for u in missing:  # the reason's first clause: inspect shows the rest, and the candidates
+        by_reason.setdefault(re.split(r"; | \(", u.reason, maxsplit=1)[0], []).append(u.field)
     lines = [f"  {', '.join(fields)}: {reason}" for reason, fields in by_reason.items()]
     where = "the spec file does not set" if origin else "no --spec file sets"
     return ScaffoldError(
         f"cannot port this checkpoint: {len(missing)} spec field(s) could not be determined and {where} them:\n"
         + "\n".join(lines) + "\nSupply them in a spec file (--spec).",
         origin or ckpt.config_file,
-        hint=f"`scaffold inspect {ckpt.path} --spec-template spec.toml` writes a spec file with every field; fill "
-             "in those marked UNKNOWN, then `scaffold new {} --spec spec.toml`.".replace("{}", str(ckpt.path)),
+        hint=f"`scaffold inspect {ckpt.path}` shows why and what was considered; with `--spec-template spec.toml` "
+             "it writes a spec file with every field: fill in those marked UNKNOWN.",
     )
