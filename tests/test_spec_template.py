@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import tomllib
 
 import pytest
+import tomllib
 from helpers import EXAMPLES, scaffold
 
 LAB = EXAMPLES / "lab_dmodel"
@@ -188,3 +188,33 @@ def test_lab_port_from_spec_verifies_against_the_checkpoint_with_its_source(lab,
     assert report["passed"], json.dumps(report, indent=2)
     assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
     assert checks["parity: greedy continuation"]["status"] == "pass"
+
+
+def test_each_stopping_detector_names_the_fields_it_decides():
+    """scaffold.detect.DECIDES lists what sizes and layout decide, so that those a stopped detector left open are
+    named: on a checkpoint they understand, each decides exactly its list (layout also the MoE and extra-bias
+    features, which a spec adds with their names)."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import DECIDES, DETECTORS
+    from scaffold.spec import Spec
+
+    optional = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_renormalize",
+                "shared_expert_intermediate_size", "dense_layers", "gate_extra_bias"}
+    ckpt, spec = read_checkpoint(EXAMPLES / "demolm"), Spec()
+    for detector in DETECTORS:
+        before = set(spec.provenance)
+        detector.detect(ckpt, spec)
+        if detector in DECIDES:
+            assert set(spec.provenance) - before - optional == set(DECIDES[detector]), detector.__name__
+
+
+@pytest.mark.parametrize("keys, expect", [
+    ('num_layers = "n_layer"', "config.json has no number under that key"),
+    ('qkv_layout = "d_model"', "only the sizes can name a config key"),
+])
+def test_config_keys_are_checked(lab, tmp_path, keys, expect):
+    spec = tmp_path / "spec.toml"
+    spec.write_text((LAB / "spec.toml").read_text().replace('num_layers = "n_layers"', keys))
+    proc = scaffold("new", lab, "--spec", spec, "-o", tmp_path / "port", check=False)
+    _clean(proc)
+    assert proc.returncode == 2 and expect in proc.stderr and str(spec) in proc.stderr, proc.stderr

@@ -25,7 +25,8 @@ DETECTORS = (identity, sizes, layout, attention, rope, mlp, moe, norms, scaling)
 # The fields a detector decides, so that those a stopped detector left undecided are named. A mixture of
 # experts and an extra gate bias are features a spec adds with their names; left out, the model has neither.
 DECIDES = {
-    sizes: ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size"),
+    sizes: ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+            "max_position"),
     layout: ("names", "qkv_layout", "qkv_bias", "o_bias", "qk_norm", "mlp_kind", "gate_up_layout", "mlp_bias",
              "block", "norm_kind", "norm_offset", "norm_bias", "tie_word_embeddings", "lm_head_bias"),
 }
