@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, read_checkpoint
-from scaffold.detect import detect, understand
+from scaffold.detect import detect, settled, understand
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.mapping import WeightRow, weight_table
 from scaffold.spec import FIELDS, Spec, load_overrides, validate_identifiers, validate_names
@@ -26,7 +26,13 @@ def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: C
     origin = str(spec_file) if spec_file is not None else None
     # The spec file's values are pinned before detection runs: detection checks them against the tensors, and
     # refuses for a field only when neither it nor the file can say what it is.
-    spec = detect(ckpt, overrides, origin)
+    return complete(ckpt, detect(ckpt, overrides, origin), spec_file)
+
+
+def complete(ckpt: Checkpoint, spec: Spec, spec_file: str | Path | None = None) -> Analysis:
+    """The Analysis of a spec detected (and settled) from `ckpt` with `spec_file`: its weight table."""
+    origin = str(spec_file) if spec_file is not None else None
+    spec = settled(spec, ckpt, origin)  # refuses for what is unknown; checks the names (again: cheap)
     if origin is not None:
         validate_identifiers(spec, origin)
         validate_names(spec, origin)

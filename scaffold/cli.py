@@ -10,7 +10,7 @@ import click
 
 from scaffold import __version__
 from scaffold import verify as verifier
-from scaffold.analysis import analyze, partial, partial_json, partial_text
+from scaffold.analysis import complete, partial, partial_json, partial_text
 from scaffold.backend.generator import generate as generate_backend
 from scaffold.bench import bench
 from scaffold.choose import choose
@@ -102,7 +102,7 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: P
     if spec.unknowns:
         echo(json_text(partial_json(spec, ckpt.path)) if as_json else partial_text(spec))
         raise incomplete(spec, ckpt, str(spec_file) if spec_file is not None else None)
-    analysis = analyze(checkpoint, spec_file, ckpt)
+    analysis = complete(ckpt, spec, spec_file)  # detection ran once, above
     if as_json:
         echo(json_text(inspect_json(analysis)))
     else:

@@ -35,7 +35,11 @@ DECIDES = {
 def detect(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin: str | None = None) -> Spec:
     """The spec of `ckpt`, with the user's `overrides` (from the spec file `origin`) applied first; refuses,
     naming every field it could not determine, when the overrides leave any unknown."""
-    spec = understand(ckpt, overrides, origin)
+    return settled(understand(ckpt, overrides, origin), ckpt, origin)
+
+
+def settled(spec: Spec, ckpt: Checkpoint, origin: str | None = None) -> Spec:
+    """`spec` (from understand) once nothing is unknown and its names are valid; else the refusal."""
     if spec.unknowns:
         raise incomplete(spec, ckpt, origin)
     # Blame the spec file for a bad name it set, config.json for one detected.

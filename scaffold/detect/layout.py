@@ -238,11 +238,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     spec.set("lm_head_bias", f"{names['lm_head']}.bias" in ckpt.tensors, Source("tensor", f"{names['lm_head']}.bias"))
 
     embed_rows = ckpt.tensors[embed_name].shape[0]
+    said = f"vocab_size {vocab} ({spec.source('vocab_size')})"  # from config.json, or from the user's spec file
     if embed_rows != vocab:
-        raise CheckpointError(f"config.json vocab_size is {vocab} but {embed_name} has {embed_rows} rows.", where)
+        raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
-        raise CheckpointError(
-            f"config.json vocab_size is {vocab} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+        raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
