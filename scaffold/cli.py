@@ -10,12 +10,12 @@ import click
 
 from scaffold import __version__
 from scaffold import verify as verifier
-from scaffold.analysis import complete, partial, partial_json, partial_text
+from scaffold.analysis import analyze, partial, partial_json, partial_text
 from scaffold.backend.generator import generate as generate_backend
 from scaffold.bench import bench
 from scaffold.choose import choose
 from scaffold.compare import compare_command
-from scaffold.detect import incomplete
+from scaffold.detect import SpecIncomplete
 from scaffold.errors import OutputError, ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.review import inspect_json, inspect_text
@@ -88,8 +88,8 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: P
     """Show what the tool understood of CHECKPOINT, tensor by tensor. Reads no tensor data.
 
     Where it cannot determine every field, it shows what it did understand and what it did not (exit 2)."""
-    ckpt, spec = partial(checkpoint, spec_file)
     if template is not None:
+        ckpt, spec = partial(checkpoint, spec_file)
         text = spec_template(spec, str(ckpt.path), ckpt.config, list(ckpt.tensors))
         if str(template) == "-":
             echo(text.rstrip("\n"))
@@ -99,10 +99,13 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: P
             echo(f"wrote {template}" + (f" ({unknown} field(s) marked UNKNOWN: fill them in, then "
                                        f"`scaffold new {checkpoint} --spec {template}`)" if unknown else ""))
         return
-    if spec.unknowns:
+    try:
+        analysis = analyze(checkpoint, spec_file)
+    except SpecIncomplete:
+        # What was understood, then the refusal naming what was not.
+        ckpt, spec = partial(checkpoint, spec_file)
         echo(json_text(partial_json(spec, ckpt.path)) if as_json else partial_text(spec))
-        raise incomplete(spec, ckpt, str(spec_file) if spec_file is not None else None)
-    analysis = complete(ckpt, spec, spec_file)  # detection ran once, above
+        raise
     if as_json:
         echo(json_text(inspect_json(analysis)))
     else:

@@ -119,7 +119,11 @@ def config_keyed(ckpt: Checkpoint, values: dict[str, Any], origin: str) -> tuple
     return values, sources
 
 
-def incomplete(spec: Spec, ckpt: Checkpoint, origin: str | None) -> ScaffoldError:
+class SpecIncomplete(ScaffoldError):
+    """Detection left fields unknown, and no spec file set them."""
+
+
+def incomplete(spec: Spec, ckpt: Checkpoint, origin: str | None) -> SpecIncomplete:
     """The refusal for what stayed unknown: the fields, in a few lines, and how to supply them."""
     # The fields; a detector's note only when a later one settled every field it was blocked by.
     missing = [u for f, u in spec.unknowns.items() if not f.startswith("(")] or list(spec.unknowns.values())
@@ -128,7 +132,7 @@ def incomplete(spec: Spec, ckpt: Checkpoint, origin: str | None) -> ScaffoldErro
         by_reason.setdefault(re.split(r"; | \(", u.reason, maxsplit=1)[0], []).append(u.field)
     lines = [f"  {', '.join(fields)}: {reason}" for reason, fields in by_reason.items()]
     where = "the spec file does not set" if origin else "no --spec file sets"
-    return ScaffoldError(
+    return SpecIncomplete(
         f"cannot port this checkpoint: {len(missing)} spec field(s) could not be determined and {where} them:\n"
         + "\n".join(lines) + "\nSupply them in a spec file (--spec).",
         origin or ckpt.config_file,
