@@ -1,4 +1,5 @@
-"""What the generators start from: read -> detect -> override -> weight table, as one Analysis."""
+"""What the generators start from: read -> detect (with the user's spec file pinned first) -> weight table,
+as one Analysis."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, read_checkpoint
-from scaffold.detect import detect
+from scaffold.detect import detect, settled, understand
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.mapping import WeightRow, weight_table
-from scaffold.spec import Spec, load_overrides
+from scaffold.spec import FIELDS, Spec, load_overrides, validate_identifiers, validate_names
 
 
 @dataclass
@@ -21,9 +22,20 @@ class Analysis:
 
 def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: Checkpoint | None = None) -> Analysis:
     ckpt = ckpt or read_checkpoint(checkpoint)  # `ckpt`: the checkpoint already read, not read twice
-    spec = detect(ckpt)
-    if spec_file is not None:
-        spec.apply_overrides(load_overrides(spec_file), str(spec_file))
+    overrides = load_overrides(spec_file) if spec_file is not None else None
+    origin = str(spec_file) if spec_file is not None else None
+    # The spec file's values are pinned before detection runs: detection checks them against the tensors, and
+    # refuses for a field only when neither it nor the file can say what it is.
+    return complete(ckpt, detect(ckpt, overrides, origin), spec_file)
+
+
+def complete(ckpt: Checkpoint, spec: Spec, spec_file: str | Path | None = None) -> Analysis:
+    """The Analysis of a spec detected (and settled) from `ckpt` with `spec_file`: its weight table."""
+    origin = str(spec_file) if spec_file is not None else None
+    spec = settled(spec, ckpt, origin)  # refuses for what is unknown; checks the names (again: cheap)
+    if origin is not None:
+        validate_identifiers(spec, origin)
+        validate_names(spec, origin)
     rows, homeless = weight_table(spec, ckpt)
     if homeless:
         more = f" and {len(homeless) - 3} more" if len(homeless) > 3 else ""
@@ -33,3 +45,39 @@ def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: C
             hint="A port that dropped them would compute something else.",
         )
     return Analysis(ckpt, spec, rows)
+
+
+def partial(checkpoint: str | Path, spec_file: str | Path | None = None) -> tuple[Checkpoint, Spec]:
+    """What detection understood of `checkpoint`, with the spec file applied, and spec.unknowns saying what it
+    could not determine: for `scaffold inspect`, which shows it where `analyze` refuses."""
+    ckpt = read_checkpoint(checkpoint)
+    overrides = load_overrides(spec_file) if spec_file is not None else None
+    return ckpt, understand(ckpt, overrides, str(spec_file) if spec_file is not None else None)
+
+
+def partial_text(spec: Spec) -> str:
+    """The partial spec, field by field with its source, and what stayed unknown with the candidates considered."""
+    lines = ["spec (partial: some fields could not be determined)"]
+    for name in FIELDS:
+        if name in spec.unknowns:
+            lines.append(f"  {name:32} UNKNOWN")
+        elif name == "names" and any(f.startswith("names.") for f in spec.unknowns):
+            lines.append(f"  {name:32} UNKNOWN (roles below)")
+        else:
+            lines.append(f"  {name:32} {getattr(spec, name)!r:40} {spec.source(name)}")
+    lines.append("unknown")
+    for u in spec.unknowns.values():
+        lines.append(f"  {u.field}: {u.reason}")
+        lines += [f"    considered {c}: {why}" for c, why in u.candidates]
+    return "\n".join(lines)
+
+
+def partial_json(spec: Spec, checkpoint: str | Path) -> dict:
+    unknown = set(spec.unknowns) | ({"names"} if any(f.startswith("names.") for f in spec.unknowns) else set())
+    return {
+        "checkpoint": str(checkpoint),
+        "complete": False,
+        "spec": {n: getattr(spec, n) for n in FIELDS if n not in unknown},
+        "provenance": {n: str(spec.source(n)) for n in FIELDS if n not in unknown},
+        "unknowns": [u.to_json() for u in spec.unknowns.values()],
+    }

@@ -38,8 +38,10 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
         try:
             return Choice("native", "the spec expresses the architecture", analysis=analyze(checkpoint, spec_file, ckpt))
         except ScaffoldError as exc:
-            # A fault in the user's --spec file is theirs to fix, never answered by a package that ignores the file.
-            if impl == "native" or (spec_file is not None and exc.path == str(spec_file)):
+            # With a --spec file, detection checked its values against the checkpoint: a refusal (a fault in the
+            # file, or a value the tensors contradict) is the user's to fix, never answered by a package that
+            # ignores the file.
+            if impl == "native" or spec_file is not None:
                 raise
             native_error = exc
     backend = plan(ckpt, trust_remote_code)

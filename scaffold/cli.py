@@ -10,14 +10,16 @@ import click
 
 from scaffold import __version__
 from scaffold import verify as verifier
-from scaffold.analysis import analyze
+from scaffold.analysis import analyze, partial, partial_json, partial_text
 from scaffold.backend.generator import generate as generate_backend
 from scaffold.bench import bench
 from scaffold.choose import choose
 from scaffold.compare import compare_command
-from scaffold.errors import ScaffoldError
+from scaffold.detect import SpecIncomplete
+from scaffold.errors import OutputError, ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.review import inspect_json, inspect_text
+from scaffold.spec import spec_template
 from scaffold.text import echo, json_text
 
 
@@ -78,13 +80,50 @@ def main() -> None:
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the spec and the weight table as JSON.")
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path), help="TOML file overriding spec fields.")
-def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None) -> None:
-    """Show what the tool understood of CHECKPOINT, tensor by tensor. Reads no tensor data."""
-    analysis = analyze(checkpoint, spec_file)
+@click.option("--spec-template", "template", type=click.Path(path_type=Path),
+              help="Write a spec file with every field to this path ('-': standard output): the detected values "
+                   "with their sources, the fields the tool could not determine marked UNKNOWN. Filled in, it is "
+                   "a --spec file.")
+def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: Path | None) -> None:
+    """Show what the tool understood of CHECKPOINT, tensor by tensor. Reads no tensor data.
+
+    Where it cannot determine every field, it shows what it did understand and what it did not (exit 2)."""
+    if template is not None:
+        ckpt, spec = partial(checkpoint, spec_file)
+        text = spec_template(spec, str(ckpt.path), ckpt.config, list(ckpt.tensors))
+        if str(template) == "-":
+            echo(text.rstrip("\n"))
+        else:
+            write_new_file(template, text)
+            unknown = len([f for f in spec.unknowns if not f.startswith("(")])
+            echo(f"wrote {template}" + (f" ({unknown} field(s) marked UNKNOWN: fill them in, then "
+                                       f"`scaffold new {checkpoint} --spec {template}`)" if unknown else ""))
+        return
+    try:
+        analysis = analyze(checkpoint, spec_file)
+    except SpecIncomplete:
+        # What was understood, then the refusal naming what was not.
+        ckpt, spec = partial(checkpoint, spec_file)
+        echo(json_text(partial_json(spec, ckpt.path)) if as_json else partial_text(spec))
+        raise
     if as_json:
         echo(json_text(inspect_json(analysis)))
     else:
         echo(inspect_text(analysis))
+
+
+def write_new_file(path: Path, text: str) -> None:
+    """Write `text` to `path`, which must not exist yet: whole or not at all."""
+    if path.exists() or path.is_symlink():
+        raise OutputError("the file exists; scaffold does not overwrite it.", path,
+                          hint="Remove it or choose another name.")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write the file ({exc.strerror or exc}).", path) from None
 
 
 @main.command()

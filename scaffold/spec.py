@@ -213,13 +213,43 @@ class Spec:
     skipped_tensors: list[str] = field(default_factory=list)
 
     provenance: dict[str, Source] = field(default_factory=dict, repr=False, compare=False)
+    # What detection could not determine, by field (or names.ROLE); see Unknown.
+    unknowns: dict[str, Unknown] = field(default_factory=dict, repr=False, compare=False)
+    # Fields the user's spec file set before detection ran: detection checks them, never replaces them.
+    # The value says whether a detected equal value may give the field its (more telling) detected source.
+    pinned: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     # ----------------------------------------------------------------- access
     def set(self, name: str, value: Any, source: Source) -> None:
         if name not in FIELDS:
             raise KeyError(name)
+        if name in self.pinned:
+            held = self.provenance[name]
+            if value == getattr(self, name) and (self.pinned[name] or source.expr == held.expr):
+                self.provenance[name] = source  # the user's value is the detected one, with its detected source
+            return
         setattr(self, name, value)
         self.provenance[name] = source
+        self.unknowns.pop(name, None)
+
+    def unknown(self, name: str, reason: str, candidates: tuple[tuple[str, str], ...] = ()) -> None:
+        """Record that detection could not determine `name` (a field or names.ROLE), unless the user set it."""
+        if not self.is_pinned(name):
+            self.unknowns[name] = Unknown(name, reason, tuple(candidates))
+
+    def is_pinned(self, name: str) -> bool:
+        return name.split(".", 1)[0] in self.pinned
+
+    def pin(self, values: dict[str, Any], origin: str, sources: dict[str, Source] | None = None) -> None:
+        """Set the user's values before detection runs, so that detection checks them and never refuses for
+        want of them. `sources` gives a value's source where it is more than the file (a config key it names)."""
+        for name, value in values.items():
+            self._check_override(name, value, origin)
+            setattr(self, name, field_value(self, name, value))
+            source = (sources or {}).get(name)
+            self.provenance[name] = source or Source("override", origin)
+            self.pinned[name] = source is None
+            self.unknowns.pop(name, None)
 
     def source(self, name: str) -> Source:
         return self.provenance.get(name, Source("default", "architecture convention"))
@@ -250,11 +280,7 @@ class Spec:
     # -------------------------------------------------------------- overrides
     def apply_overrides(self, values: dict[str, Any], origin: str) -> None:
         for name, value in values.items():
-            if name not in FIELDS:
-                raise SpecError(f"unknown spec field {name!r}; known fields: {', '.join(FIELDS)}.", origin)
-            problem = field_problem(name, value)
-            if problem:
-                raise SpecError(problem + ".", origin)
+            self._check_override(name, value, origin)
             value = field_value(self, name, value)
             if value == getattr(self, name):
                 continue  # the detected value, with its detected source
@@ -262,8 +288,41 @@ class Spec:
         validate_identifiers(self, origin)
         validate_names(self, origin)
 
+    @staticmethod
+    def _check_override(name: str, value: Any, origin: str) -> None:
+        if name not in FIELDS:
+            raise SpecError(f"unknown spec field {name!r}; known fields: {', '.join(FIELDS)}.", origin)
+        problem = field_problem(name, value)
+        if problem:
+            raise SpecError(problem + ".", origin)
 
-FIELDS = [f.name for f in dataclasses.fields(Spec) if f.name != "provenance"]
+
+FIELDS = [f.name for f in dataclasses.fields(Spec) if f.name not in ("provenance", "unknowns", "pinned")]
+# The fields a spec file may name a config.json key for (its [spec.config_keys] table): the port then reads
+# `config.<key>` at run time, as it does for the keys detection knows.
+CONFIG_KEY_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "vocab_size", "max_position", "norm_eps")
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A field detection could not determine: why, and each candidate it considered with why it was rejected."""
+
+    field: str  # a spec field, or names.ROLE for one module name
+    reason: str
+    candidates: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "reason": self.reason,
+                "candidates": [{"candidate": c, "rejected": why} for c, why in self.candidates]}
+
+
+class Undetermined(Exception):
+    """A detector cannot go on without `unknowns`: scaffold.detect records them and runs the next detector."""
+
+    def __init__(self, *unknowns: Unknown):
+        super().__init__("; ".join(f"{u.field}: {u.reason}" for u in unknowns))
+        self.unknowns = unknowns
 
 
 def field_problem(name: str, value: Any) -> str | None:
@@ -534,4 +593,83 @@ def to_toml(spec: Spec) -> str:
             lines.append(f"# {name} = (none)")
         else:
             lines.append(f"{name} = {toml_value(value)}")
+    # Sizes a spec file said which config key holds: regenerating must read the same keys at run time.
+    named = {n: spec.source(n).expr[len("config."):] for n in CONFIG_KEY_FIELDS
+             if " (named in " in spec.source(n).detail and spec.source(n).expr}
+    if named:
+        lines += ["[spec.config_keys]"] + [f"{n} = {toml_string(key)}" for n, key in named.items()]
     return "\n".join(lines) + "\n"
+
+
+def spec_template(spec: Spec, checkpoint: str, config: dict[str, Any], tensors: list[str]) -> str:
+    """A spec file with every field: the detected values, each after its source, and the fields detection could
+    not determine marked UNKNOWN (commented out, holding a placeholder) with the candidates it considered.
+    Uncommented and filled in, it is a complete --spec file; left as it is, the detected values are pinned."""
+    lines = [
+        f"# Spec template for {toml_comment(checkpoint)}, written by `scaffold inspect --spec-template`.",
+        "# Every field is here: detected values after a comment naming their source; a field marked UNKNOWN is",
+        "# commented out: replace its placeholder and remove the leading '# '. Then:",
+        f"#   scaffold new {toml_comment(checkpoint)} --spec THIS_FILE",
+        "# A field set to (none) has no TOML value: leave it out to keep what detection finds.",
+        "[spec]",
+    ]
+    for name in FIELDS:
+        if name == "names":
+            continue  # its own table, below
+        value = getattr(spec, name)
+        if name in spec.unknowns:
+            lines += _unknown_lines(spec.unknowns[name])
+            lines.append(f"# {name} = {toml_value(value) if value is not None else '...'}")
+        else:
+            lines.append(f"# {toml_comment(spec.source(name))}")
+            lines.append(f"{name} = {toml_value(value)}" if value is not None else f"# {name} = (none)")
+    lines += ["", "# Module names by role: tensors are MODEL.LAYERS.N.<role names>; roles a model lacks",
+              "# (q_norm, attn_post_norm, experts, ...) are left out.",
+              f"# The checkpoint's tensors include: {toml_comment(', '.join(_sample_modules(tensors)))}"]
+    lines.append("[spec.names]")
+    if "names" in spec.provenance:  # layout detection named every role (or the spec file did)
+        lines.append(f"# {toml_comment(spec.source('names'))}")
+        lines += [f"{role} = {toml_string(value)}" for role, value in spec.names.items()]
+    else:  # no role is known: Llama's names as placeholders
+        seen = set()
+        for u in spec.unknowns.values():
+            if (u.field == "names" or u.field.startswith("names.")) and u.reason not in seen:
+                seen.add(u.reason)
+                lines += _unknown_lines(u)
+        lines += [f"# UNKNOWN {role} = {toml_string(value)}" for role, value in spec.names.items()]
+    lines += ["", "# The config.json key holding each size, so that the port reads config.<key> at run time and",
+              "# serves every size of the model. A size given only as a value above is written into the port.",
+              f"# config.json's numbers: {toml_comment(_config_numbers(config))}", "[spec.config_keys]"]
+    for name in CONFIG_KEY_FIELDS:
+        expr = spec.source(name).expr or ""
+        key = expr[len("config."):] if re.fullmatch(r"config\.\w+", expr) else None
+        if name in spec.unknowns:
+            lines.append(f"# UNKNOWN {name} = \"...\"")
+        elif key is not None:
+            lines.append(f"{name} = {toml_string(key)}")
+        else:
+            lines.append(f"# {name}: {toml_comment(spec.source(name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _unknown_lines(u: Unknown) -> list[str]:
+    lines = [f"# UNKNOWN: {toml_comment(u.reason)}"]
+    if u.candidates:
+        lines.append("#   considered: " + toml_comment("; ".join(f"{c} ({why})" for c, why in u.candidates)))
+    return lines
+
+
+def _sample_modules(tensors: list[str], limit: int = 24) -> list[str]:
+    """The checkpoint's module paths outside the layers and in its first layer, as a user fills in names from."""
+    out = []
+    for name in sorted(tensors):
+        module = name.rsplit(".", 1)[0]
+        if re.search(r"\.([1-9]\d*)\.", module) or module in out:
+            continue
+        out.append(module)
+    return out[:limit] + (["..."] if len(out) > limit else [])
+
+
+def _config_numbers(config: dict[str, Any], limit: int = 30) -> str:
+    items = [f"{k} = {v!r}" for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")

@@ -22,7 +22,7 @@ from ckpt_factory import Shape, tensors_for, write_checkpoint
 from helpers import detect_until, scaffold
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import codekeys, identity, layout, sizes
+from scaffold.detect import SpecIncomplete, codekeys, identity, layout, sizes
 from scaffold.detect import detect as detect_all
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Spec
@@ -83,7 +83,7 @@ def test_chatglm2_layer_count_is_read_under_the_codes_key(realmodel, tmp_path):
 
 def test_chatglm2_vocab_is_read_under_the_codes_key(realmodel, tmp_path):
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", config={"padded_vocab_size": 640})
-    with pytest.raises(CheckpointError, match="vocab_size is 640 but transformer.embedding.word_embeddings.weight"):
+    with pytest.raises(CheckpointError, match="vocab_size 640 .* but transformer.embedding.word_embeddings.weight"):
         detect_all(read_checkpoint(ckpt))
 
 
@@ -91,8 +91,10 @@ def test_a_numbered_block_the_code_does_not_build_is_refused(realmodel, tmp_path
     """The code builds its ModuleList under another name than the tensors' numbered block: no guessing."""
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", source={
         "modeling_chatglm.py": ("self.layers = torch.nn.ModuleList(", "self.blocks = torch.nn.ModuleList(")})
-    with pytest.raises(UnsupportedArchitecture, match=r"numbered block is transformer\.encoder\.layers\.N but the "
-                                                      r"modeling source builds its layer list as self\.blocks"):
+    # Not guessed: names.model and names.layers stay unknown, for a spec file to settle.
+    with pytest.raises(SpecIncomplete, match=r"names.model, names.layers: the tensors' numbered block is "
+                                             r"transformer\.encoder\.layers\.N but the modeling source builds its "
+                                             r"layer list as self\.blocks"):
         detect_all(read_checkpoint(ckpt))
 
 

@@ -50,7 +50,10 @@ def set_from_config(
         spec.set(field, value, Source("config", f"config.json {key}", f"config.{key}" if runtime else None))
         return value
     if default is MISSING:
-        raise CheckpointError(f"config.json has none of the keys {', '.join(keys)}.", ckpt.config_file)
+        # Unknown, not refused: the user's spec file may say (scaffold.detect refuses if nothing does).
+        spec.unknown(field, f"config.json has none of the keys {', '.join(keys)}",
+                     tuple((key, "not in config.json") for key in keys))
+        return None
     spec.set(field, default, Source("default", f"no {' / '.join(keys)} in config.json"))
     return default
 

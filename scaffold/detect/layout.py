@@ -20,7 +20,7 @@ from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, Undetermined, Unknown
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
@@ -141,7 +141,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
     names: dict[str, str] = {}
     code = codekeys.code_sources(ckpt)
-    prefix, layers_path = layer_list(ckpt, code)
+    try:
+        prefix, layers_path = layer_list(ckpt, code)
+    except UnsupportedArchitecture as exc:  # unknown, not refused: a spec file may name them
+        raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
+                             for role in ("model", "layers"))) from None
     names["model"], names["layers"] = prefix, layers_path
     tail = re.compile(rf"({re.escape(prefix)})\.{re.escape(layers_path)}\.(\d+)\.(.+)\Z")
     matches = {n: m for n in ckpt.tensors if (m := tail.match(n))}  # the tensors inside decoder layers
@@ -160,7 +164,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
-    embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
+    try:
+        embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
+    except UnsupportedArchitecture as exc:
+        raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
+                             for role in ("embed_tokens", "norm", "lm_head"))) from None
     names["embed_tokens"], names["norm"], names["lm_head"] = embed, norm, head
     spec.set("skipped_tensors", skipped,
              Source("code", "buffers the code registers (register_buffer), recomputed by the port") if skipped
@@ -194,8 +202,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_attn = flow.attention_flow if flow is not None else None
     attn = flow.attention if code_attn is not None else first("self_attn")
     if attn is None:
-        raise UnsupportedArchitecture(f"layer 0 has no attention module (looked for {CANDIDATES['self_attn']}"
-                                      f"{_undecided(flow)}).", where)
+        raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
+                                   f"{_undecided(flow)}",
+                                   tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
     names["self_attn"] = attn
     if code_attn is not None:
         _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.{names['layers']}.0.{attn}", layer0)
@@ -224,11 +233,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                      Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight: {detail}"))
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
-        raise UnsupportedArchitecture(f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v weight"
-                                      f"{_undecided(flow)}.", where)
+        raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
+                                   f"weight{_undecided(flow)}", (("q_proj, k_proj, v_proj", "not all present"),
+                                                                 *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
     o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
     if o_proj is None:
-        raise UnsupportedArchitecture(f"layer 0's {attn} has no output projection.", where)
+        raise Undetermined(Unknown("names.o_proj", f"layer 0's {attn} has no output projection the generator knows",
+                                   tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
     if has(f"{attn}.q_norm.weight"):
@@ -260,7 +271,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
     mlp = names["mlp"] if expert_modules is not None else flow.mlp if code_mlp is not None else first("mlp")
     if mlp is None:
-        raise UnsupportedArchitecture("layer 0 has no MLP module.", where)
+        raise Undetermined(Unknown("names.mlp", "layer 0 has no MLP module the generator knows",
+                                   tuple((c, "absent") for c in CANDIDATES["mlp"])))
     names["mlp"] = mlp
     extra = []
     if ref is None:
@@ -323,11 +335,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     spec.set("lm_head_bias", f"{names['lm_head']}.bias" in ckpt.tensors, Source("tensor", f"{names['lm_head']}.bias"))
 
     embed_rows = ckpt.tensors[embed_name].shape[0]
+    said = f"vocab_size {vocab} ({spec.source('vocab_size')})"  # from config.json, or from the user's spec file
     if embed_rows != vocab:
-        raise CheckpointError(f"config.json vocab_size is {vocab} but {embed_name} has {embed_rows} rows.", where)
+        raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
-        raise CheckpointError(
-            f"config.json vocab_size is {vocab} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+        raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
@@ -380,10 +392,14 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
         spec.set("mlp_kind", "plain", Source("tensor", f"{prefix}.{names['layers']}.{layer}.{mlp}.{up}.weight without a gate"))
         spec.set("gate_up_layout", "separate", Source("default", "no gate"))
     else:
-        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, down_proj) "
-                                      "nor a plain one (an up projection and a down projection).", where)
+        raise Undetermined(Unknown("mlp_kind", f"{ref_name}'s {mlp} is neither a gated MLP (gate_proj, up_proj, "
+                                   "down_proj) nor a plain one (an up projection and a down projection)",
+                                   (("gated", "no gate_proj and up_proj, no gate_up_proj"),
+                                    ("plain", "no up projection among " + ", ".join(CANDIDATES["plain_up"])
+                                     + " with a down projection"))))
     if down is None:
-        raise UnsupportedArchitecture(f"{ref_name}'s {mlp} has no down projection.", where)
+        raise Undetermined(Unknown("names.down_proj", f"{ref_name}'s {mlp} has no down projection the generator "
+                                   "knows", tuple((c, "absent") for c in CANDIDATES["down_proj"])))
     names["down_proj"] = down
     spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias", layer))
     if "shared_expert" in names and spec.mlp_kind != "gated":
@@ -504,8 +520,8 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
         names["attn_norm"] = "input_layernorm"
         block, detail = "parallel", "one norm per layer: attention and MLP both read its output"
     else:
-        raise _unsupported(f"layer 0 has the norms {sorted(have) or 'none'}, a block layout the generator does "
-                           "not know", where, spec.model_type)
+        raise Undetermined(Unknown("block", f"layer 0 has the norms {sorted(have) or 'none'}, a block layout the "
+                                   "generator does not know", tuple((n, "absent") for n in NORMS if n not in have)))
     if parallel is False and block == "parallel":
         raise _unsupported("config.json use_parallel_residual is false but each layer has one norm", where,
                            spec.model_type)

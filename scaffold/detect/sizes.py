@@ -16,7 +16,7 @@ from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, Undetermined
 
 # Config keys each size goes by in the checkpoints the generator knows (first present wins).
 HINTS = {
@@ -71,6 +71,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     size("num_heads")
     size("vocab_size")
     size("max_position", default=2048)
+    if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
+                   if n in spec.unknowns]:
+        raise Undetermined(*unknown)  # the checks and the derived sizes below need them
     _kv_heads(ckpt, spec, keys("num_kv_heads"), reads)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
         if getattr(spec, name) <= 0:
