@@ -31,7 +31,7 @@ STANDARD_KEYS = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_lay
 
 # name: what `scaffold new --trust-remote-code` refuses it for today (None: it ports)
 NOT_YET = {
-    "kestrel": "config keys of its own (d_model, n_blocks, ...: 'config.json has none of the keys num_hidden_layers') "
+    "kestrel": "config keys of its own (d_hidden, n_blocks: 'config.json has none of the keys hidden_size') "
                "and a layer list named blocks (branch toplevel); one LayerNorm feeding parallel attention and "
                "feed-forward, roles wq/wk/wv/wo and w_in/w_out read from the code (branch layerroles)",
     "osprey": "OspreyLMHeadModel is not named ...ForCausalLM; GPT-2 Conv1D weights stored [in, out] (the reader "
