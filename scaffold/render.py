@@ -32,6 +32,7 @@ from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
 from scaffold.conventions import convention_defaults
 from scaffold.detect.activations import gated_forms
+from scaffold.detect.codekeys import attribute_map
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.proc import python_command, run_tool
@@ -286,6 +287,9 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
+        # The checkpoint's config class's attribute_map (standard name -> stored key), kept by the port's own.
+        "attribute_map": ({k: v for k, v in attribute_map(ckpt).items() if IDENTIFIER.match(k) and IDENTIFIER.match(v)}
+                          if spec.register_config else {}),
         # A gated MLP uses vLLM's fused act-and-mul kernel where the registry has one for the activation,
         # else act(gate) * up with get_act_fn (unknown without vLLM installed: the fused form).
         "act_and_mul": (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import codekeys
 from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
-from scaffold.detect.common import BACKEND_HINT, set_from_config
+from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config
 from scaffold.detect.sourcecode import declared_linears, modeling_sources, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Spec
+from scaffold.spec import Source, Spec
 
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 
@@ -25,7 +26,14 @@ def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
-    act = set_from_config(spec, ckpt, "hidden_act", activation_keys(ckpt), str, default="silu", runtime=False)
+    keys = activation_keys(ckpt)
+    found = code_activation(codekeys.code_sources(ckpt), spec.names.get("mlp", "mlp"))
+    if config_value(ckpt, *keys)[0] is None and found is not None:
+        # No activation in config.json: the one the MLP's code calls.
+        act, where_found = found
+        spec.set("hidden_act", act, Source("code", f"{where_found}: the MLP's forward applies {act}"))
+    else:
+        act = set_from_config(spec, ckpt, "hidden_act", keys, str, default="silu", runtime=False)
     _check_activation(act, spec, where)
     n = spec.names
     base = f"{n['model']}.{n['layers']}"
@@ -58,6 +66,40 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             info = ckpt.tensors.get(name)
             if info is None or info.shape != (inter,):
                 raise CheckpointError(f"tensor {name} must exist with shape [{inter}].", where)
+
+
+# torch calls and modules, by the name of vLLM's (and transformers') registry entry computing the same.
+TORCH_ACTIVATIONS = {"silu": "silu", "SiLU": "silu", "gelu": "gelu", "GELU": "gelu", "relu": "relu", "ReLU": "relu",
+                     "sigmoid": "sigmoid", "Sigmoid": "sigmoid", "tanh": "tanh", "Tanh": "tanh"}
+
+
+def _activation_of(node: ast.Call) -> str | None:
+    name = TORCH_ACTIVATIONS.get(node.func.attr if isinstance(node.func, ast.Attribute) else
+                                 node.func.id if isinstance(node.func, ast.Name) else "")
+    if name == "gelu" and any(k.arg == "approximate" and isinstance(k.value, ast.Constant) and k.value.value == "tanh"
+                              for k in node.keywords):
+        return "gelu_pytorch_tanh"
+    return name
+
+
+def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
+    """(registry name, "FILE:LINE") of the one activation the MLP module's class applies (a torch function in
+    its forward, or a torch activation module built in its __init__); squared ReLU reads as relu2."""
+    classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
+               if attr == mlp_attr and isinstance(value, ast.Call)}
+    found: dict[str, str] = {}
+    for file, cls, func in codekeys.methods(sources):
+        if cls.name not in classes or func.name not in ("__init__", "forward"):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and (name := _activation_of(node)):
+                found.setdefault(name, f"{file}:{node.lineno}")
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Call)
+                    and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
+                    and node.right.value == 2):
+                found["relu2"] = f"{file}:{node.lineno}"
+                found.pop("relu", None)
+    return next(iter(found.items())) if len(found) == 1 else None
 
 
 def _check_activation(act: str, spec: Spec, where) -> None:

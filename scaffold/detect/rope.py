@@ -4,6 +4,7 @@ then defaults in the modeling code."""
 from __future__ import annotations
 
 import ast
+import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
@@ -155,8 +156,15 @@ def _checked(params: dict, where) -> dict:
 
 def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:
     """The config key the code passes as the rotary base (`base=config.rotary_emb_base`), if one, present."""
-    found = {f.expr: f for f in codekeys.keyword_reads(codekeys.code_sources(ckpt), "base")
+    sources = codekeys.code_sources(ckpt)
+    found = {f.expr: f for word in ("base", "theta", "rope_theta") for f in codekeys.keyword_reads(sources, word)
              if len(f.keys) == 1 and f.expr == f"config.{f.keys[0]}"}
+    if not found:
+        # Kept on the module first (`self.theta = config.theta`, `self.base = config.rotary_base`), then used.
+        for file, _cls, _func, attr, value in codekeys.self_assignments(sources):
+            key = value.attr if isinstance(value, ast.Attribute) and codekeys._is_config(value.value) else None
+            if key and (re.fullmatch(r"(rope_|rotary_)?(theta|base)", attr) or re.search(r"theta|rot\w*_base", key)):
+                found.setdefault(f"config.{key}", codekeys.CodeExpr(f"config.{key}", (key,), file, value.lineno))
     if len(found) != 1:
         return None
     base = next(iter(found.values()))

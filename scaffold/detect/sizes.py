@@ -11,6 +11,7 @@ attribute_map first (GPT-2 keeps hidden_size as n_embd).
 from __future__ import annotations
 
 import ast
+import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
@@ -68,13 +69,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     size("hidden_size")
     size("num_layers")
-    size("num_heads")
+    size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr))  # head_dim = hidden // H
     size("vocab_size")
     size("max_position", default=2048)
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
-    _kv_heads(ckpt, spec, keys("num_kv_heads"), reads)
+    _kv_heads(ckpt, spec, _kv_keys(sources, spec.source("num_heads").expr) + keys("num_kv_heads"), reads)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
         if getattr(spec, name) <= 0:
             raise CheckpointError(f"{spec.source(name).detail} must be positive, not {getattr(spec, name)}.", where)
@@ -137,6 +138,46 @@ def _code_sizes(ckpt: Checkpoint, sources: dict, aliases: dict) -> dict[str, tup
     return out
 
 
+def _config_key(node: ast.AST) -> str | None:
+    """`K` of `config.K` / `self.config.K`."""
+    if isinstance(node, ast.Attribute) and codekeys._is_config(node.value):
+        return node.attr
+    return None
+
+
+def _divisions(sources: dict, numerator: str | None):
+    """(key, file, line) of each `config.<numerator> // config.<key>` (or `/`) in the code."""
+    if not numerator or not numerator.startswith("config.") or not sources:
+        return
+    for file, _cls, func in codekeys.methods(sources):
+        for node in ast.walk(func):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))
+                    and f"config.{_config_key(node.left)}" == numerator and (key := _config_key(node.right))):
+                yield key, file, node.lineno
+
+
+def _divisor(sources: dict, config: dict, numerator: str | None) -> tuple[codekeys.CodeExpr, int] | None:
+    """The head count as the code computes head_dim: `config.<hidden> // config.<heads>`, when one key is."""
+    found = {key: (file, line) for key, file, line in _divisions(sources, numerator)}
+    if len(found) != 1:
+        return None
+    key, (file, line) = next(iter(found.items()))
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return codekeys.CodeExpr(f"config.{key}", (key,), file, line), value
+
+
+def _kv_keys(sources: dict, heads: str | None) -> tuple[str, ...]:
+    """Config keys the code uses as the KV head count: the divisor of the head count (query heads per KV
+    group), or a key assigned to an attention attribute named for KV heads (`self.n_kv_heads = config.K`)."""
+    keys = [key for key, _file, _line in _divisions(sources, heads)]
+    for _file, _cls, _func, attr, value in codekeys.self_assignments(sources):
+        if re.search(r"(^|_)kv(_|$)|key_value", attr) and "head" in attr + "heads" and (key := _config_key(value)):
+            keys.append(key)
+    return tuple(dict.fromkeys(keys))
+
+
 def _kv_heads(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], reads: set[str]) -> None:
     key, _ = config_value(ckpt, *keys)
     if key is None:
@@ -155,21 +196,24 @@ def _kv_heads(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], reads: set[st
 
 def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:
     """The MLP width: the input features of the MLP's down projection, the one linear of the `mlp` module's
-    class that maps back to hidden_size."""
+    class that maps back to hidden_size; where no module is called `mlp`, the one linear of any class that maps
+    a width other than the attention heads' back to hidden_size."""
     hidden = spec.source("hidden_size").expr
     if not sources or not hidden:
         return None
     classes = {codekeys.callee(value) for _file, _cls, _func, attr, value in codekeys.self_assignments(sources)
                if attr == "mlp" and isinstance(value, ast.Call)}
+    heads = set(spec.source("num_heads").expr and re.findall(r"config\.(\w+)", spec.source("num_heads").expr) or ())
     found = []
     for file, cls, func in codekeys.methods(sources):
-        if cls.name not in classes or func.name != "__init__":
+        if (classes and cls.name not in classes) or func.name != "__init__":
             continue
         for node in ast.walk(func):
             if isinstance(node, ast.Call) and codekeys.callee(node) in LINEARS and len(node.args) >= 2:
                 features_in = codekeys.config_expr(node.args[0], func)
                 features_out = codekeys.config_expr(node.args[1], func)
-                if features_out and features_out[0] == hidden and features_in and features_in[0] != hidden:
+                if (features_out and features_out[0] == hidden and features_in and features_in[0] != hidden
+                        and not heads & set(features_in[1])):
                     found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
     return _valued(_unique(found), config, aliases)
 
