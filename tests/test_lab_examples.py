@@ -31,21 +31,14 @@ STANDARD_KEYS = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_lay
 
 # name: what `scaffold new --trust-remote-code` refuses it for today (None: it ports)
 NOT_YET = {
-    "kestrel": "config keys of its own (d_hidden, n_blocks: 'config.json has none of the keys hidden_size') "
-               "and a layer list named blocks (branch toplevel); one LayerNorm feeding parallel attention and "
-               "feed-forward, roles wq/wk/wv/wo and w_in/w_out read from the code (branch layerroles)",
-    "osprey": "OspreyLMHeadModel is not named ...ForCausalLM; GPT-2 Conv1D weights stored [in, out] (the reader "
-              "refuses c_attn.bias as not matching the weight's rows) and learned absolute positions: nobody yet",
-    "heron": "config keys of its own (dim, n_blocks, kv_groups: 'config.json has none of the keys hidden_size') and "
-             "a layer list named blocks (branch toplevel); the per-KV-group fused attn.qkv (branch layerroles)",
-    "plover": "config keys of its own (embed_dim, num_blocks, mup_*: 'config.json has none of the keys hidden_size') "
-              "and a layer list named stack (branch toplevel); ALiBi (branch baichuan); muP multipliers under "
-              "the lab's own keys",
-    "wren": "config keys of its own (model_dim, blocks: 'config.json has none of the keys hidden_size') and a layer "
-            "list named h (branch toplevel); gate and up fused up-first in ffn.w_in (branch layerroles)",
-    "shrike": "config keys reached through ShrikeConfig.attribute_map ('config.json has none of the keys "
-              "hidden_size') and a layer list named trunk (branch toplevel); roles read from the code "
-              "(branch layerroles)",
+    "kestrel": None,
+    "osprey": "OspreyLMHeadModel's GPT-2 Conv1D weights stored [in, out] (the reader refuses c_attn.bias as not "
+              "matching the weight's rows) and learned absolute positions: no template for them yet",
+    "heron": None,
+    "plover": None,
+    "wren": "its norms keep their weight as `scale` (norm_final.scale): the tool finds norms by `.weight` tensors "
+            "('expected one final norm under net, found none')",
+    "shrike": None,
 }
 
 

@@ -37,3 +37,26 @@ def test_internlm2_ports_with_grouped_qkv_and_matches_transformers(realmodel, wo
     assert checks["port loaded by vLLM"]["status"] == "pass"
     assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
     assert checks["parity: greedy continuation"]["status"] == "pass"
+
+
+@pytest.mark.engine
+def test_qwen_ports_with_its_gate_read_from_the_code(realmodel, workdir):
+    """Qwen v1: QWenLMHeadModel (named by auto_map), transformer.h.N, fused c_attn with bias, and an MLP
+    c_proj(w1(x) * silu(w2(x))) whose gate is w2; sizes under its own keys (kv_channels, intermediate_size // 2)."""
+    ckpt = realmodel("qwen")
+    out = workdir / "port-qwen"
+    scaffold("new", ckpt, "-o", out, "--trust-remote-code", "--force")
+    spec = tomllib.loads((out / "scaffold_spec.toml").read_text(encoding="utf-8"))["spec"]
+    names = spec["names"]
+    assert (names["model"], names["layers"], names["qkv_proj"]) == ("transformer", "h", "c_attn")
+    assert (names["gate_proj"], names["up_proj"], names["down_proj"]) == ("w2", "w1", "c_proj")
+    assert spec["qkv_layout"] == "fused" and spec["qkv_bias"] is True
+    assert spec["intermediate_size"] == json.loads((ckpt / "config.json").read_text())["intermediate_size"] // 2
+
+    proc = scaffold("verify", out, "--json", "--trust-remote-code", check=False)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
