@@ -65,6 +65,7 @@ def test_every_lab_has_its_sources_and_an_expectation():
         assert {p.name for p in (LABS / name).glob("*.py")} == {f"configuration_{name}.py", f"modeling_{name}.py"}
 
 
+@pytest.mark.slow  # builds and reloads six models in transformers: ~45 s here
 @pytest.mark.parametrize("name", sorted(NOT_YET))
 def test_lab_example_builds_and_reloads(name, labs):
     """The build saved a loadable remote-code checkpoint; transformers reloaded it with the same logits."""
@@ -79,6 +80,7 @@ def test_lab_example_builds_and_reloads(name, labs):
     assert "reload delta 0.0e+00" in line, line
 
 
+@pytest.mark.slow
 def test_lab_model_types_and_keys_are_no_transformers_models(labs):
     """The point of these examples: neither the model type nor a size key can be looked up by a standard name."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES

@@ -20,14 +20,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     elif (found := sqrt_hidden_scale(modeling_sources(ckpt))) is not None:
         spec.set("embedding_multiplier", spec.hidden_size**0.5,
                  Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5", f"{hk}**0.5"))
-    elif (found := _scaled_call(ckpt, spec.names["embed_tokens"])) is not None:
+    elif (found := _scaled_call(ckpt, spec.names.get("embed_tokens"))) is not None:
         spec.set("embedding_multiplier", *_as_multiplier(ckpt, found, "the embedding's output"))
     else:
         spec.set("embedding_multiplier", None, Source("default", "embeddings used as they are"))
     if (mult := _number(ckpt, "residual_multiplier")) is not None:
         spec.set("residual_multiplier", mult, Source("config", "config.json residual_multiplier",
                                                      "config.residual_multiplier"))
-    elif (found := _scaled_call(ckpt, spec.names["self_attn"], spec.names["mlp"])) is not None:
+    elif (found := _scaled_call(ckpt, spec.names.get("self_attn"), spec.names.get("mlp"))) is not None:
         spec.set("residual_multiplier", *_as_multiplier(ckpt, found, "each sublayer's output"))
     else:
         spec.set("residual_multiplier", None, Source("default", "sublayer outputs added as they are"))
@@ -36,7 +36,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                                    "1.0 / config.logits_scaling"))
     elif (mult := _number(ckpt, "logit_scale")) is not None:
         spec.set("logits_scale", mult, Source("config", "config.json logit_scale", "config.logit_scale"))
-    elif (found := _scaled_call(ckpt, spec.names["lm_head"])) is not None:
+    elif (found := _scaled_call(ckpt, spec.names.get("lm_head"))) is not None:
         spec.set("logits_scale", *_as_multiplier(ckpt, found, "the head's output"))
     else:
         spec.set("logits_scale", None, Source("default", "logits as the head computes them"))
@@ -91,8 +91,8 @@ def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
     return out
 
 
-def _calls(*modules: str):
-    attrs = {m.rsplit(".", 1)[-1] for m in modules}
+def _calls(*modules: str | None):
+    attrs = {m.rsplit(".", 1)[-1] for m in modules if m}
     return lambda x: (isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in attrs
                       and isinstance(x.func.value, ast.Name) and x.func.value.id == "self")
 
@@ -101,8 +101,10 @@ def _unique(found: list[tuple[str, bool, str]]) -> tuple[str, bool, str] | None:
     return found[0] if found and len({(k, d) for k, d, _ in found}) == 1 else None
 
 
-def _scaled_call(ckpt: Checkpoint, *modules: str) -> tuple[str, bool, str] | None:
+def _scaled_call(ckpt: Checkpoint, *modules: str | None) -> tuple[str, bool, str] | None:
     """The one config key the code multiplies (or divides) the output of self.<module>(...) by."""
+    if not any(modules):
+        return None
     return _unique(_products(ckpt, _calls(*modules)))
 
 

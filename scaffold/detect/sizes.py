@@ -75,7 +75,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
-    _kv_heads(ckpt, spec, _kv_keys(sources, spec.source("num_heads").expr) + keys("num_kv_heads"), reads)
+    _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(sources, spec.source("num_heads").expr))),
+              reads)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
         if getattr(spec, name) <= 0:
             raise CheckpointError(f"{spec.source(name).detail} must be positive, not {getattr(spec, name)}.", where)
@@ -173,7 +174,7 @@ def _kv_keys(sources: dict, heads: str | None) -> tuple[str, ...]:
     group), or a key assigned to an attention attribute named for KV heads (`self.n_kv_heads = config.K`)."""
     keys = [key for key, _file, _line in _divisions(sources, heads)]
     for _file, _cls, _func, attr, value in codekeys.self_assignments(sources):
-        if re.search(r"(^|_)kv(_|$)|key_value", attr) and "head" in attr + "heads" and (key := _config_key(value)):
+        if re.fullmatch(r"(num_|n_)?(kv|key_value)_?(heads?|groups?)?", attr) and (key := _config_key(value)):
             keys.append(key)
     return tuple(dict.fromkeys(keys))
 
