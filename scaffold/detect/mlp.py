@@ -98,7 +98,8 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):
                 found["relu2"] = f"{file}:{node.lineno}"
-                found.pop("relu", None)
+    if "relu2" in found:
+        found.pop("relu", None)  # the relu inside the square
     return next(iter(found.items())) if len(found) == 1 else None
 
 

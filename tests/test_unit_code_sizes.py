@@ -1,0 +1,47 @@
+"""Sizes and the activation read from what lab-style code computes (examples/labs, read as text, never run)."""
+
+from __future__ import annotations
+
+from helpers import EXAMPLES
+
+from scaffold.detect.mlp import code_activation
+from scaffold.detect.sizes import _divisor, _kv_keys
+
+LABS = EXAMPLES / "labs"
+
+
+def sources(name: str) -> dict[str, str]:
+    path = LABS / name / f"modeling_{name}.py"
+    return {path.name: path.read_text(encoding="utf-8")}
+
+
+def test_the_head_count_is_the_divisor_of_the_hidden_size():
+    found = _divisor(sources("kestrel"), {"n_heads": 4}, "config.d_hidden")
+    assert found is not None and found[0].expr == "config.n_heads" and found[1] == 4
+    assert _divisor(sources("plover"), {"attn_heads": 8}, "config.embed_dim")[0].expr == "config.attn_heads"
+
+
+def test_no_divisor_or_a_non_number_gives_nothing():
+    assert _divisor(sources("kestrel"), {"n_heads": 4}, "config.width") is None  # not the hidden key
+    assert _divisor(sources("kestrel"), {"n_heads": "4"}, "config.d_hidden") is None
+    two = {"m.py": "class A:\n    def f(self, config):\n        a = config.d // config.h\n        b = config.d // config.g\n"}
+    assert _divisor(two, {"h": 2, "g": 4}, "config.d") is None  # two readings: not guessed
+
+
+def test_kv_heads_from_the_group_divisor_or_a_kv_attribute():
+    assert _kv_keys(sources("heron"), "config.n_q_heads") == ("kv_groups",)
+    assert _kv_keys(sources("kestrel"), "config.n_heads") == ("n_kv_heads",)
+    # An attribute that merely mentions kv (a channel count) is not a head count.
+    assert _kv_keys({"m.py": "class A:\n    def __init__(self, config):\n        self.kv_channels = config.c\n"},
+                    "config.h") == ()
+
+
+def test_the_activation_the_mlp_applies():
+    assert code_activation(sources("kestrel"), "ffn")[0] == "gelu_pytorch_tanh"
+    relu2 = {"m.py": "class M:\n    def forward(self, x):\n        return self.down(F.relu(self.up(x)) ** 2)\n"
+                     "class B:\n    def __init__(self):\n        self.ffn = M()\n"}
+    assert code_activation(relu2, "ffn")[0] == "relu2"
+    both = {"m.py": "class M:\n    def forward(self, x):\n        return F.silu(x) + F.gelu(x)\n"
+                    "class B:\n    def __init__(self):\n        self.ffn = M()\n"}
+    assert code_activation(both, "ffn") is None  # two activations: undecided
+    assert code_activation(sources("kestrel"), "no_such_module") is None
