@@ -8,6 +8,7 @@ machine and clone. tests/test_golden.py diffs against them; scripts/update_golde
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,23 @@ def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position
+
+
+def verified_at_parity(port: Path, *args: str) -> dict:
+    """`scaffold verify PORT --json ARGS` must pass: the port loads in vLLM, log-probabilities within
+    PARITY_TOLERANCE, identical greedy continuations. Returns the checks by name."""
+    proc = scaffold("verify", port, "--json", *args, check=False)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert checks["port loaded by vLLM"]["status"] == "pass"
+    assert checks["parity: log-probabilities"]["max_delta"] <= PARITY_TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+    return checks
 
 
 # ------------------------------------------------------------------ real remote-code models

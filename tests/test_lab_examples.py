@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES, scaffold
+from helpers import EXAMPLES, scaffold, verified_at_parity
 
 LABS = EXAMPLES / "labs"
-TOLERANCE = 1e-4
 # The size keys transformers' decoders (and their GPT-2 era aliases) store: none of the labs' config.json has one.
 STANDARD_KEYS = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers",
                  "num_attention_heads", "n_head", "num_key_value_heads", "intermediate_size", "n_inner", "vocab_size",
@@ -97,11 +96,4 @@ def test_lab_example_ports_at_parity(name, labs, workdir):
     out = workdir / f"port-lab-{name}"
     new = scaffold("new", labs / name, "-o", out, "--trust-remote-code", check=False)
     assert new.returncode == 0, f"scaffold new refused {name}:\n{new.stderr[-3000:]}"
-    proc = scaffold("verify", out, "--json", "--trust-remote-code", check=False)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    checks = {c["name"]: c for c in report["checks"]}
-    assert report["passed"], json.dumps(report, indent=2)
-    assert checks["port loaded by vLLM"]["status"] == "pass"
-    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
-    assert checks["parity: greedy continuation"]["status"] == "pass"
+    verified_at_parity(out, "--trust-remote-code")

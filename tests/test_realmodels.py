@@ -10,9 +10,8 @@ import json
 
 import pytest
 import tomllib
-from helpers import scaffold
+from helpers import scaffold, verified_at_parity
 
-TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top 20
 
 
 @pytest.mark.engine
@@ -29,14 +28,7 @@ def test_internlm2_ports_with_grouped_qkv_and_matches_transformers(realmodel, wo
     assert (names["mlp"], names["gate_proj"], names["up_proj"], names["down_proj"]) == ("feed_forward", "w1", "w3", "w2")
     assert (names["attn_norm"], names["mlp_norm"]) == ("attention_norm", "ffn_norm")
 
-    proc = scaffold("verify", out, "--json", "--trust-remote-code", check=False)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    checks = {c["name"]: c for c in report["checks"]}
-    assert report["passed"], json.dumps(report, indent=2)
-    assert checks["port loaded by vLLM"]["status"] == "pass"
-    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
-    assert checks["parity: greedy continuation"]["status"] == "pass"
+    verified_at_parity(out, "--trust-remote-code")
 
 
 @pytest.mark.engine
@@ -53,10 +45,4 @@ def test_qwen_ports_with_its_gate_read_from_the_code(realmodel, workdir):
     assert spec["qkv_layout"] == "fused" and spec["qkv_bias"] is True
     assert spec["intermediate_size"] == json.loads((ckpt / "config.json").read_text())["intermediate_size"] // 2
 
-    proc = scaffold("verify", out, "--json", "--trust-remote-code", check=False)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    checks = {c["name"]: c for c in report["checks"]}
-    assert report["passed"], json.dumps(report, indent=2)
-    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
-    assert checks["parity: greedy continuation"]["status"] == "pass"
+    verified_at_parity(out, "--trust-remote-code")
