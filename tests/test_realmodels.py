@@ -13,7 +13,6 @@ import tomllib
 from helpers import scaffold, verified_at_parity
 
 
-
 @pytest.mark.engine
 def test_internlm2_ports_with_grouped_qkv_and_matches_transformers(realmodel, workdir):
     """InternLM2: one wqkv grouped per KV head, w1/w3/w2 with w1 the gate, attention_norm/ffn_norm."""
