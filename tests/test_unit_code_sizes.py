@@ -45,3 +45,25 @@ def test_the_activation_the_mlp_applies():
                     "class B:\n    def __init__(self):\n        self.ffn = M()\n"}
     assert code_activation(both, "ffn") is None  # two activations: undecided
     assert code_activation(sources("kestrel"), "no_such_module") is None
+
+
+def lab_checkpoint(name: str, config: dict):
+    from scaffold.checkpoint import Checkpoint, TokenizerInfo
+
+    return Checkpoint(path=LABS / name, config=config, tensors={}, shards=[], index_file=None,
+                      tokenizer=TokenizerInfo(), sources=sources(name))
+
+
+def test_multipliers_under_the_labs_own_keys():
+    from scaffold.detect.scaling import _as_multiplier, _scaled_call, _scaled_scores
+
+    config = {"mup_emb_mult": 6.0, "mup_res_mult": 0.6, "mup_attn_mult": 0.25, "mup_logit_div": 2.0}
+    ckpt = lab_checkpoint("plover", config)
+    assert _as_multiplier(ckpt, _scaled_call(ckpt, "wtok"), "x")[0] == 6.0
+    assert _as_multiplier(ckpt, _scaled_call(ckpt, "attn", "mlp"), "x")[0] == 0.6  # through self.res_mult
+    value, source = _as_multiplier(ckpt, _scaled_call(ckpt, "output"), "x")
+    assert value == 0.5 and source.expr == "1.0 / config.mup_logit_div"
+    assert _as_multiplier(ckpt, _scaled_scores(ckpt), "x")[0] == 0.25
+    # A model that scales nothing reads as nothing.
+    plain = lab_checkpoint("kestrel", {})
+    assert _scaled_call(plain, "tok_emb") is None and _scaled_scores(plain) is None
