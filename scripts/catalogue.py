@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Regenerate docs/catalogue.md: run the catalogue suite and write the document from its rows.
 
-Usage: python scripts/catalogue.py [--port-only | --render-only] [extra pytest args]
+Usage: python scripts/catalogue.py [--port-only | --render-only] [--types llama,gpt2] [extra pytest args]
 
 Runs every test of tests/test_catalogue.py::test_catalogue_type (the full catalogue: one model_type of
 the installed transformers per test; it starts a vLLM engine for each type that ports). Extra pytest
-args such as `-k "llama or qwen3"` rerun a subset; the other rows keep what the document recorded.
+args such as `-k "llama or qwen3"` (or `--types llama,qwen3`, exact names) rerun a subset; the other
+rows keep what the document recorded.
 --port-only classifies, builds and ports without verifying (minutes instead of hours); a type measured
 at parity before keeps that figure and its date. --render-only rewrites the document from the rows it
 carries (after a change to the renderer). Exits with pytest's status.
@@ -33,13 +34,18 @@ def main(args: list[str]) -> int:
         return 0
     port_only = "--port-only" in args
     pytest_args = [a for a in args if a != "--port-only"]
+    tests = ["tests/test_catalogue.py::test_catalogue_type"]
+    if "--types" in pytest_args:  # exact model types (-k would match gemma3_text for gemma)
+        at = pytest_args.index("--types")
+        tests = [f"{tests[0]}[{name}]" for name in pytest_args[at + 1].split(",")]
+        del pytest_args[at:at + 2]
     with tempfile.TemporaryDirectory(prefix="catalogue-") as tmp:
         results_file = Path(tmp) / "rows.json"
         env = dict(os.environ, SCAFFOLD_CATALOGUE_RESULTS=str(results_file),
                    SCAFFOLD_CATALOGUE_VERIFY="0" if port_only else "1")
         # One worker: at most one vLLM engine at a time, and the rows are written by one process.
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                               "tests/test_catalogue.py::test_catalogue_type", *pytest_args],
+                               *tests, *pytest_args],
                               cwd=REPO, env=env, check=False)
         if not results_file.exists():
             print(f"{CATALOGUE.relative_to(REPO)} not rewritten (no model type ran)", file=sys.stderr)

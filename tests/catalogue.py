@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = REPO / "docs" / "catalogue.md"
 MARK = "<!-- catalogue rows (read by tests/test_catalogue.py): "
 TOLERANCE = 1e-4
-BUILD_TIMEOUT_S = 300
+BUILD_TIMEOUT_S = 120
 
 # Values a tiny MoE needs whatever its family calls them: few, small experts (defaults such as 256 experts of
 # 2048 rows would make a "tiny" checkpoint gigabytes), and expert groups that divide them.
@@ -41,10 +41,8 @@ MOE_SHRINK = {
 # Per-family additions to BASE, each with why the family needs it (kept small on purpose).
 FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "gpt_neox": ({"num_key_value_heads": 4}, "no grouped-query attention: kv heads equal heads"),
-    "phi3": ({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}, "default token ids lie outside vocab 256"),
-    "cohere": ({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}, "default token ids lie outside vocab 256"),
-    "smollm3": ({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}, "default token ids lie outside vocab 256"),
 }
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 # Families vLLM's transformers backend serves wrongly, as measured (shared/ENVIRONMENT.md, 2026-11-29): the table
 # says so beside the port's figure, since for these the port is the only correct way to serve them in vLLM.
@@ -120,12 +118,18 @@ def overrides_for(model_type: str) -> dict:
 
     config = AutoConfig.for_model(model_type, **BASE)
     shrink = {k: v for k, v in MOE_SHRINK.items() if isinstance(getattr(config, k, None), int)}
-    return {**shrink, **FAMILY_OVERRIDES.get(model_type, ({}, ""))[0]}
+    # Default token ids index the family's real vocabulary; in the tiny one they would lie outside the embedding.
+    tokens = {k: v for k, v in TOKENS.items()
+              if isinstance(getattr(config, k, None), int) and getattr(config, k) >= BASE["vocab_size"]}
+    return {**shrink, **tokens, **FAMILY_OVERRIDES.get(model_type, ({}, ""))[0]}
 
 
 def architecture_for(class_name: str) -> str:
-    """A class name vLLM has no model for, so only a generated port can serve the checkpoint."""
-    return "Catalogue" + class_name
+    """A class name vLLM has no model for, so only a generated port can serve the checkpoint. It ends in
+    ForCausalLM whatever the family's own suffix (GPT2LMHeadModel, ...): the name is the rename's, and the
+    port is judged on the checkpoint's layout, not on what transformers once called its head class."""
+    stem = re.sub(r"(ForCausalLM|WithLMHeadModel|LMHeadModel|ModelWithLMHead|Decoder)$", "", class_name)
+    return f"Catalogue{stem}ForCausalLM"
 
 
 def build(model_type: str, class_name: str, out: Path) -> subprocess.CompletedProcess:
@@ -153,17 +157,25 @@ def native_refusal(stderr: str, ckpt: Path) -> str:
     return found.group(1) if found else message.removeprefix("error: ").removeprefix("CKPT/config.json: ")
 
 
+def module_of(tensor: str) -> str:
+    """'model.layers.1.mlp.shared_experts.down_proj.weight' -> 'mlp.shared_experts' (a layer's module, not a file's)."""
+    path = re.sub(r"\.\d+", "", tensor.strip()).split("layers.", 1)[-1]
+    path = re.sub(r"\.(weight|bias)$", "", path)
+    return re.sub(r"\.\w+_proj$", "", path)
+
+
 def feature_of(reason: str) -> str:
     """The blocking feature a refusal names, with the family-specific parts (tensor names' layer numbers,
     shapes, values) folded so that the same feature counts once across families."""
     tensors = re.search(r"tensor\(s\) that no part of the port computes with \((.*?)\)", reason)
     if tensors:
-        leaves = sorted({re.sub(r"\.\d+", "", t.strip()).split("layers.", 1)[-1] for t in tensors.group(1).split(",")})
+        leaves = sorted({module_of(t) for t in tensors.group(1).split(",")})
         return "unconsumed tensors: " + ", ".join(leaves[:3]) + (", ..." if len(leaves) > 3 else "")
+    reason = re.sub(r"^CKPT/\S+: ", "", reason)
+    reason = re.sub(r"\s*\([^()]*\)", "", reason).split(";")[0]  # examples, where stored, what both know
     reason = re.sub(r"\[[\d, ]+\]", "[..]", reason)
     reason = re.sub(r"'[^']*'", "'..'", reason)
-    reason = re.sub(r"\b\d+(\.\d+)?\b", "N", reason)
-    return reason.split("; names both know")[0][:160]
+    return re.sub(r"\b\d+(\.\d+)?\b(?!-D)", "N", reason).rstrip(".")[:160]
 
 
 def port(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
