@@ -14,6 +14,7 @@ carries (after a change to the renderer). Exits with pytest's status.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -51,8 +52,11 @@ def main(args: list[str]) -> int:
             print(f"{CATALOGUE.relative_to(REPO)} not rewritten (no model type ran)", file=sys.stderr)
             return proc.returncode
         run = json.loads(results_file.read_text(encoding="utf-8"))
-    rows = merge(recorded_rows(), run["rows"], run["order"])
-    CATALOGUE.write_text(render(rows), encoding="utf-8")
+    lock_path = Path(tempfile.gettempdir()) / "scaffold-catalogue.lock"
+    with open(lock_path, "w") as lock:  # two runs ending together must not drop each other's rows
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = merge(recorded_rows(), run["rows"], run["order"])
+        CATALOGUE.write_text(render(rows), encoding="utf-8")
     print(f"wrote {CATALOGUE.relative_to(REPO)} ({len(run['rows'])} rows from this run, {len(rows)} in all)")
     return proc.returncode
 

@@ -134,10 +134,14 @@ def architecture_for(class_name: str) -> str:
 
 def build(model_type: str, class_name: str, out: Path) -> subprocess.CompletedProcess:
     """Build the tiny checkpoint in a child process (bounded in time; a family's failure stays its own)."""
+    try:
+        overrides = overrides_for(model_type)
+    except Exception as exc:  # noqa: BLE001 - a config transformers cannot make at tiny sizes is this type's result
+        return subprocess.CompletedProcess([], 1, "", f"tiny config: {type(exc).__name__}: {exc}")
     code = ("import sys, json; from scaffold.tiny import build_tiny; "
             "build_tiny(sys.argv[1], sys.argv[2], architecture=sys.argv[3], overrides=json.loads(sys.argv[4]))")
     args = [sys.executable, "-c", code, model_type, str(out), architecture_for(class_name),
-            json.dumps(overrides_for(model_type))]
+            json.dumps(overrides)]
     try:
         return subprocess.run(args, check=False, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -203,7 +207,7 @@ def measure(model_type: str, class_name: str, workdir: Path, *, run_verify: bool
     ckpt = workdir / f"ckpt-{model_type}"
     built = build(model_type, class_name, ckpt)
     if built.returncode != 0:
-        return {**row, "status": "build failed", "detail": last_line(built.stderr)[:300]}
+        return {**row, "status": "build failed", "detail": " ".join(last_line(built.stderr).split())[:300]}
     out = workdir / f"port-{model_type}"
     ported = port(ckpt, out)
     if ported.returncode != 0:
@@ -269,13 +273,12 @@ def scope_kind(detail: str) -> str:
 
 
 def summary_lines(t: dict) -> list[str]:
-    features = "; ".join(f"{n} x {f}" for f, n in t["by_feature"]) or "none"
     scopes = ", ".join(f"{k} {n}" for k, n in t["by_scope"]) or "none"
     return [
         f"**{t['parity']} of {t['in_scope']} in-scope model types at parity** ({t['types']} types in the catalogue).",
         f"Ported but not at parity: {t['fail']}. Ported, parity not measured yet: {t['ports']}.",
         f"Failed to build from a tiny config: {t['build_failed']}.",
-        f"Refused by the native generator: {t['refused']}, by feature: {features}.",
+        f"Refused by the native generator: {t['refused']}, by {len(t['by_feature'])} features (ranked below).",
         f"Out of scope: {t['out_of_scope']} ({scopes}).",
     ]
 
@@ -298,6 +301,15 @@ def render(rows: dict[str, dict]) -> str:
         "the row was last measured. Rows `ports` have a port whose parity was not measured yet.",
         "",
         *summary_lines(t),
+        "",
+        "## What blocks the refused types, most types first",
+        "",
+        "| types | feature the refusal names | model types |",
+        "| --- | --- | --- |",
+        *(f"| {n} | {cell(f)} | {', '.join(k for k, r in rows.items() if r['status'] == 'refused' and r['feature'] == f)} |"
+          for f, n in t["by_feature"]),
+        "",
+        "## Every model type",
         "",
         "| model_type | class | status | max \\|dlogp\\| | greedy | detail | measured |",
         "| --- | --- | --- | --- | --- | --- | --- |",
