@@ -41,6 +41,9 @@ MOE_SHRINK = {
 # Per-family additions to BASE, each with why the family needs it (kept small on purpose).
 FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "gpt_neox": ({"num_key_value_heads": 4}, "no grouped-query attention: kv heads equal heads"),
+    "gpt_neo": ({"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8},
+                "attention_types must name one kind per layer (BASE's 3), and a window shorter than the prompts"),
+    "reformer": ({"is_decoder": True}, "its LM head is causal only as a decoder (the class refuses otherwise)"),
 }
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
@@ -54,7 +57,7 @@ BACKEND_WRONG = {
 NON_ATTENTION_MIXERS = {
     "state-space": r"selective_scan|class \w*Mamba\w*Mixer|ssm_state|mamba_chunk_scan",
     "linear attention": r"chunk_gated_delta_rule|GatedDeltaNet|lightning_attn|class \w*LinearAttention\b",
-    "recurrent": r"class \w*(Rglru|RecurrentBlock|[mMsS]LSTM)\w*|rwkv_linear_attention",
+    "recurrent": r"class \w*(Rglru|RecurrentBlock|[mMsS]LSTM)\w*|rwkv_linear_attention|def mlstm_\w+",
     "convolutional": r"class \w*ShortConv\w*|causal_conv1d",
 }
 ATTENTION_LAYER_TYPES = re.compile(r"(full|sliding|chunked|indexed|compressed|heavily_compressed|sparse)\w*attention$")
@@ -116,12 +119,13 @@ def overrides_for(model_type: str) -> dict:
 
     from scaffold.tiny import BASE
 
-    config = AutoConfig.for_model(model_type, **BASE)
+    family = FAMILY_OVERRIDES.get(model_type, ({}, ""))[0]
+    config = AutoConfig.for_model(model_type, **{**BASE, **family})
     shrink = {k: v for k, v in MOE_SHRINK.items() if isinstance(getattr(config, k, None), int)}
     # Default token ids index the family's real vocabulary; in the tiny one they would lie outside the embedding.
     tokens = {k: v for k, v in TOKENS.items()
               if isinstance(getattr(config, k, None), int) and getattr(config, k) >= BASE["vocab_size"]}
-    return {**shrink, **tokens, **FAMILY_OVERRIDES.get(model_type, ({}, ""))[0]}
+    return {**shrink, **tokens, **family}
 
 
 def architecture_for(class_name: str) -> str:
@@ -137,7 +141,7 @@ def build(model_type: str, class_name: str, out: Path) -> subprocess.CompletedPr
     try:
         overrides = overrides_for(model_type)
     except Exception as exc:  # noqa: BLE001 - a config transformers cannot make at tiny sizes is this type's result
-        return subprocess.CompletedProcess([], 1, "", f"tiny config: {type(exc).__name__}: {exc}")
+        return subprocess.CompletedProcess([], 1, "", " ".join(f"tiny config: {type(exc).__name__}: {exc}".split()))
     code = ("import sys, json; from scaffold.tiny import build_tiny; "
             "build_tiny(sys.argv[1], sys.argv[2], architecture=sys.argv[3], overrides=json.loads(sys.argv[4]))")
     args = [sys.executable, "-c", code, model_type, str(out), architecture_for(class_name),
@@ -176,7 +180,9 @@ def feature_of(reason: str) -> str:
         leaves = sorted({module_of(t) for t in tensors.group(1).split(",")})
         return "unconsumed tensors: " + ", ".join(leaves[:3]) + (", ..." if len(leaves) > 3 else "")
     reason = re.sub(r"^CKPT/\S+: ", "", reason)
-    reason = re.sub(r"\s*\([^()]*\)", "", reason).split(";")[0]  # examples, where stored, what both know
+    while re.search(r"\([^()]*\)", reason):  # examples, where stored (nested too)
+        reason = re.sub(r"\s*\([^()]*\)", "", reason)
+    reason = reason.split(";")[0]  # what both implementations know
     reason = re.sub(r"\[[\d, ]+\]", "[..]", reason)
     reason = re.sub(r"'[^']*'", "'..'", reason)
     return re.sub(r"\b\d+(\.\d+)?\b(?!-D)", "N", reason).rstrip(".")[:160]
@@ -222,7 +228,7 @@ def measure(model_type: str, class_name: str, workdir: Path, *, run_verify: bool
     row.update(max_delta=logp.get("max_delta"), greedy=greedy.get("detail"))
     if report["passed"] and row["max_delta"] is not None and row["max_delta"] <= TOLERANCE:
         return {**row, "status": "parity"}
-    failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "fail")
+    failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "FAIL")
     return {**row, "status": "fail", "detail": (failed or report.get("error", ""))[:600]}
 
 
