@@ -38,6 +38,8 @@ def render(results: dict[str, dict], order: list[str], tolerance: float) -> str:
         "renamed, so vLLM can only serve it through the generated port. Parity: float32, max |dlogp| over the",
         f"top-20 tokens at every position of 4 prompts plus 16 greedy tokens each (tolerance {tolerance:.0e}).",
         "Features are the spec fields where the generated `scaffold_spec.toml` differs from a plain Llama.",
+        "This table is hand-picked feature by feature; [catalogue.md](catalogue.md) measures every model type",
+        "of the installed transformers' causal-LM catalogue (parity, the refusing feature, or why out of scope).",
         "",
         "| architecture | model_type | spec features exercised | max \\|dlogp\\| | greedy | status |",
         "| --- | --- | --- | --- | --- | --- |",
