@@ -170,7 +170,7 @@ def test_port_matches_transformers(name, workdir):
     row["max_delta"] = logp.get("max_delta")
     row["greedy"] = greedy.get("detail")
     row["status"] = "pass" if report["passed"] else "fail: " + "; ".join(
-        f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "fail")
+        f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "FAIL")
     assert report["passed"], json.dumps(report, indent=2)
     assert checks["port loaded by vLLM"]["status"] == "pass"
     assert logp["max_delta"] <= TOLERANCE
