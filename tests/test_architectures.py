@@ -67,6 +67,8 @@ ARCHITECTURES = {
     # Activations vLLM's registry has without a fused act-and-mul kernel (gated: act(gate) * up), and plain.
     "llama-relu2": ("llama", {"hidden_act": "relu2"}),
     "starcoder2-relu2": ("starcoder2", {"hidden_act": "relu2"}),
+    # LayerNorm scaling by 1 + weight (NemotronLayerNorm1P), partial rotary, relu2.
+    "nemotron": ("nemotron", {"partial_rotary_factor": 0.5}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -100,6 +102,7 @@ EXPECTED_SPEC = {
                   "qkv_bias": True},
     "llama-relu2": {"mlp_kind": "gated", "hidden_act": "relu2"},
     "starcoder2-relu2": {"mlp_kind": "plain", "hidden_act": "relu2"},
+    "nemotron": {"norm_kind": "layer", "norm_offset": 1.0, "hidden_act": "relu2", "partial_rotary_factor": 0.5},
 }
 
 # (model_type, overrides, words the refusal must contain)
