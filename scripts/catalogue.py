@@ -45,7 +45,7 @@ def main(args: list[str]) -> int:
         env = dict(os.environ, SCAFFOLD_CATALOGUE_RESULTS=str(results_file),
                    SCAFFOLD_CATALOGUE_VERIFY="0" if port_only else "1")
         # One worker: at most one vLLM engine at a time, and the rows are written by one process.
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "",
                                *tests, *pytest_args],
                               cwd=REPO, env=env, check=False)
         if not results_file.exists():

@@ -28,7 +28,7 @@ CATALOGUE_TYPES = catalogue()
 
 
 def _params():
-    return [pytest.param(t, marks=[pytest.mark.engine] if t in PER_COMMIT else [pytest.mark.engine, pytest.mark.slow])
+    return [pytest.param(t, marks=[pytest.mark.engine] if t in PER_COMMIT else [pytest.mark.engine, pytest.mark.slow, pytest.mark.catalogue])
             for t in CATALOGUE_TYPES]
 
 
