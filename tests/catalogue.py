@@ -23,6 +23,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from coverage_doc import recorded_results
+
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = REPO / "docs" / "catalogue.md"
 MARK = "<!-- catalogue rows (read by tests/test_catalogue.py): "
@@ -237,15 +239,7 @@ def measure(model_type: str, class_name: str, workdir: Path, *, run_verify: bool
 # ------------------------------------------------------------------ the document
 def recorded_rows(doc: Path = CATALOGUE) -> dict[str, dict]:
     """The rows the document carries (empty when there is none)."""
-    if not doc.exists():
-        return {}
-    for line in doc.read_text(encoding="utf-8").splitlines():
-        if line.startswith(MARK) and line.endswith(" -->"):
-            try:
-                return json.loads(line[len(MARK):-4])
-            except ValueError:
-                return {}
-    return {}
+    return recorded_results(doc, MARK)
 
 
 def merge(recorded: dict[str, dict], fresh: dict[str, dict], order: list[str]) -> dict[str, dict]:

@@ -15,14 +15,14 @@ COVERAGE = REPO / "docs" / "coverage.md"
 MARK = "<!-- results (read by tests/test_architectures.py): "
 
 
-def recorded_results(doc: Path = COVERAGE) -> dict[str, dict]:
-    """The rows the document carries (empty when there is no document or no results comment)."""
+def recorded_results(doc: Path = COVERAGE, mark: str = MARK) -> dict[str, dict]:
+    """The rows the document carries in its `mark` comment (empty when there is no document or comment)."""
     if not doc.exists():
         return {}
     for line in doc.read_text(encoding="utf-8").splitlines():
-        if line.startswith(MARK) and line.endswith(" -->"):
+        if line.startswith(mark) and line.endswith(" -->"):
             try:
-                return json.loads(line[len(MARK):-4])
+                return json.loads(line[len(mark):-4])
             except ValueError:
                 return {}
     return {}
