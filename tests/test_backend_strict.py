@@ -102,6 +102,7 @@ PATHS = {"missing": ("auto", "transformers"), "stray-bias": ("transformers",)}
 
 
 @pytest.mark.parametrize("case", list(CORRUPTIONS))
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_corrupt_stock_checkpoint_refused_on_every_path(case, llama, tmp_path):
     edit, words, tensor = CORRUPTIONS[case]
     ckpt = corrupt(llama, tmp_path / "ckpt", edit)
@@ -117,6 +118,7 @@ def test_corrupt_stock_checkpoint_refused_on_every_path(case, llama, tmp_path):
         assert not out.exists()
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_verify_static_only_checks_the_tensors(llama, tmp_path):
     """A backend package verified against a checkpoint that lost a tensor fails without an engine; against
     its own checkpoint it passes the check and says that parity was not checked."""
@@ -142,6 +144,7 @@ def test_verify_static_only_checks_the_tensors(llama, tmp_path):
     assert MISSING in checks["tensors against the backend"]["detail"]
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_tied_and_per_expert_checkpoints_pass(tiny, tmp_path):
     """No false refusals: a tied head stores no lm_head.weight, and Qwen3-MoE stores one tensor per expert
     where transformers 5 stacks them (vLLM's MoE runner loads them by expert index)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from helpers import EXAMPLES, scaffold
 
 from scaffold.detect.configreads import config_reads
@@ -40,6 +42,7 @@ def _check(report: dict, name: str) -> dict:
     return next(c for c in report["checks"] if c["name"] == name)
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_verify_names_a_key_the_spec_does_not_account_for(tmp_path):
     port = tmp_path / "port"
     scaffold("new", EXAMPLES / "demolm", "-o", port)

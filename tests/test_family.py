@@ -124,6 +124,7 @@ def test_demolm_port_serves_nine_layers(workdir):
     print("demolm 9 layers max |dlogp|", checks["parity: log-probabilities"]["max_delta"])
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_a_sibling_of_another_structure_fails_the_static_checks(workdir):
     """Attention biases are code the port does not have, not a value it reads: verify says so before any
     engine runs (and the engine would refuse the tensors at load, tests/test_quantized.py)."""

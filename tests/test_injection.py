@@ -100,6 +100,7 @@ def test_inspect_json_is_json_and_inert(hostile, tmp_path):
             proc.returncode, f'"logits_scale": {json.dumps(data["spec"]["logits_scale"])} (JSON has no NaN)')
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_review_and_readme_of_a_native_port_are_inert(hostile, tmp_path):
     proc = cli("new", hostile, "-o", tmp_path / "port")
     assert proc.returncode == 0, proc.stderr
@@ -133,6 +134,7 @@ def test_backend_package_is_inert(tmp_path):
             "code span closed")
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_a_hostile_rope_type_is_inert_on_every_path(tmp_path):
     """A rope type holding HTML and escapes: refused or written, it reaches no output raw."""
     stock = Shape(**{**SHAPE.__dict__, "architecture": "LlamaForCausalLM"})

@@ -168,6 +168,7 @@ def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path, record_propert
         assert word in failing[mutant.check], f"{mutant.check!r} does not name the cause: {failing[mutant.check]}"
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: CLI runs in subprocesses that import torch and vLLM
 def test_sharding_proof_fails_when_a_shard_is_loaded_twice(bases, tmp_path):
     """The tensor-parallel proof in its own process (static-only) is a check that can fail: with k_proj
     loaded as shard 'v', no rank can be checked and the proof says which shard nothing loads."""
