@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
+from scaffold.detect import conditions
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 LINEAR_CLASSES = {"Linear", "Conv1D"}
@@ -733,7 +734,9 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     file, cls, _ = found
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     # Every module the layer builds; which is a norm, the forward says (and the tensors confirm).
-    subs = {a: v for a, v in _init_assignments(init).items() if isinstance(v, ast.Call)
+    # `A(...) if config.x else B(...)`: the branch config.json selects.
+    chosen = {a: conditions.selected(v, config) for a, v in _init_assignments(init).items()}
+    subs = {a: v for a, v in chosen.items() if isinstance(v, ast.Call)
             and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
     undecided = []
     attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either

@@ -528,7 +528,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     spec.set("block", block, Source("tensor", detail))
 
     norm_attr = names.get("attn_norm") or names.get("attn_post_norm")
-    code = norm_code(sources, norm_attr)
+    code = norm_code(sources, norm_attr, ckpt.config)
     has_bias = f"{norm_attr}.bias" in layer0
     if code is not None:
         kind = "layer" if code.centered else "rms"

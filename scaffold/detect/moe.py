@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import routing, sourcecode
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -122,6 +123,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
+    path = routing.routing(sourcecode.modeling_sources(ckpt), n["experts"])
+    if path is not None and (problem := path.problem()):
+        raise unsupported(problem, where, spec.model_type)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]

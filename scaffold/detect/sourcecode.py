@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.identity import transformers_module_name
+from scaffold.detect import conditions
 
 
 @dataclass(frozen=True)
@@ -157,14 +158,18 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def module_class(sources: dict[str, str], attribute: str) -> tuple[str, Found] | None:
-    """The class assigned to `self.<attribute> = Class(...)` somewhere in the code."""
+def module_class(sources: dict[str, str], attribute: str,
+                 config: dict | None = None) -> tuple[str, Found] | None:
+    """The class assigned to `self.<attribute> = Class(...)` somewhere in the code; with `config`, also the
+    branch config.json selects of `Class(...) if COND else Other(...)`."""
     for name, tree in _parsed(sources):
         for node in _walk_module(tree):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
-                    and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
-                return _dotted(node.value.func), Found(attribute, name, node.lineno)
+                    and _dotted(node.targets[0].value) == "self"):
+                value = conditions.selected(node.value, config)
+                if isinstance(value, ast.Call):
+                    return _dotted(value.func), Found(attribute, name, value.lineno)
     return None
 
 
@@ -209,9 +214,9 @@ class NormCode:
     weight_offset: float  # 1.0 when it scales by (1 + weight)
 
 
-def norm_code(sources: dict[str, str], attribute: str) -> NormCode | None:
+def norm_code(sources: dict[str, str], attribute: str, config: dict | None = None) -> NormCode | None:
     """How the norm at `self.<attribute>` computes, from its class's forward (or torch's nn.LayerNorm)."""
-    found = module_class(sources, attribute)
+    found = module_class(sources, attribute, config)
     if found is None:
         return None
     cls, where = found

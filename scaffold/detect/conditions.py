@@ -1,0 +1,78 @@
+"""Which branch of a conditional module assignment the checkpoint's config selects.
+
+Modeling code often picks a module's class from the config:
+
+    self.input_layernorm = (
+        Cohere2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.rms_norm_eps is not None
+        else Cohere2MoeLayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    )
+
+Detection reads the branch that this checkpoint's config.json selects. A condition over anything but
+config values and constants (or over a key config.json does not hold, whose value the config class's
+default decides) is not evaluated: the assignment stays undecided rather than guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any
+
+_UNKNOWN = object()
+
+_COMPARE = {ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.Eq: operator.eq, ast.NotEq: operator.ne,
+            ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+
+def _value(node: ast.expr, config: dict[str, Any]) -> Any:
+    """A constant, or `config.KEY` / `self.config.KEY` / `getattr(config, "KEY", default)` read from config.json."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_value(e, config) for e in node.elts]
+        return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
+    if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("config", "self.config"):
+        return config.get(node.attr, _UNKNOWN)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) in (2, 3) and ast.unparse(node.args[0]) in ("config", "self.config")
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        key = node.args[1].value
+        if key in config:
+            return config[key]
+        return _value(node.args[2], config) if len(node.args) == 3 else _UNKNOWN
+    return _UNKNOWN
+
+
+def evaluate(test: ast.expr, config: dict[str, Any]) -> bool | None:
+    """The truth of `test` under config.json, or None when it reads something else."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = evaluate(test.operand, config)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        parts = [evaluate(v, config) for v in test.values]
+        if isinstance(test.op, ast.And):
+            return False if False in parts else (None if None in parts else True)
+        return True if True in parts else (None if None in parts else False)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARE:
+        left, right = _value(test.left, config), _value(test.comparators[0], config)
+        if left is _UNKNOWN or right is _UNKNOWN:
+            return None
+        try:
+            return bool(_COMPARE[type(test.ops[0])](left, right))
+        except TypeError:  # a comparison config.json's types do not support (None < 3)
+            return None
+    value = _value(test, config)
+    return None if value is _UNKNOWN else bool(value)
+
+
+def selected(value: ast.expr, config: dict[str, Any] | None) -> ast.expr | None:
+    """The expression an assignment's right-hand side reduces to under config.json: the chosen branch of each
+    `A if COND else B`, or None when a condition cannot be evaluated (or no config is given)."""
+    while isinstance(value, ast.IfExp):
+        truth = evaluate(value.test, config) if config is not None else None
+        if truth is None:
+            return None
+        value = value.body if truth else value.orelse
+    return value

@@ -1,0 +1,60 @@
+"""detect/conditions.py: the branch of `A(...) if COND else B(...)` that config.json selects."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import transformers
+
+from scaffold.detect.conditions import evaluate, selected
+from scaffold.detect.sourcecode import norm_code
+
+
+def expr(text: str) -> ast.expr:
+    return ast.parse(text, mode="eval").body
+
+
+@pytest.mark.parametrize("test, config, truth", [
+    ("config.rms_norm_eps is not None", {"rms_norm_eps": None}, False),
+    ("config.rms_norm_eps is not None", {"rms_norm_eps": 1e-6}, True),
+    ("self.config.use_qk_norm", {"use_qk_norm": True}, True),
+    ("not config.use_qk_norm", {"use_qk_norm": True}, False),
+    ("config.norm_type == 'layer'", {"norm_type": "rms"}, False),
+    ("config.norm_type in ('rms', 'rmsnorm')", {"norm_type": "rms"}, True),
+    ("getattr(config, 'parallel', False)", {}, False),
+    ("config.a and config.b", {"a": False}, False),  # decided without b
+    ("config.a or config.b", {"a": True}, True),
+])
+def test_conditions_over_config_values(test, config, truth):
+    assert evaluate(expr(test), config) is truth
+
+
+@pytest.mark.parametrize("test, config", [
+    ("config.missing_key", {}),  # the config class's default decides: unknown here
+    ("layer_idx % 2 == 0", {}),  # not a config value
+    ("config.a < config.b", {"a": None, "b": 3}),  # a comparison the values do not support
+    ("config.a and config.b", {"a": True}),
+])
+def test_conditions_it_cannot_decide_stay_undecided(test, config):
+    assert evaluate(expr(test), config) is None
+
+
+def test_nested_branches_and_no_config():
+    value = expr("A() if config.x else (B() if config.y else C())")
+    assert ast.unparse(selected(value, {"x": False, "y": False})) == "C()"
+    assert selected(value, {"x": False}) is None
+    assert selected(value, None) is None
+    assert ast.unparse(selected(expr("A()"), None)) == "A()"
+
+
+def test_cohere2_moe_norm_follows_its_config():
+    """Cohere2-MoE builds an RMS norm when rms_norm_eps is set, else a mean-subtracting LayerNorm."""
+    path = Path(transformers.__file__).parent / "models" / "cohere2_moe" / "modeling_cohere2_moe.py"
+    sources = {"modeling_cohere2_moe.py": path.read_text(encoding="utf-8")}
+    layer = norm_code(sources, "input_layernorm", {"rms_norm_eps": None, "layer_norm_eps": 1e-5})
+    rms = norm_code(sources, "input_layernorm", {"rms_norm_eps": 1e-6})
+    assert (layer.cls, layer.centered) == ("Cohere2MoeLayerNorm", True)
+    assert (rms.cls, rms.centered) == ("Cohere2MoeRMSNorm", False)
+    assert norm_code(sources, "input_layernorm", {}) is None  # undecided, not guessed
