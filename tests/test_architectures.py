@@ -69,6 +69,11 @@ ARCHITECTURES = {
     "starcoder2-relu2": ("starcoder2", {"hidden_act": "relu2"}),
     # LayerNorm scaling by 1 + weight (NemotronLayerNorm1P), partial rotary, relu2.
     "nemotron": ("nemotron", {"partial_rotary_factor": 0.5}),
+    # A head with a bias (added by the logits processor), parallel block with one LayerNorm, partial rotary.
+    "phi": ("phi", {"partial_rotary_factor": 0.5}),
+    # The norm class chosen by the config (`RMSNorm if config.rms_norm_eps is not None else LayerNorm`).
+    "cohere2_moe": ("cohere2_moe", {**TOKENS, "num_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 64}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -103,6 +108,8 @@ EXPECTED_SPEC = {
     "llama-relu2": {"mlp_kind": "gated", "hidden_act": "relu2"},
     "starcoder2-relu2": {"mlp_kind": "plain", "hidden_act": "relu2"},
     "nemotron": {"norm_kind": "layer", "norm_offset": 1.0, "hidden_act": "relu2", "partial_rotary_factor": 0.5},
+    "phi": {"lm_head_bias": True, "block": "parallel", "norm_kind": "layer", "partial_rotary_factor": 0.5},
+    "cohere2_moe": {"norm_kind": "layer", "block": "parallel", "num_experts": 4},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -112,6 +119,8 @@ UNSUPPORTED = {
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
+    "phimoe-sparsemixer": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
+                           "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:"),
 }
 
 RESULTS: dict[str, dict] = {}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import transformers
 from ckpt_factory import Shape
 from helpers import detect_until, moe_tensors, read
 
@@ -51,3 +54,27 @@ def test_routing_to_more_experts_than_exist_is_refused(tmp_path):
 def test_a_dense_model_has_no_experts(tmp_path):
     spec = detect_until(read(tmp_path), moe)
     assert not spec.is_moe and spec.num_experts == 0 and spec.sparse_layers == []
+
+
+def _transformers_source(model_type: str) -> dict[str, str]:
+    path = Path(transformers.__file__).parent / "models" / model_type / f"modeling_{model_type}.py"
+    return {path.name: path.read_text(encoding="utf-8")}
+
+
+@pytest.mark.parametrize("model_type, key", [
+    ("cohere2_moe", "intermediate_size"),  # its config class also carries moe_intermediate_size, unread
+    ("qwen3_moe", "moe_intermediate_size"),
+    ("mixtral", "intermediate_size"),
+])
+def test_expert_width_key_is_the_one_the_experts_code_reads(model_type, key):
+    config = {"intermediate_size": 256, "moe_intermediate_size": 64}
+    assert moe.expert_width_key(_transformers_source(model_type), "experts", config) == key
+
+
+def test_expert_width_key_from_a_module_list_of_mlps():
+    lab = ("import torch.nn as nn\n\nclass Mlp(nn.Module):\n    def __init__(self, config, intermediate_size):\n"
+           "        super().__init__()\n\nclass Moe(nn.Module):\n    def __init__(self, config):\n"
+           "        super().__init__()\n        self.experts = nn.ModuleList(\n"
+           "            [Mlp(config, intermediate_size=config.expert_ffn) for _ in range(config.n_exp)])\n")
+    assert moe.expert_width_key({"m.py": lab}, "experts", {"expert_ffn": 32, "intermediate_size": 64}) == "expert_ffn"
+    assert moe.expert_width_key({"m.py": lab}, "experts", {"intermediate_size": 64}) is None  # key not in config.json

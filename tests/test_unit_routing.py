@@ -86,3 +86,15 @@ def test_the_same_lab_block_with_softmax_scores_ports():
 def test_no_class_owning_the_experts_says_nothing():
     assert routing({"modeling_lab.py": LAB}, "experts") is None
     assert routing({}, "experts") is None
+
+
+def test_a_routers_own_methods_are_followed():
+    """longcat_flash's router takes its top-k in a method of its own class, called as self.method(...)."""
+    lab = LAB.replace("        return pick_experts(self.proj(x), 2)\n",
+                      "        return self.choose(self.proj(x).softmax(-1))\n\n"
+                      "    def choose(self, probs):\n        return probs.topk(2, dim=-1)\n")
+    lab = lab.replace("    scores = logits.sigmoid()\n    weights, chosen = scores.topk(k, dim=-1)\n",
+                      "    weights, chosen = logits, logits\n")
+    found = routing({"modeling_lab.py": lab}, "bank")
+    assert found.problem() is None, found
+    assert routing({"modeling_lab.py": lab.replace("probs.topk(2, dim=-1)", "probs.max(-1)")}, "bank").problem()

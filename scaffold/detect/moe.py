@@ -8,10 +8,11 @@ because which projection goes through the activation cannot be read off the shap
 
 from __future__ import annotations
 
+import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import routing, sourcecode
+from scaffold.detect import codekeys, routing, sourcecode
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -107,7 +108,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     n = spec.names
     set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts"), int)
     set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k"), int)
-    key, _ = config_value(ckpt, "moe_intermediate_size")
+    sources = sourcecode.modeling_sources(ckpt)
+    key = expert_width_key(sources, n["experts"], ckpt.config)
+    if key is None:
+        key, _ = config_value(ckpt, "moe_intermediate_size")
     set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
     key, _ = config_value(ckpt, "norm_topk_prob")
     if key is not None:
@@ -123,7 +127,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
-    path = routing.routing(sourcecode.modeling_sources(ckpt), n["experts"])
+    path = routing.routing(sources, n["experts"])
     if path is not None and (problem := path.problem()):
         raise unsupported(problem, where, spec.model_type)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
@@ -159,3 +163,30 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
+
+
+def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str | None:
+    """The config key the code sizes each expert's intermediate rows with, where it says so unambiguously:
+    the class built as `self.<experts>` reads one `config.*intermediate*` key (Cohere2-MoE's experts read
+    `intermediate_size` although its config also has `moe_intermediate_size`), or the expert MLPs of a
+    ModuleList are built with `intermediate_size=config.KEY`. None when the code does not say."""
+    classes = sourcecode._classes(sources)
+    keys: set[str] = set()
+    for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr != experts or func.name != "__init__":
+            continue
+        for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+            name = codekeys.callee(call)
+            given = [kw.value for kw in call.keywords if kw.arg == "intermediate_size"]
+            found = codekeys.config_expr(given[0], func) if given else None
+            if found is not None:
+                keys.update(found[1])
+            elif name in classes:
+                init = next((f for f in classes[name][1].body
+                             if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+                for node in ast.walk(init) if init else ():
+                    if (isinstance(node, ast.Attribute) and "intermediate" in node.attr
+                            and codekeys._is_config(node.value)):
+                        keys.add(node.attr)
+    keys = {k for k in keys if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
+    return keys.pop() if len(keys) == 1 else None

@@ -69,29 +69,35 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
         assigned = _assigned_classes(_method(cls, "__init__"))
         if experts not in assigned:
             continue
-        bodies = [_method(cls, "forward")]
+        forward = _method(cls, "forward")
+        if forward is None:
+            return None
+        # (function body, the class whose `self.method(...)` calls it may make)
+        frontier = [(forward, cls)]
         for attr, sub in assigned.items():
-            if attr != experts and sub in classes and sub != name:
-                bodies.append(_method(classes[sub][1], "forward"))
+            if attr != experts and sub in classes and sub != name and _method(classes[sub][1], "forward"):
+                frontier.append((_method(classes[sub][1], "forward"), classes[sub][1]))
         calls: set[str] = set()
         helpers: list[str] = []
-        frontier = [b for b in bodies if b is not None]
+        seen = {id(body) for body, _ in frontier}
         for _ in range(MAX_DEPTH):
             following = []
-            for body in frontier:
+            for body, owner in frontier:
                 for node in ast.walk(body):
                     if not isinstance(node, ast.Call):
                         continue
                     short = _dotted(node.func).rsplit(".", 1)[-1]
                     calls.add(short)
+                    target = None
                     if isinstance(node.func, ast.Name) and short in functions:
-                        f_file, f_node = functions[short]
-                        label = f"{short} ({f_file}:{f_node.lineno})"
-                        if label not in helpers:
-                            helpers.append(label)
-                            following.append(f_node)
+                        f_file, target = functions[short]
+                        helpers.append(f"{short} ({f_file}:{target.lineno})")
+                    elif owner is not None and _dotted(node.func) == f"self.{short}":
+                        target = _method(owner, short)  # the class's own method (a router's get_topk_indices)
+                    if target is not None and id(target) not in seen:
+                        seen.add(id(target))
+                        following.append((target, owner if target in owner.body else None))
             frontier = following
-        if not bodies[0]:
-            return None
+        helpers = list(dict.fromkeys(helpers))
         return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers))
     return None

@@ -9,8 +9,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.identity import transformers_module_name
 from scaffold.detect import conditions
+from scaffold.detect.identity import transformers_module_name
 
 
 @dataclass(frozen=True)
