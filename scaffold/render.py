@@ -43,12 +43,11 @@ from scaffold.spec import (
     field_problem,
     port_names,
     renamed_prefixes,
-    to_toml,
-    toml_string,
-    toml_table,
     validate_identifiers,
 )
 from scaffold.text import markdown_text
+from scaffold.tomlio import spec_toml
+from scaffold.tomlio import string as toml_string
 
 # The one import up the layers, listed by name in pyproject.toml's import contract: the generator refuses a port
 # that `scaffold verify` would fail on coverage, with verify's own check (check_coverage). Neither module imports
@@ -274,7 +273,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)
-    files["scaffold_spec.toml"] = to_toml(spec) + port_table(ckpt, trust_remote_code)
+    files["scaffold_spec.toml"] = spec_toml(spec, port={"checkpoint": str(ckpt.path), "scaffold_version": __version__,
+                                                       "trust_remote_code": trust_remote_code})
     if review:
         files["REVIEW.md"] = review
     return Rendered(files, protect=[ckpt.path])
@@ -298,12 +298,6 @@ def render_tree(context: dict, package: str, *, template_root: str = "package",
         out_rel = rel[: -len(".j2")].replace(PACKAGE_PLACEHOLDER, package)
         files[out_rel] = env.get_template(f"{template_root}/{rel}").render(**context)
     return files
-
-
-def port_table(ckpt: Checkpoint, trust_remote_code: bool) -> str:
-    table = toml_table("port", {"checkpoint": str(ckpt.path), "scaffold_version": __version__,
-                                "trust_remote_code": trust_remote_code})
-    return "\n".join(["", "# Where this port came from; scaffold verify reads it.", *table]) + "\n"
 
 
 # --------------------------------------------------------- format and check
