@@ -8,6 +8,7 @@ from pathlib import Path
 from scaffold.analysis import Analysis, analyze
 from scaffold.backend.plan import BackendPlan, plan
 from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import policy
 from scaffold.errors import ScaffoldError, UnsupportedArchitecture
 
 IMPLS = ("auto", "native", "transformers")
@@ -33,6 +34,7 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
     if impl not in IMPLS:
         raise ScaffoldError(f"--impl must be one of {', '.join(IMPLS)}, not {impl!r}.")
     ckpt = read_checkpoint(checkpoint)  # an unreadable checkpoint is reported as such, on every path
+    policy.check(ckpt)  # and so is one no port expresses (its message names the backend where it may serve it)
     native_error: ScaffoldError | None = None
     if impl != "transformers":
         try:
