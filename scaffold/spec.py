@@ -147,17 +147,18 @@ class FieldInfo:
     layer_list: bool = False  # a list of layer numbers, each below the num_layers limit
     probe: tuple[str, ...] = ()  # the probe kinds (PROBES) whose output the field feeds
     config_key: bool = False  # a spec file may name the config.json key holding it ([spec.config_keys])
+    identifier: bool = False  # becomes a Python name in generated code (validate_identifiers); "" or None: unset
     omit_when_empty: bool = False  # left out of scaffold_spec.toml when empty (most checkpoints have none)
 
 
 def spec_field(default: Any, *, group: str, doc: str, choices: tuple[str, ...] = (), limit: int | None = None,
                layer_list: bool = False, probe: str | tuple[str, ...] = (), config_key: bool = False,
-               omit_when_empty: bool = False) -> Any:
+               identifier: bool = False, omit_when_empty: bool = False) -> Any:
     """A Spec field with its declaration in the field's metadata. A list or dict default is copied per Spec."""
     probe = (probe,) if isinstance(probe, str) else tuple(probe)
     if group not in GROUPS or not set(probe) <= set(PROBES):
         raise ValueError(f"spec_field: group {group!r} must be one of {tuple(GROUPS)}, probes {probe} of {PROBES}")
-    info = FieldInfo(group, doc, tuple(choices), limit, layer_list, probe, config_key, omit_when_empty)
+    info = FieldInfo(group, doc, tuple(choices), limit, layer_list, probe, config_key, identifier, omit_when_empty)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata={"spec": info})
     return field(default=default, metadata={"spec": info})
@@ -169,12 +170,12 @@ class Spec:
     architecture: str = spec_field("", group="identity",
                                    doc="the checkpoint's model class (config.json architectures[0])")
     model_type: str = spec_field("", group="identity", doc="config.json model_type")
-    class_prefix: str = spec_field("", group="identity", doc="the prefix of the port's class names")
-    package: str = spec_field("", group="identity",
+    class_prefix: str = spec_field("", group="identity", identifier=True, doc="the prefix of the port's class names")
+    package: str = spec_field("", group="identity", identifier=True,
                               doc="the port's Python package (and, with - for _, its distribution)")
     register_config: bool = spec_field(
         False, group="identity", doc="the port registers its own config class (transformers lacks the model_type)")
-    config_class: str = spec_field("", group="identity", doc="the name of that config class")
+    config_class: str = spec_field("", group="identity", identifier=True, doc="the name of that config class")
 
     # Sizes.
     hidden_size: int = spec_field(0, group="sizes", probe="embed", config_key=True, doc="the residual stream's width")
@@ -237,7 +238,7 @@ class Spec:
                                     doc="which half of a fused gate_up tensor holds the gate rows")
     hidden_act: str = spec_field("silu", group="mlp", probe="mlp", doc="the MLP's activation (vLLM's name)")
     mlp_bias: bool = spec_field(False, group="mlp", probe="mlp", doc="the MLP's projections have a bias")
-    gate_extra_bias: str | None = spec_field(None, group="mlp", probe="mlp",
+    gate_extra_bias: str | None = spec_field(None, group="mlp", probe="mlp", identifier=True,
                                              doc="a bias parameter added to the gate, by name; None: none")
 
     # Mixture of experts. num_experts 0 means a dense MLP in every layer; otherwise
@@ -401,16 +402,16 @@ FIELD_TYPES = {name: hint for name, hint in get_type_hints(Spec).items() if name
 # `config.<key>` at run time, as it does for the keys detection knows.
 CONFIG_KEY_FIELDS = tuple(name for name, info in FIELD_INFO.items() if info.config_key)
 MAX_LAYERS = FIELD_INFO["num_layers"].limit
+IDENTIFIER_FIELDS = tuple(name for name, info in FIELD_INFO.items() if info.identifier)
 # Fields written into scaffold_spec.toml only when set.
 OMITTED_WHEN_EMPTY = tuple(name for name, info in FIELD_INFO.items() if info.omit_when_empty)
 
 
-def fields_by_group() -> dict[str, list[str]]:
-    """The fields of each group (GROUPS), in declaration order."""
-    out: dict[str, list[str]] = {group: [] for group in GROUPS}
-    for name, info in FIELD_INFO.items():
-        out[info.group].append(name)
-    return out
+def group_heading(name: str, previous: str | None) -> str | None:
+    """The title of `name`'s group when it starts a new group after the field `previous`, else None: the
+    heading a listing of FIELDS (inspect, the spec template) puts above each group."""
+    group = FIELD_INFO[name].group
+    return GROUPS[group] if previous is None or FIELD_INFO[previous].group != group else None
 
 
 def field_problem(name: str, value: Any) -> str | None:
@@ -482,9 +483,9 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     model_type is not an identifier but is written into docstrings and comments, so
     it must be a plain name too (letters, digits, _ and -).
     """
-    for name in ("class_prefix", "package", "config_class", "gate_extra_bias"):
+    for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name == "config_class":
+        if value is None or value == "" and name == "config_class":  # no extra bias; no config class of its own
             continue
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):

@@ -18,7 +18,7 @@ from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, Item, Table
 
 from scaffold.errors import SpecError
-from scaffold.spec import CONFIG_KEY_FIELDS, FIELD_INFO, FIELDS, Spec, Unknown
+from scaffold.spec import CONFIG_KEY_FIELDS, FIELD_INFO, FIELDS, Spec, Unknown, group_heading
 
 SPEC_TABLE = "spec"
 
@@ -129,10 +129,14 @@ def spec_template(spec: Spec, checkpoint: str, config: dict[str, Any], tensors: 
     """A spec file with every field: the detected values, each after its source, and the fields detection could
     not determine marked UNKNOWN (commented out, holding a placeholder) with the candidates it considered.
     Uncommented and filled in, it is a complete --spec file; left as it is, the detected values are pinned."""
-    body = tomlkit.table()
+    body, previous = tomlkit.table(), None
     for name in FIELDS:
         if name == "names":
             continue  # its own table, below
+        if heading := group_heading(name, previous):
+            body.add(tomlkit.nl())
+            body.add(comment(f"--- {heading}"))
+        previous = name
         v = getattr(spec, name)
         if name in spec.unknowns:
             _add_unknown(body, spec.unknowns[name])
