@@ -14,7 +14,6 @@ import re
 from typing import Any
 
 import tomlkit
-from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, Item, Table
 
 from scaffold.errors import SpecError
@@ -79,7 +78,8 @@ def table(values: dict[str, Any], note: str | None = None) -> Table:
 
 
 def array_of_tables(rows: list[dict[str, Any]]) -> AoT:
-    return tomlkit.aot() if not rows else AoT([table(r) for r in rows])
+    """[[name]] tables, one per row."""
+    return AoT([table(r) for r in rows])
 
 
 def document(header: list[str], tables: dict[str, Table]) -> str:
@@ -134,7 +134,8 @@ def spec_template(spec: Spec, checkpoint: str, config: dict[str, Any], tensors: 
         if name == "names":
             continue  # its own table, below
         if heading := group_heading(name, previous):
-            body.add(tomlkit.nl())
+            if previous is not None:
+                body.add(tomlkit.nl())
             body.add(comment(f"--- {heading}"))
         previous = name
         v = getattr(spec, name)
@@ -195,7 +196,7 @@ def _config_keys_table(spec: Spec, config: dict[str, Any]) -> Table:
     return out
 
 
-def _add_unknown(body: Table | Container, u: Unknown) -> None:
+def _add_unknown(body: Table, u: Unknown) -> None:
     body.add(comment(f"UNKNOWN: {u.reason}"))
     if u.candidates:
         body.add(comment("  considered: " + "; ".join(f"{c} ({why})" for c, why in u.candidates)))
