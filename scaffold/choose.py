@@ -34,7 +34,6 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
     if impl not in IMPLS:
         raise ScaffoldError(f"--impl must be one of {', '.join(IMPLS)}, not {impl!r}.")
     ckpt = read_checkpoint(checkpoint)  # an unreadable checkpoint is reported as such, on every path
-    policy.check(ckpt)  # and so is one no port expresses (its message names the backend where it may serve it)
     native_error: ScaffoldError | None = None
     if impl != "transformers":
         try:
@@ -46,6 +45,9 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
             if impl == "native" or spec_file is not None:
                 raise
             native_error = exc
+    # What no port expresses is refused on every path, as the native one did (detection runs the same check);
+    # its message says where the backend may serve it.
+    policy.check(ckpt)
     backend = plan(ckpt, trust_remote_code)
     blockers = backend.blockers(include_defects=impl == "auto")
     if not blockers:
