@@ -469,9 +469,14 @@ def _conforms(value: Any, hint: Any, depth: int = 0) -> bool:
     raise TypeError(f"spec fields hold plain data; {hint} is not a type field_problem knows")
 
 
-# A declaration that contradicts itself (a default outside its choices, a type the checker does not know) fails
-# on import, not on the first spec file that names the field.
-for _name, _field in ((f.name, f) for f in dataclasses.fields(Spec) if f.name in FIELD_INFO):
+# A field without a declaration, or a declaration that contradicts itself (a default outside its choices, a type
+# the checker does not know), fails on import, not on the first spec file that names the field.
+for _field in dataclasses.fields(Spec):
+    _name = _field.name
+    if _name in ("provenance", "unknowns", "pinned"):  # the record of the values, not spec fields
+        continue
+    if _name not in FIELD_INFO:
+        raise TypeError(f"Spec.{_name} is declared without spec_field(...): say its group, doc and probe there")
     _default = _field.default_factory() if _field.default is dataclasses.MISSING else _field.default
     if field_problem(_name, _default) is not None:
         raise TypeError(f"Spec.{_name}: its default {_default!r} breaks its own declaration")
