@@ -10,7 +10,7 @@ from scaffold.checkpoint import Checkpoint, read_checkpoint
 from scaffold.detect import detect, settled, understand
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.mapping import WeightRow, weight_table
-from scaffold.spec import FIELDS, Spec, load_overrides, validate_identifiers, validate_names
+from scaffold.spec import FIELDS, Spec, group_heading, load_overrides, validate_identifiers, validate_names
 
 
 @dataclass
@@ -57,8 +57,11 @@ def partial(checkpoint: str | Path, spec_file: str | Path | None = None) -> tupl
 
 def partial_text(spec: Spec) -> str:
     """The partial spec, field by field with its source, and what stayed unknown with the candidates considered."""
-    lines = ["spec (partial: some fields could not be determined)"]
+    lines, previous = ["spec (partial: some fields could not be determined)"], None
     for name in FIELDS:
+        if heading := group_heading(name, previous):
+            lines.append(f" {heading}")
+        previous = name
         if name in spec.unknowns:
             lines.append(f"  {name:32} UNKNOWN")
         elif name == "names" and any(f.startswith("names.") for f in spec.unknowns):

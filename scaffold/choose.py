@@ -8,6 +8,7 @@ from pathlib import Path
 from scaffold.analysis import Analysis, analyze
 from scaffold.backend.plan import BackendPlan, plan
 from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import policy
 from scaffold.errors import ScaffoldError, UnsupportedArchitecture
 
 IMPLS = ("auto", "native", "transformers")
@@ -44,6 +45,9 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
             if impl == "native" or spec_file is not None:
                 raise
             native_error = exc
+    # What no port expresses is refused on every path, as the native one did (detection runs the same check);
+    # its message says where the backend may serve it.
+    policy.check(ckpt)
     backend = plan(ckpt, trust_remote_code)
     blockers = backend.blockers(include_defects=impl == "auto")
     if not blockers:

@@ -19,7 +19,7 @@ from scaffold.detect import SpecIncomplete
 from scaffold.errors import OutputError, ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.review import inspect_json, inspect_text
-from scaffold.spec import spec_template
+from scaffold.tomlio import spec_template
 from scaffold.text import echo, json_text
 
 

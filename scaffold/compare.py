@@ -25,6 +25,7 @@ import click
 from scaffold.analysis import analyze
 from scaffold.backend.plan import plan
 from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import policy
 from scaffold.errors import ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.text import echo
@@ -73,6 +74,7 @@ def _fill(side: Side, result, vllm_class: str, load_seconds: float) -> None:
 def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress=None) -> list[Side]:
     say = progress or (lambda line: None)
     ckpt = read_checkpoint(checkpoint)
+    policy.check(ckpt)  # as `scaffold new` refuses it, on both paths
     if ckpt.sources and not trust_remote_code and "auto_map" in ckpt.config:
         raise ScaffoldError("the checkpoint ships its own code, which both the transformers reference and the "
                             "backend run; pass --trust-remote-code to allow it.", ckpt.config_file)

@@ -72,9 +72,3 @@ class OutputError(ScaffoldError):
     """The output directory cannot be written as asked."""
 
     one_paragraph = True
-
-
-class VerifyFailed(ScaffoldError):
-    """Verification ran and found the port wrong."""
-
-    exit_code = 1

@@ -20,7 +20,6 @@ import shutil
 import signal
 import tempfile
 import threading
-import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,14 +40,14 @@ from scaffold.spec import (
     FIELDS,
     IDENTIFIER,
     Spec,
+    field_problem,
     port_names,
     renamed_prefixes,
-    to_toml,
-    toml_string,
-    toml_table,
     validate_identifiers,
 )
 from scaffold.text import markdown_text
+from scaffold.tomlio import spec_toml
+from scaffold.tomlio import string as toml_string
 
 # The one import up the layers, listed by name in pyproject.toml's import contract: the generator refuses a port
 # that `scaffold verify` would fail on coverage, with verify's own check (check_coverage). Neither module imports
@@ -177,43 +176,12 @@ def checked_expr(expr: str, field_name: str) -> str:
     return expr
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether `value` is plain data of the declared field type (bool is not an int here)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        try:
-            py_literal(value)
-        except ScaffoldError:
-            return False
-        return True
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return any(_conforms(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if hint is str:
-        return isinstance(value, str)
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value) if args else isinstance(value, list)
-    if origin is dict:
-        return isinstance(value, dict) and (not args or all(_conforms(k, args[0]) and _conforms(v, args[1])
-                                                            for k, v in value.items()))
-    return True  # a field type this check does not know: left to the templates' filters
-
-
 def check_spec(spec: Spec, where: str | Path | None = None) -> None:
     """Every spec field is plain data of its declared type before any of it becomes code."""
-    hints = typing.get_type_hints(Spec)
     for name in FIELDS:
-        value = getattr(spec, name)
-        if not _conforms(value, hints[name]):
-            raise ScaffoldError(f"spec field {name!r} = {value!r} is not a {hints[name]}; refusing to render it.",
-                                where)
+        problem = field_problem(name, getattr(spec, name))  # the check a spec file's values get
+        if problem:
+            raise ScaffoldError(f"spec {problem}; refusing to render it.", where)
     validate_identifiers(spec, str(where or "spec"))
 
 
@@ -305,7 +273,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)
-    files["scaffold_spec.toml"] = to_toml(spec) + port_table(ckpt, trust_remote_code)
+    files["scaffold_spec.toml"] = spec_toml(spec, port={"checkpoint": str(ckpt.path), "scaffold_version": __version__,
+                                                       "trust_remote_code": trust_remote_code})
     if review:
         files["REVIEW.md"] = review
     return Rendered(files, protect=[ckpt.path])
@@ -329,12 +298,6 @@ def render_tree(context: dict, package: str, *, template_root: str = "package",
         out_rel = rel[: -len(".j2")].replace(PACKAGE_PLACEHOLDER, package)
         files[out_rel] = env.get_template(f"{template_root}/{rel}").render(**context)
     return files
-
-
-def port_table(ckpt: Checkpoint, trust_remote_code: bool) -> str:
-    table = toml_table("port", {"checkpoint": str(ckpt.path), "scaffold_version": __version__,
-                                "trust_remote_code": trust_remote_code})
-    return "\n".join(["", "# Where this port came from; scaffold verify reads it.", *table]) + "\n"
 
 
 # --------------------------------------------------------- format and check

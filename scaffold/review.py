@@ -12,7 +12,7 @@ from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
 from scaffold.detect.activations import gated_forms
 from scaffold.mapping import embedding_tensor, head_tensor
-from scaffold.spec import FIELDS, OMITTED_WHEN_EMPTY
+from scaffold.spec import FIELDS, OMITTED_WHEN_EMPTY, group_heading
 from scaffold.text import markdown_text
 
 VERIFY_MARKER = "<!-- scaffold verify results -->"
@@ -100,8 +100,11 @@ def inspect_text(analysis: Analysis) -> str:
     spec, ckpt = analysis.spec, analysis.ckpt
     lines = [f"checkpoint  {ckpt.path}", f"shards      {len(ckpt.shards)} ({ckpt.index_file or 'no index'})",
              f"tensors     {len(ckpt.tensors)}", "", "spec (value  <- source)"]
-    width = max(len(n) for n in FIELDS)
+    width, previous = max(len(n) for n in FIELDS), None
     for name, value, source in spec_rows(analysis):
+        if heading := group_heading(name, previous):
+            lines.append(f" {heading}")
+        previous = name
         lines.append(f"  {name:<{width}}  {value}  <- {source}")
     tok = ckpt.tokenizer
     lines += ["", "vocabulary", f"  config vocab_size   {spec.vocab_size}",

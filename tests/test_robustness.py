@@ -495,7 +495,8 @@ def test_force_replaces_only_after_the_new_port_is_complete(tmp_path):
 @pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "new\nline\r\t", "nul\x00 esc\x1b del\x7f",
                                   "caf\u00e9 \u2028 \U0001f600", "\\u0041 not an escape", "'''", '"""'])
 def test_toml_writer_round_trips_any_string(text):
-    from scaffold.spec import Spec, to_toml
+    from scaffold.spec import Spec
+    from scaffold.tomlio import spec_toml as to_toml
 
     spec = Spec(architecture="XForCausalLM", model_type="x", rope_parameters={"rope_type": text, text: 1.5,
                                                                               "none": None, "nan": float("nan")})
@@ -505,7 +506,8 @@ def test_toml_writer_round_trips_any_string(text):
 
 
 def test_source_comment_cannot_break_out_of_toml():
-    from scaffold.spec import Source, Spec, to_toml
+    from scaffold.spec import Source, Spec
+    from scaffold.tomlio import spec_toml as to_toml
 
     spec = Spec(architecture="XForCausalLM", model_type="x")
     spec.set("hidden_size", 8, Source("override", "evil\nhidden_size = 999\n# "))

@@ -10,7 +10,10 @@ import tomllib
 
 from scaffold.errors import ScaffoldError
 from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, py_literal
-from scaffold.spec import OMITTED_WHEN_EMPTY, Source, Spec, to_toml, toml_comment, toml_string
+from scaffold.spec import OMITTED_WHEN_EMPTY, Source, Spec
+from scaffold.tomlio import comment_text as toml_comment
+from scaffold.tomlio import spec_toml as to_toml
+from scaffold.tomlio import string as toml_string
 from scaffold.text import markdown_text
 
 NASTY = "a'b\"c\\d\ne\tf\x00g\u2028h</script>`|"

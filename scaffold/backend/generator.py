@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scaffold import __version__
+from scaffold import __version__, tomlio
 from scaffold.backend.plan import BACKEND_TABLE, BackendPlan, package_name, serve_command
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.render import Rendered, display_name, render_tree, write_package
 from scaffold.review import backend_review_markdown
-from scaffold.spec import toml_table
 
 
 def spec_toml(p: BackendPlan, package: str, reason: str) -> str:
@@ -26,22 +25,15 @@ def spec_toml(p: BackendPlan, package: str, reason: str) -> str:
     backend = {"model_impl": "transformers", "trust_remote_code": p.needs_remote_code, "reason": reason,
                "source": p.compliance.origin, "model_class": p.compliance.model_class or "",
                **{f"{k}_version": v for k, v in sorted(p.versions.items())}}
-    lines = [
-        "# A package that serves this checkpoint through vLLM's transformers backend (no model code).",
-        "# scaffold verify reads [backend] and [port].",
-        *toml_table("spec", spec),
-        "",
-        *toml_table(BACKEND_TABLE, backend),
-    ]
-    for e in p.compliance.expected:
-        lines += ["", *toml_table(f"{BACKEND_TABLE}.fusion", e.to_json(), array=True)]
-    lines += [
-        "",
-        "# Where this package came from; scaffold verify reads it.",
-        *toml_table("port", {"checkpoint": str(p.ckpt.path), "scaffold_version": __version__,
-                             "trust_remote_code": p.needs_remote_code}),
-    ]
-    return "\n".join(lines) + "\n"
+    backend_table = tomlio.table(backend)
+    if p.compliance.expected:
+        backend_table.add("fusion", tomlio.array_of_tables([e.to_json() for e in p.compliance.expected]))
+    port = {"checkpoint": str(p.ckpt.path), "scaffold_version": __version__, "trust_remote_code": p.needs_remote_code}
+    return tomlio.document(
+        ["A package that serves this checkpoint through vLLM's transformers backend (no model code).",
+         "scaffold verify reads [backend] and [port]."],
+        {"spec": tomlio.table(spec), BACKEND_TABLE: backend_table,
+         "port": tomlio.table(port, note="Where this package came from; scaffold verify reads it.")})
 
 
 def generate(p: BackendPlan, out: str | Path | None, *, force: bool = False, reason: str = "") -> Path:

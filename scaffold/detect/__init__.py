@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import attention, head, identity, layout, mlp, moe, norms, rope, scaling, sizes
+from scaffold.detect import attention, head, identity, layout, mlp, moe, norms, policy, rope, scaling, sizes
 from scaffold.errors import ScaffoldError, SpecError
 from scaffold.spec import CONFIG_KEY_FIELDS, Source, Spec, Undetermined, Unknown, validate_identifiers, validate_names
 
@@ -56,6 +56,7 @@ NAMED_FIELDS = {"architecture", "model_type", "class_prefix", "package", "config
 def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin: str | None = None) -> Spec:
     """What detection can tell of `ckpt`, with spec.unknowns saying what it could not: never refuses for an
     unknown, only for a checkpoint that contradicts itself (or the user's values)."""
+    policy.check(ckpt)  # blocks no port expresses, shapes config.json contradicts
     spec = Spec()
     if overrides:
         values, sources = config_keyed(ckpt, dict(overrides), origin or "")

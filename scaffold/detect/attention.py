@@ -8,11 +8,6 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
 
-def _rows(ckpt: Checkpoint, name: str) -> int | None:
-    info = ckpt.tensors.get(name)
-    return info.shape[0] if info else None
-
-
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     n = spec.names

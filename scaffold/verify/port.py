@@ -49,7 +49,7 @@ def load_port(path: str | Path, checkpoint: str | Path | None = None) -> Port:
             raise ScaffoldError(f"the port's spec is not one scaffold could have written: {problem}. Correct "
                                 "it, or regenerate the port with scaffold new (--spec FILE to override fields).",
                                 spec_file)
-        setattr(spec, name, field_value(spec, name, value))
+        setattr(spec, name, field_value(name, value))
         spec.provenance[name] = Source("port", SPEC_FILE)
     validate_identifiers(spec, str(spec_file))
     validate_names(spec, str(spec_file))

@@ -12,24 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaffold.spec import port_names
+from scaffold.spec import FIELD_INFO, PROBES, port_names
 
-# Spec fields that feed each kind of module; the suspects when that module diverges.
-FEEDS = {
-    "embed": ["vocab_size", "hidden_size", "embedding_multiplier", "names", "dtype"],
-    "input_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
-    "self_attn": ["num_heads", "num_kv_heads", "head_dim", "qkv_layout", "qkv_bias", "o_bias", "qk_norm",
-                  "position_scheme", "rope_parameters", "sliding_rope_parameters", "partial_rotary_factor", "rope_neox_style", "no_rope_layers",
-                  "sliding_window", "sliding_window_layers", "attention_scale", "attn_logit_softcap"],
-    "post_attention_layernorm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias", "block"],
-    "mlp": ["mlp_kind", "gate_up_layout", "hidden_act", "mlp_bias", "gate_extra_bias", "intermediate_size",
-            "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_renormalize",
-            "shared_expert_intermediate_size", "dense_layers"],
-    "layer": ["block", "residual_multiplier"],
-    "final_norm": ["norm_kind", "norm_eps", "norm_offset", "norm_bias"],
-    "logits": ["tie_word_embeddings", "lm_head_bias", "normalized_head", "vocab_size", "logits_scale",
-               "final_logit_softcap"],
-}
+# Spec fields that feed each kind of module; the suspects when that module diverges. Each field declares the
+# probes it feeds (spec_field(probe=...) in scaffold.spec); this is that relation read the other way.
+FEEDS = {kind: [name for name, info in FIELD_INFO.items() if kind in info.probe] for kind in PROBES}
 THRESHOLD = 1e-3  # relative error; float32 ports agree to ~1e-6
 
 

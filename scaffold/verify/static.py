@@ -13,7 +13,6 @@ from scaffold.detect.configreads import accounted_keys, unaccounted_reads
 from scaffold.errors import ScaffoldError
 from scaffold.mapping import (
     EXPERT_PARAMS,
-    STACKED,
     embedding_tensor,
     head_tensor,
     stacked_modules,
@@ -23,8 +22,6 @@ from scaffold.spec import FIELDS, Spec, port_names
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
 
-# What each checkpoint module must be in the fused parameter: (fused module, shard id).
-CANONICAL_SHARDS = {shard_name: (fused, shard_id) for shard_name, fused, shard_id in STACKED}
 SHARDS_OF = {"self_attn.qkv_proj": ("q", "k", "v"), "mlp.gate_up_proj": (0, 1)}
 
 

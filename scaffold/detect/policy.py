@@ -1,0 +1,162 @@
+"""What a generated port can express, checked on the checkpoint as read: policy, kept out of the reader.
+
+The reader (scaffold.checkpoint) makes sure files are what they claim and bounded; this module refuses what no
+native port computes (state-space and linear-attention blocks, named as such before detection stumbles on them)
+and the shapes config.json fixes for a decoder of the common (Llama) layout. `check` runs both; detection
+(scaffold.detect.understand) and the choice between generators (scaffold.choose) run it first.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from scaffold.checkpoint import Checkpoint, TensorInfo
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
+
+
+def check(ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint no native port expresses, or whose tensors contradict its config.json."""
+    unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file)
+    check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file)
+
+
+# Blocks whose computation a generated port cannot express; named in the error.
+STATE_SPACE = "state-space (Mamba-style) blocks"
+LINEAR_ATTENTION = "linear or recurrent attention"
+UNSUPPORTED_TENSORS = (
+    (re.compile(r"\.(mamba|ssm|mixer)\.|\.A_log$|\.dt_bias$|\.conv1d\."), STATE_SPACE),
+    (re.compile(r"\.(linear_attn|linear_attention)\.|\.(recurrent|rwkv|time_mix|retention)\w*\."), LINEAR_ATTENTION),
+)
+UNSUPPORTED_CONFIG_KEYS = (
+    (("ssm_cfg", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "ssm_state_size"), STATE_SPACE),
+    (("linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+      "linear_attn_config"), LINEAR_ATTENTION),
+)
+UNSUPPORTED_LAYER_TYPES = (
+    (re.compile(r"mamba|ssm|state_space|conv"), STATE_SPACE),
+    (re.compile(r"linear|recurrent|rwkv|retention|delta|lightning"), LINEAR_ATTENTION),
+)
+
+# Module paths check_shapes looks at, compiled once (large checkpoints have ~40,000 tensors).
+_LAYER_NORM = re.compile(r"^model\.layers\.\d+\.(input|post_attention)_layernorm\.weight$")
+_O_PROJ = re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.weight$")
+_QK_NORM = re.compile(r"^model\.layers\.\d+\.self_attn\.[qk]_norm\.weight$")
+_CHECKED_ENDINGS = ("norm.weight", "o_proj.weight", ".bias")
+_LAYER_PARTS = re.compile(r"^(.+?\.layers)\.(\d+)\.(.+)$")
+
+
+def unsupported_blocks(config: dict, tensor_names, where: Path) -> None:
+    """Name linear-attention and state-space architectures as such, before detection stumbles on them."""
+    for keys, feature in UNSUPPORTED_CONFIG_KEYS:
+        present = [k for k in keys if config.get(k) is not None]
+        if present:
+            raise UnsupportedArchitecture(
+                f"the checkpoint uses {feature} (config key {present[0]!r}); vLLM ports generated here express "
+                "softmax attention decoders only. Serve it with `vllm serve CKPT --model-impl transformers` if "
+                "its code supports that backend.",
+                where,
+            )
+    for kind in config.get("layer_types") or []:
+        for pattern, feature in UNSUPPORTED_LAYER_TYPES:
+            if pattern.search(kind.lower()):
+                raise UnsupportedArchitecture(
+                    f"the checkpoint uses {feature} (layer type {kind!r} in 'layer_types'); vLLM ports generated "
+                    "here express softmax attention decoders only.",
+                    where,
+                )
+    for pattern, feature in UNSUPPORTED_TENSORS:
+        hits = sorted(n for n in tensor_names if pattern.search(n))
+        if hits:
+            raise UnsupportedArchitecture(
+                f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}); vLLM ports generated here express "
+                "softmax attention decoders only. Serve it with `vllm serve CKPT --model-impl transformers` if "
+                "its code supports that backend.",
+                where,
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _first_int(config: dict, *keys: str) -> tuple[str | None, int | None]:
+    for key in keys:
+        if _is_int(config.get(key)):
+            return key, config[key]
+    return None, None
+
+
+def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> None:
+    """Shapes the config fixes for every decoder of this layout, whatever the family.
+
+    The detectors check the attention and MLP projections in detail; this covers the
+    embedding and head (vocab rows), the norms, o_proj, and every bias against its weight.
+    """
+    hkey, hidden = _first_int(config, "hidden_size", "n_embd", "d_model")
+    vocab = config.get("vocab_size") if _is_int(config.get("vocab_size")) else None
+    _, heads = _first_int(config, "num_attention_heads", "n_head")
+    head_dim = config.get("head_dim") if _is_int(config.get("head_dim")) else None
+    if head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+
+    def need(name: str, shape: tuple, why: str) -> None:
+        info = tensors.get(name)
+        if info is not None and info.shape != shape:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(info.shape)}, but {why} need {list(shape)} "
+                f"(stored in {info.file}).",
+                where,
+            )
+
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if vocab and hidden:
+            need(name, (vocab, hidden), f"vocab_size {vocab} and {hkey} {hidden}")
+        elif name in tensors and len(tensors[name].shape) != 2:
+            raise CheckpointError(f"tensor {name!r} has shape {list(tensors[name].shape)}; it must be 2-D.", where)
+    for name, info in tensors.items():
+        if not hidden:
+            break
+        if not name.endswith(_CHECKED_ENDINGS):  # what the patterns below can match (most expert tensors cannot)
+            continue
+        if name == "model.norm.weight" or _LAYER_NORM.match(name):
+            need(name, (hidden,), f"{hkey} {hidden}")
+        elif _O_PROJ.match(name) and heads and head_dim:
+            need(name, (hidden, heads * head_dim), f"{heads} heads of size {head_dim} and {hkey} {hidden}")
+        if heads and head_dim and _QK_NORM.match(name):
+            _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
+            heads_here = heads if ".q_norm." in name else kv or heads
+            if info.shape not in ((head_dim,), (heads_here * head_dim,), (heads_here, head_dim)):
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{head_dim}], "
+                    f"one over all heads [{heads_here * head_dim}], one per head [{heads_here}, {head_dim}].",
+                    where,
+                )
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".bias") and f"{module}.weight" in tensors and ".layers." in name:
+            weight = tensors[f"{module}.weight"]
+            rows = weight.shape[0] if weight.shape else None
+            if len(weight.shape) == 2 and info.shape != (rows,):
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {list(info.shape)}, but its weight has {rows} rows: the bias "
+                    f"needs [{rows}].",
+                    where,
+                )
+
+    # A module every layer has must have one shape in every layer: the port builds
+    # all layers alike, so a layer that differs would load into the wrong shape.
+    first: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, info in tensors.items():
+        match = _LAYER_PARTS.match(name)
+        if not match:
+            continue
+        rest = f"{match.group(1)}.N.{match.group(3)}"
+        if rest not in first:
+            first[rest] = (name, info.shape)
+        elif first[rest][1] != info.shape:
+            other, shape = first[rest]
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
+                "must have the same shape in every layer.",
+                where,
+            )
