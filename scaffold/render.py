@@ -228,6 +228,10 @@ def environment() -> jinja2.Environment:
         finalize=_finalize,
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
+        # Control tags sit on lines of their own, indented with the code they control: such a line
+        # leaves nothing in the output, so a template reads as the Python it generates.
+        trim_blocks=True,
+        lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
     )
