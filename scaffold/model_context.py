@@ -3,7 +3,7 @@
 templates/package/__package__/model.py.j2 and its partials (the _parts/ folder beside it) read
 as the Python they generate. The decisions behind them are made here, once each: which optional
 pieces a port carries (`choices`), which names it imports (`imports`), and how a norm layer is
-built (`norm_constructor`). A template tests a flag; it does not derive one.
+built (`norm_constructor`), and the data a class attribute lists. A template tests a flag; it does not derive one.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     """
     gated = spec.mlp_kind == "gated"
     moe = spec.is_moe
+    shared = moe and "shared_expert" in spec.names
+    mlp_class = spec.has_dense_mlp or shared
     literal_tie = "tie_word_embeddings" in overridden
     return {
         "P": spec.class_prefix,
@@ -54,8 +56,13 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "A": port_names(spec.names),
         "gated": gated,
         "moe": moe,
-        "shared": moe and "shared_expert" in spec.names,
+        "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
+        # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
+        "mlp_class": mlp_class,
+        # MoE ports take no LoRA: vLLM's FusedMoE layers have none here.
+        "interfaces": ("SupportsPP", "SupportsQuant") if moe else ("SupportsLoRA", "SupportsPP", "SupportsQuant"),
+        "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
         "alibi": spec.position_scheme == "alibi",
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
@@ -76,6 +83,30 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def packed_modules(spec: Spec, gate_up: bool) -> dict[str, list[str]]:
+    """packed_modules_mapping: each vLLM parameter that packs several checkpoint modules, with them.
+
+    A layout that already stores the packed module keeps its own name (packed from itself).
+    """
+    n = spec.names
+    packed = {n["qkv_proj"]: [n["q_proj"], n["k_proj"], n["v_proj"]] if spec.qkv_layout == "separate"
+              else [n["qkv_proj"]]}
+    if gate_up:
+        packed[n["gate_up_proj"]] = ([n["gate_proj"], n["up_proj"]] if spec.gate_up_layout == "separate"
+                                     else [n["gate_up_proj"]])
+    return packed
+
+
+def logits_processor_arguments(spec: Spec, cfg: Callable[[str], str]) -> list[str]:
+    """LogitsProcessor's arguments: the vocabulary, and the logit scale and soft cap where the model has them."""
+    arguments = [cfg("vocab_size")]
+    if spec.logits_scale is not None:
+        arguments.append(f"scale={cfg('logits_scale')}")
+    if spec.final_logit_softcap is not None:
+        arguments.append(f"soft_cap={cfg('final_logit_softcap')}")
+    return arguments
 
 
 def norm_class(spec: Spec) -> str:
@@ -100,8 +131,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
 
     The version fallbacks (Attention, FusedMoE) are code, in the header partial.
     """
-    moe, shared, alibi = flags["moe"], flags["shared"], flags["alibi"]
-    mlp_class = flags["dense_mlp"] or shared  # the port has a {P}MLP class
+    moe, shared, alibi, mlp_class = flags["moe"], flags["shared"], flags["alibi"], flags["mlp_class"]
     full_qk_norm = spec.qk_norm == "full"
     gate_bias = bool(spec.gate_extra_bias)
     stdlib = [
@@ -145,12 +175,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("maybe_remap_kv_scale_name", True),
             ("sharded_weight_loader", gate_bias),
         ), one_per_line=True),
-        # MoE ports take no LoRA: vLLM's FusedMoE layers have none here.
-        Import("vllm.model_executor.models.interfaces", _present(
-            ("SupportsLoRA", not moe),
-            ("SupportsPP", True),
-            ("SupportsQuant", True),
-        ), one_per_line=True),
+        Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
         Import("vllm.model_executor.models.utils", (
             "PPMissingLayer", "WeightsMapper", "extract_layer_index", "is_pp_missing_parameter",
             "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",
@@ -169,4 +194,5 @@ def model_context(spec: Spec, overridden: set[str], cfg: Callable[[str], str], a
     """Everything the model template needs beyond render's common context."""
     flags = choices(spec, overridden)
     stdlib, third_party = imports(spec, flags, act_and_mul)
-    return {**flags, "norm": norm_constructor(spec, cfg), "stdlib_imports": stdlib, "imports": third_party}
+    return {**flags, "norm": norm_constructor(spec, cfg), "stdlib_imports": stdlib, "imports": third_party,
+            "logits_processor_arguments": logits_processor_arguments(spec, cfg)}
