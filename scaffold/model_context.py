@@ -75,6 +75,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # One set of rotary parameters per layer type in the config (rope_parameters.full_attention, ...).
         "nested_rope": "rope_parameters.full_attention" in spec.source("rope_parameters").detail,
         "TIED": "TIE_WORD_EMBEDDINGS" if literal_tie else "config.tie_word_embeddings",
+        # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
+        "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
         # vLLM's RMSNorm adds the residual inside the norm (norm(x, residual) -> x, residual).
         "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich"),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
