@@ -49,6 +49,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     shared = moe and "shared_expert" in spec.names
     mlp_class = spec.has_dense_mlp or shared
     literal_tie = "tie_word_embeddings" in overridden
+    literal_layers = "sliding_window_layers" in overridden
+    literal_no_rope = "no_rope_layers" in overridden
+    literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
+                    or spec.source("partial_rotary_factor").kind == "tensor")
+    per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
     return {
         "P": spec.class_prefix,
         "N": spec.names,
@@ -67,13 +72,19 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "alibi": spec.position_scheme == "alibi",
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
         "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
-        "literal_rope": bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
-        or spec.source("partial_rotary_factor").kind == "tensor",
-        "literal_layers": "sliding_window_layers" in overridden,
-        "literal_no_rope": "no_rope_layers" in overridden,
+        "literal_rope": literal_rope,
+        "literal_layers": literal_layers,
+        "literal_no_rope": literal_no_rope,
         "literal_tie": literal_tie,
-        # One set of rotary parameters per layer type in the config (rope_parameters.full_attention, ...).
-        "nested_rope": "rope_parameters.full_attention" in spec.source("rope_parameters").detail,
+        # The port picks this layer's rotary parameters from the config's set per layer type
+        # (rope_parameters.full_attention, ...) at run time.
+        "per_type_rope": per_type_rope,
+        # The port reads config.layer_types at run time (which layers slide, which rotary set).
+        "reads_layer_types": (bool(spec.sliding_window) and not literal_layers) or per_type_rope,
+        # Any override the port writes as a literal (the constants partial says so once).
+        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
+        # MoE ports whose listed layers keep a dense MLP.
+        "dense_layers": moe and bool(spec.dense_layers),
         "TIED": "TIE_WORD_EMBEDDINGS" if literal_tie else "config.tie_word_embeddings",
         # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
         "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
