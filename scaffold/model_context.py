@@ -2,8 +2,9 @@
 
 templates/package/__package__/model.py.j2 and its partials (the _parts/ folder beside it) read
 as the Python they generate. The decisions behind them are made here, once each: which optional
-pieces a port carries (`choices`), which names it imports (`imports`), and how a norm layer is
-built (`norm_constructor`), and the data a class attribute lists. A template tests a flag; it does not derive one.
+pieces a port carries (`choices`), which names it imports (`imports`), how a norm layer is built
+(`norm_constructor`), and the data some class attributes list (`packed_modules`,
+`logits_processor_arguments`). A template tests a flag; it does not derive one.
 """
 
 from __future__ import annotations
