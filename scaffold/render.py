@@ -34,6 +34,7 @@ from scaffold.detect.activations import gated_forms
 from scaffold.detect.codekeys import attribute_map
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
+from scaffold.model_context import model_context
 from scaffold.proc import python_command, run_tool
 from scaffold.quantized import quantization_method
 from scaffold.spec import (
@@ -196,6 +197,10 @@ def environment() -> jinja2.Environment:
         finalize=_finalize,
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
+        # Control tags sit on lines of their own, indented with the code they control: such a line
+        # leaves nothing in the output, so a template reads as the Python it generates.
+        trim_blocks=True,
+        lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
     )
@@ -244,6 +249,10 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
             return checked_expr(source.expr, field)
         return py_literal(getattr(spec, field))
 
+    # A gated MLP uses vLLM's fused act-and-mul kernel where the registry has one for the activation,
+    # else act(gate) * up with get_act_fn (unknown without vLLM installed: the fused form).
+    act_and_mul = (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul"
+    overridden = {name for name in FIELDS if spec.source(name).kind == "override"}
     context = {
         "spec": spec,
         "cfg": cfg,
@@ -258,18 +267,18 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         # The checkpoint's config class's attribute_map (standard name -> stored key), kept by the port's own.
         "attribute_map": ({k: v for k, v in attribute_map(ckpt).items() if IDENTIFIER.match(k) and IDENTIFIER.match(v)}
                           if spec.register_config else {}),
-        # A gated MLP uses vLLM's fused act-and-mul kernel where the registry has one for the activation,
-        # else act(gate) * up with get_act_fn (unknown without vLLM installed: the fused form).
-        "act_and_mul": (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul",
+        "act_and_mul": act_and_mul,
         "quantization": quantization_method(ckpt.config),
         # Fields a spec file overrode: written as literals, never read from the config.
-        "overridden": {name for name in FIELDS if spec.source(name).kind == "override"},
+        "overridden": overridden,
         # The port's attribute for each module role, and the checkpoint prefixes it renames on load.
         "port_names": port_names(spec.names),
         "renamed_prefixes": renamed_prefixes(spec),
         # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
         "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
                                                                if spec.partial_rotary_factor != 1.0 else {})},
+        # The model template's flags, imports and norm(size) (scaffold.model_context).
+        **model_context(spec, overridden, cfg, act_and_mul),
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)
@@ -285,7 +294,7 @@ def render_tree(context: dict, package: str, *, template_root: str = "package",
     """Render every template under templates/<template_root>/ (relative path -> text).
 
     `__package__` in a template's path becomes `package`; templates whose path ends with
-    one of `skip` are left out. `package` is the native port tree; `backend` is the package
+    one of `skip` are left out, and so are partials (see is_partial), which other templates include. `package` is the native port tree; `backend` is the package
     that serves a checkpoint through vLLM's transformers backend (scaffold.backend).
     """
     env = env or environment()
@@ -293,11 +302,17 @@ def render_tree(context: dict, package: str, *, template_root: str = "package",
     root = templates_dir() / template_root
     for template in sorted(root.rglob("*.j2")):
         rel = template.relative_to(root).as_posix()
-        if any(rel.endswith(s) for s in skip):
+        if any(rel.endswith(s) for s in skip) or is_partial(template.relative_to(root)):
             continue
         out_rel = rel[: -len(".j2")].replace(PACKAGE_PLACEHOLDER, package)
         files[out_rel] = env.get_template(f"{template_root}/{rel}").render(**context)
     return files
+
+
+def is_partial(rel: Path) -> bool:
+    """A template inside a folder named `_...` (such as __package__/_parts/) is a piece another template
+    includes, never a file of the package."""
+    return any(part.startswith("_") and part != PACKAGE_PLACEHOLDER for part in rel.parent.parts)
 
 
 # --------------------------------------------------------- format and check

@@ -1,15 +1,20 @@
-"""The filters through which checkpoint values reach generated files: py, md, checked_expr, toml."""
+"""The filters through which checkpoint values reach generated files: py, md, checked_expr, toml; and how the
+templates are put together: partials, and the flags and imports computed for them (scaffold.model_context)."""
 
 from __future__ import annotations
 
 import ast
 import math
+import re
+from pathlib import Path
 
+import jinja2
 import pytest
 import tomllib
 
 from scaffold.errors import ScaffoldError
-from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, py_literal
+from scaffold.model_context import IMPORT_LINE_LENGTH, Import, choices, imports, logits_processor_arguments
+from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, environment, is_partial, py_literal, templates_dir
 from scaffold.spec import OMITTED_WHEN_EMPTY, Source, Spec
 from scaffold.tomlio import comment_text as toml_comment
 from scaffold.tomlio import spec_toml as to_toml
@@ -91,3 +96,97 @@ def test_to_toml_round_trips_every_field_it_writes():
     expected = {name: value for name, value in spec.to_dict().items()
                 if value is not None and (value or name not in OMITTED_WHEN_EMPTY)}
     assert written == expected
+
+
+# ------------------------------------------------------------------ templates: partials, computed context
+def test_every_partial_is_included_by_name_and_every_include_exists():
+    """A partial nobody includes is dead; an include of a missing file fails only for the ports that reach it."""
+    env, root = environment(), templates_dir()
+    included = set()
+    for path in root.rglob("*.j2"):
+        for node in env.parse(path.read_text(encoding="utf-8")).find_all(jinja2.nodes.Include):
+            assert isinstance(node.template, jinja2.nodes.Const), f"{path}: include names its partial literally"
+            included.add(node.template.value)
+    package = root / "package"
+    partials = {p.relative_to(root).as_posix() for p in package.rglob("*.j2") if is_partial(p.relative_to(package))}
+    assert partials, "no partials found under templates/package/"
+    assert included == partials
+
+
+def test_partials_are_never_files_of_the_package():
+    assert is_partial(Path("__package__/_parts/mlp.py.j2"))
+    assert not is_partial(Path("__package__/model.py.j2")) and not is_partial(Path("tests/conftest.py.j2"))
+    assert not is_partial(Path("README.md.j2"))
+
+
+def test_templates_leave_whitespace_to_trim_blocks_and_lstrip_blocks():
+    """Control tags sit on lines of their own (or inside a line of code); no hand-made whitespace control."""
+    for path in templates_dir().rglob("*.j2"):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert not re.search(r"\{%-|-%\}|\+%\}|\{#-|-#\}", line), f"{path}:{number}: {line.strip()}"
+
+
+def test_import_text_is_one_line_unless_long_or_asked():
+    assert Import("re").text == "import re"
+    assert Import("torch", ("nn",)).text == "from torch import nn"
+    assert Import("m", ("a", "b"), one_per_line=True).text == "from m import (\n    a,\n    b,\n)"
+    long = Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))
+    assert len(f"from {long.module} import {', '.join(long.names)}") > IMPORT_LINE_LENGTH
+    assert long.text.splitlines() == ["from vllm.model_executor.layers.fused_moe import (", "    GateLinear,",
+                                      "    fused_moe_make_expert_params_mapping,", ")"]
+
+
+def imported_names(spec: Spec, act_and_mul: bool = True) -> set[str]:
+    flags = choices(spec, set())
+    stdlib, third_party = imports(spec, flags, act_and_mul)
+    return {name for imp in stdlib + third_party for name in (imp.names or (imp.module,))}
+
+
+def test_imports_follow_the_choices_that_use_them():
+    dense = Spec(mlp_kind="gated")
+    names = imported_names(dense)
+    assert {"SupportsLoRA", "MergedColumnParallelLinear", "get_act_and_mul_fn", "get_rope", "RMSNorm"} <= names
+    assert not names & {"math", "ColumnParallelLinear", "GateLinear", "ReplicatedLinear", "set_weight_attrs",
+                        "get_tensor_model_parallel_rank", "tensor_model_parallel_all_gather", "LayerNorm"}
+    assert "get_act_fn" in imported_names(dense, act_and_mul=False)
+    plain = imported_names(Spec(mlp_kind="plain", norm_kind="layer", position_scheme="alibi", qk_norm="full"))
+    assert {"ColumnParallelLinear", "get_act_fn", "LayerNorm", "math", "get_tensor_model_parallel_rank",
+            "tensor_model_parallel_all_gather", "split_tensor_along_last_dim"} <= plain
+    assert not plain & {"MergedColumnParallelLinear", "get_rope", "RMSNorm"}
+    offset = imported_names(Spec(norm_kind="layer", norm_offset=1.0))
+    assert "LayerNorm" not in offset and "LayerNorm1P" not in offset  # the port's own class
+    assert "GemmaRMSNorm" in imported_names(Spec(norm_offset=1.0))
+    assert {"sharded_weight_loader", "set_weight_attrs"} <= imported_names(Spec(gate_extra_bias="gating_bias"))
+
+
+def test_moe_ports_import_and_declare_the_same_interfaces():
+    moe = Spec(mlp_kind="gated")
+    moe.names = {**moe.names, "experts": "experts", "router": "gate"}
+    assert moe.is_moe
+    flags = choices(moe, set())
+    assert "SupportsLoRA" not in flags["interfaces"] and "SupportsLoRA" not in imported_names(moe)
+    assert "SupportsLoRA" in choices(Spec(), set())["interfaces"] and "SupportsLoRA" in imported_names(Spec())
+
+
+def test_packed_modules_name_the_checkpoint_modules_a_parameter_packs():
+    assert choices(Spec(mlp_kind="gated"), set())["packed_modules"] == {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    fused = Spec(mlp_kind="gated", qkv_layout="fused", gate_up_layout="fused")
+    assert choices(fused, set())["packed_modules"] == {"qkv_proj": ["qkv_proj"], "gate_up_proj": ["gate_up_proj"]}
+    assert choices(Spec(mlp_kind="plain"), set())["packed_modules"] == {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+
+def test_overridden_values_become_literals():
+    flags = choices(Spec(), {"tie_word_embeddings", "sliding_window_layers"})
+    assert flags["literal_tie"] and flags["TIED"] == "TIE_WORD_EMBEDDINGS" and flags["literal_layers"]
+    assert not flags["literal_rope"] and choices(Spec(), {"partial_rotary_factor"})["literal_rope"]
+    assert choices(Spec(), set())["TIED"] == "config.tie_word_embeddings"
+
+
+def test_logits_processor_takes_scale_and_soft_cap_only_where_the_model_has_them():
+    def cfg(name):
+        return f"<{name}>"
+
+    assert logits_processor_arguments(Spec(), cfg) == ["<vocab_size>"]
+    assert logits_processor_arguments(Spec(logits_scale=0.5, final_logit_softcap=30.0), cfg) == [
+        "<vocab_size>", "scale=<logits_scale>", "soft_cap=<final_logit_softcap>"]

@@ -1,0 +1,212 @@
+"""What the native model template is given besides the spec: its choices and its imports, made in Python.
+
+templates/package/__package__/model.py.j2 and its partials (the _parts/ folder beside it) read
+as the Python they generate. The decisions behind them are made here, once each: which optional
+pieces a port carries (`choices`), which names it imports (`imports`), how a norm layer is built
+(`norm_constructor`), and the data some class attributes list (`packed_modules`,
+`logits_processor_arguments`). A template tests a flag; it does not derive one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scaffold.spec import Spec, port_names
+
+# The one-line form of an import longer than this is written one name a line, as ruff's isort
+# wraps it (ruff format then keeps the exploded form: the trailing comma is magic).
+IMPORT_LINE_LENGTH = 88
+
+
+@dataclass(frozen=True)
+class Import:
+    """`import module`, or `from module import names`."""
+
+    module: str
+    names: tuple[str, ...] = ()
+    # One name a line: for lists that differ between ports, so that a diff of two ports reads one
+    # name per changed line (also what a line longer than IMPORT_LINE_LENGTH becomes).
+    one_per_line: bool = False
+
+    @property
+    def text(self) -> str:
+        if not self.names:
+            return f"import {self.module}"
+        one_line = f"from {self.module} import {', '.join(self.names)}"
+        if not self.one_per_line and len(one_line) <= IMPORT_LINE_LENGTH:
+            return one_line
+        return "\n".join([f"from {self.module} import (", *(f"    {name}," for name in self.names), ")"])
+
+
+def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
+    """The flags the model template and its partials test, each derived once from the spec.
+
+    A spec override of a value the config decides (`overridden`) is written into the port as
+    a literal, as render's cfg() does, instead of read from the config at run time.
+    """
+    gated = spec.mlp_kind == "gated"
+    moe = spec.is_moe
+    shared = moe and "shared_expert" in spec.names
+    mlp_class = spec.has_dense_mlp or shared
+    literal_tie = "tie_word_embeddings" in overridden
+    literal_layers = "sliding_window_layers" in overridden
+    literal_no_rope = "no_rope_layers" in overridden
+    literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
+                    or spec.source("partial_rotary_factor").kind == "tensor")
+    per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
+    return {
+        "P": spec.class_prefix,
+        "N": spec.names,
+        # The port's module names: the checkpoint's, but a nested top-level module keeps only its last component.
+        "A": port_names(spec.names),
+        "gated": gated,
+        "moe": moe,
+        "shared": shared,
+        "dense_mlp": spec.has_dense_mlp,
+        # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
+        "mlp_class": mlp_class,
+        # MoE ports take no LoRA: vLLM's FusedMoE layers have none here.
+        "interfaces": ("SupportsPP", "SupportsQuant") if moe else ("SupportsLoRA", "SupportsPP", "SupportsQuant"),
+        "packed_modules": packed_modules(spec, gated and mlp_class),
+        "rotary": spec.position_scheme == "rotary",
+        "alibi": spec.position_scheme == "alibi",
+        # Sliding-window layers with rotary parameters of their own (Gemma 3).
+        "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
+        "literal_rope": literal_rope,
+        "literal_layers": literal_layers,
+        "literal_no_rope": literal_no_rope,
+        "literal_tie": literal_tie,
+        # The port picks this layer's rotary parameters from the config's set per layer type
+        # (rope_parameters.full_attention, ...) at run time.
+        "per_type_rope": per_type_rope,
+        # The port reads config.layer_types at run time (which layers slide, which rotary set).
+        "reads_layer_types": (bool(spec.sliding_window) and not literal_layers) or per_type_rope,
+        # Any override the port writes as a literal (the constants partial says so once).
+        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
+        # MoE ports whose listed layers keep a dense MLP.
+        "dense_layers": moe and bool(spec.dense_layers),
+        "TIED": "TIE_WORD_EMBEDDINGS" if literal_tie else "config.tie_word_embeddings",
+        # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
+        "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
+        # vLLM's RMSNorm adds the residual inside the norm (norm(x, residual) -> x, residual).
+        "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich"),
+        "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
+        # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
+        "split": spec.qkv_layout != "separate" or (gated and spec.gate_up_layout == "fused"),
+        # ... cut by row counts (self.split_sizes) rather than by a per-head view.
+        "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
+    }
+
+
+def packed_modules(spec: Spec, gate_up: bool) -> dict[str, list[str]]:
+    """packed_modules_mapping: each vLLM parameter that packs several checkpoint modules, with them.
+
+    A layout that already stores the packed module keeps its own name (packed from itself).
+    """
+    n = spec.names
+    packed = {n["qkv_proj"]: [n["q_proj"], n["k_proj"], n["v_proj"]] if spec.qkv_layout == "separate"
+              else [n["qkv_proj"]]}
+    if gate_up:
+        packed[n["gate_up_proj"]] = ([n["gate_proj"], n["up_proj"]] if spec.gate_up_layout == "separate"
+                                     else [n["gate_up_proj"]])
+    return packed
+
+
+def logits_processor_arguments(spec: Spec, cfg: Callable[[str], str]) -> list[str]:
+    """LogitsProcessor's arguments: the vocabulary, and the logit scale and soft cap where the model has them."""
+    arguments = [cfg("vocab_size")]
+    if spec.logits_scale is not None:
+        arguments.append(f"scale={cfg('logits_scale')}")
+    if spec.final_logit_softcap is not None:
+        arguments.append(f"soft_cap={cfg('final_logit_softcap')}")
+    return arguments
+
+
+def norm_class(spec: Spec) -> str:
+    if spec.norm_kind == "rms":
+        return "GemmaRMSNorm" if spec.norm_offset else "RMSNorm"
+    return "LayerNorm1P" if spec.norm_offset else "LayerNorm"
+
+
+def norm_constructor(spec: Spec, cfg: Callable[[str], str]) -> Callable[[str], str]:
+    """`norm(size)` for the templates: the code that builds one of the port's norms over `size`."""
+    cls = norm_class(spec)
+    bias = "" if spec.norm_kind == "rms" or spec.norm_bias else ", bias=False"
+
+    def norm(size: str) -> str:
+        return f"{cls}({size}, eps={cfg('norm_eps')}{bias})"
+
+    return norm
+
+
+def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[list[Import], list[Import]]:
+    """The port's imports: (standard library, third party), in the order the header writes them.
+
+    The version fallbacks (Attention, FusedMoE) are code, in the header partial.
+    """
+    moe, shared, alibi, mlp_class = flags["moe"], flags["shared"], flags["alibi"], flags["mlp_class"]
+    full_qk_norm = spec.qk_norm == "full"
+    gate_bias = bool(spec.gate_extra_bias)
+    stdlib = [
+        *([Import("math")] if alibi else []),
+        Import("re"),
+        Import("collections.abc", ("Iterable",)),
+        Import("itertools", ("islice",)),
+        Import("typing", ("ClassVar",)),
+    ]
+    third_party = [
+        Import("torch"),
+        Import("torch", ("nn",)),
+        Import("vllm.compilation.decorators", ("support_torch_compile",)),
+        Import("vllm.config", ("CacheConfig", "VllmConfig")),
+        Import("vllm.distributed", _present(
+            ("get_pp_group", True),
+            ("get_tensor_model_parallel_rank", full_qk_norm or alibi),
+            ("get_tensor_model_parallel_world_size", True),
+            ("tensor_model_parallel_all_gather", full_qk_norm),
+        ), one_per_line=True),
+        *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if full_qk_norm else []),
+        *([Import("vllm.model_executor.layers.activation",
+                  ("get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
+        *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
+          if moe else []),
+        # LayerNorm1P is the port's own class.
+        *([] if flags["layer_norm_1p"] else [Import("vllm.model_executor.layers.layernorm", (norm_class(spec),))]),
+        Import("vllm.model_executor.layers.linear", _present(
+            ("ColumnParallelLinear", not flags["gated"]),
+            ("MergedColumnParallelLinear", flags["gated"] and mlp_class),
+            ("QKVParallelLinear", True),
+            ("ReplicatedLinear", shared),
+            ("RowParallelLinear", True),
+        ), one_per_line=True),
+        Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
+        Import("vllm.model_executor.layers.quantization", ("QuantizationConfig",)),
+        *([Import("vllm.model_executor.layers.rotary_embedding", ("get_rope",))] if flags["rotary"] else []),
+        Import("vllm.model_executor.layers.vocab_parallel_embedding", ("ParallelLMHead", "VocabParallelEmbedding")),
+        Import("vllm.model_executor.model_loader.weight_utils", _present(
+            ("default_weight_loader", True),
+            ("maybe_remap_kv_scale_name", True),
+            ("sharded_weight_loader", gate_bias),
+        ), one_per_line=True),
+        Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
+        Import("vllm.model_executor.models.utils", (
+            "PPMissingLayer", "WeightsMapper", "extract_layer_index", "is_pp_missing_parameter",
+            "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",
+        )),
+        Import("vllm.sequence", ("IntermediateTensors",)),
+        *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if gate_bias else []),
+    ]
+    return stdlib, third_party
+
+
+def _present(*names: tuple[str, bool]) -> tuple[str, ...]:
+    return tuple(name for name, wanted in names if wanted)
+
+
+def model_context(spec: Spec, overridden: set[str], cfg: Callable[[str], str], act_and_mul: bool) -> dict:
+    """Everything the model template needs beyond render's common context."""
+    flags = choices(spec, overridden)
+    stdlib, third_party = imports(spec, flags, act_and_mul)
+    return {**flags, "norm": norm_constructor(spec, cfg), "stdlib_imports": stdlib, "imports": third_party,
+            "logits_processor_arguments": logits_processor_arguments(spec, cfg)}
