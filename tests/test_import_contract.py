@@ -18,16 +18,8 @@ PACKAGE = REPO / "scaffold"
 CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
 # Dependencies that take seconds to import (or are optional): a function may import them late, with a comment.
 HEAVY = {"torch", "transformers", "vllm", "safetensors", "matplotlib", "ruff"}
-# In-function imports in files other engineers own while issue 18 is under way: (file, imported module).
-# Each pair here is a known debt; a new one fails the test. Remove a pair once its file is fixed.
-PENDING = {
-    ("scaffold/verify/static.py", "safetensors"),  # heavy, but uncommented
-    ("scaffold/verify/static.py", "torch"),
-    ("scaffold/verify/tp.py", "vllm.model_executor.layers.linear"),
-    ("scaffold/verify/tp.py", "vllm.model_executor.parameter"),
-    ("scaffold/verify/tp.py", "torch"),
-    ("scaffold/verify/tp.py", "safetensors"),
-}
+# In-function imports known as debt: (file, imported module). A new one fails the test; none is left.
+PENDING: set[tuple[str, str]] = set()
 
 
 def lint_imports(*args: str) -> subprocess.CompletedProcess:

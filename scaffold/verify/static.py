@@ -265,13 +265,14 @@ def check_tied(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
 
 
 def _tensors_equal(ckpt: Checkpoint, a: str, b: str) -> bool:
+    # Deferred on purpose: the static checks read tensor data only here, for a tied head; torch costs seconds.
     from safetensors import safe_open
 
     def load(name):
         with safe_open(str(ckpt.path / ckpt.tensors[name].file), framework="pt") as f:
             return f.get_tensor(name)
 
-    import torch
+    import torch  # deferred with safe_open above
 
     return torch.equal(load(a), load(b))
 

@@ -22,6 +22,7 @@ import sys
 
 @contextlib.contextmanager
 def simulated_rank(tp_size: int, rank: int):
+    # Deferred on purpose: this module runs in the sharding-proof worker; the parent never imports vLLM.
     import vllm.model_executor.layers.linear as linear
     import vllm.model_executor.parameter as parameter
 
@@ -55,6 +56,7 @@ def expected_rank_rows(q, k, v, gate, up, heads, kv_heads, head_dim, tp, rank):
 
 
 def prove(request: dict) -> list[dict]:
+    # Deferred on purpose, as in simulated_rank: only the worker process pays for torch and vLLM.
     import torch
     from safetensors import safe_open
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
