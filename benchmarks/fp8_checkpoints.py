@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoints import SHAPES, decoder_tensors  # noqa: E402
+from checkpoints import SHAPES, decoder_tensors
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QUANTIZATION_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}

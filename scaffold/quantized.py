@@ -85,7 +85,7 @@ def quantization_method(config: dict) -> str | None:
 
 def _refuse(field: str, value, wanted: str, where: Path) -> UnsupportedArchitecture:
     return UnsupportedArchitecture(
-        f"quantization_config.{field} is {value!r}; scaffold ports {wanted}.", where)
+        f"the checkpoint is quantized, and quantization_config.{field} is {value!r}; scaffold ports {wanted}.", where)
 
 
 def _positive_int(value) -> bool:
@@ -200,8 +200,9 @@ def float_view(config: dict, tensors: dict, where: Path) -> dict:
                 out[f"{module}.weight"] = _module_weight(module, info, modules[module], tensors, config, dtype, where)
             continue
         if info.dtype in PACKED_DTYPES:
-            raise CheckpointError(f"tensor {name!r} ({info.dtype}) is not part of a {method} layout: it needs "
-                                  f"{module}.{layouts[0].main} beside it.", where)
+            lay = layouts[0]
+            raise CheckpointError(f"tensor {name!r} ({info.dtype}) is not one of the {method} tensors scaffold reads "
+                                  f"for a module ({', '.join((lay.main, *lay.required, *lay.optional))}).", where)
         if kind in {part for lay in layouts for part in (*lay.required, *lay.optional)} :
             raise CheckpointError(f"tensor {name!r} has no {module}.{layouts[0].main} beside it.", where)
         out[name] = info
