@@ -1,9 +1,21 @@
 """Quantized checkpoints and LoRA adapters built at test time from tiny float checkpoints.
 
-AWQ, 4-bit GEMM layout, group 64 (what AutoAWQ writes): for every linear of the decoder,
-`qweight` int32 [in, out / 8] (eight 4-bit values per int32, packed along the output in AWQ's
-order), `qzeros` int32 [in / 64, out / 8] packed the same way, `scales` fp16 [in / 64, out];
-the weight is (q - zero) * scale. Embedding, norms and head stay in fp16.
+`build_quantized(source, out, architecture, scheme)` quantizes every linear of the decoder of a
+Llama- or Qwen3-shaped float checkpoint with torch, in the layout each method's writer produces
+(SCHEMES; embedding, norms and head stay float):
+- awq: 4-bit GEMM layout, group 64 (AutoAWQ): `qweight` int32 [in, out / 8] (eight 4-bit values
+  per int32, packed along the output in AWQ's order), `qzeros` int32 [in / 64, out / 8] packed the
+  same way, `scales` fp16 [in / 64, out]; the weight is (q - zero) * scale.
+- gptq, gptq-desc-act: 4-bit symmetric, group 64, GPTQ's v1 format (AutoGPTQ): `qweight` int32
+  [in / 8, out] packed along the input, `qzeros` [in / 64, out / 8] (zero 8 stored as 7), `scales`
+  fp16, `g_idx` int32 [in] (sequential, or permuted for act-order).
+- w8a8-int8: compressed-tensors `int-quantized`: `weight` int8 [out, in], `weight_scale` [out, 1];
+  activations per token at run time.
+- w4a16: compressed-tensors `pack-quantized`: `weight_packed` int32 [out, in / 8] (value + 8),
+  `weight_scale` [out, in / 64], `weight_shape` int64 [2].
+- fp8, fp8-block: `weight` float8_e4m3fn [out, in] with `weight_scale` [] (per tensor) or
+  `weight_scale_inv` [out / 64, in / 64] (block-wise); dynamic activations.
+`kv_scales=True` adds `k_proj.k_scale` / `v_proj.v_scale`, as FP8 checkpoints store them.
 """
 
 from __future__ import annotations
@@ -97,7 +109,8 @@ def quantize_w4a16(weight):
 
 def quantize_fp8(weight, block: int | None = None):
     """FP8 (e4m3) weight [out, in] with one float32 scale (weight_scale) or, block-wise, one per block of
-    block x block (weight_scale_inv [out / block, in / block], multiplied in as the name does not say)."""
+    block x block (weight_scale_inv [out / block, in / block]; despite its name the weight is fp8 times it,
+    as DeepSeek-V3's checkpoints store it)."""
     import torch
 
     w = weight.float()
