@@ -71,7 +71,8 @@ FP8_BLOCK = Layout("weight", ("weight_scale_inv",), ("input_scale",))
 
 
 def is_packed(name: str, dtype: str) -> bool:
-    """Whether a header entry is a quantization method's non-float tensor (allowed besides float dtypes)."""
+    """Whether a header entry may be a quantization method's non-float tensor (allowed besides float dtypes in
+    checkpoints whose config.json has a quantization_config)."""
     return name.endswith(PACKED_SUFFIXES.get(dtype, ()))
 
 
@@ -174,11 +175,7 @@ def _float_dtype(tensors: dict, parts: set[str]) -> str:
 def float_view(config: dict, tensors: dict, where: Path) -> dict:
     """The tensors with each quantized module presented as its `weight` ([out, in]); others unchanged."""
     method = quantization_method(config)
-    if method is None:
-        packed = [name for name, info in tensors.items() if info.dtype in PACKED_DTYPES]
-        if packed:
-            raise CheckpointError(f"tensor {packed[0]!r} is a quantized tensor ({tensors[packed[0]].dtype}) but "
-                                  "config.json has no quantization_config saying how to read it.", where)
+    if method is None:  # the header reader let no quantized dtype through
         return tensors
     layouts = layout(config, where)
     modules = {}  # module -> its layout, for every module stored in a quantized layout
