@@ -408,7 +408,8 @@ def validate_config(config: dict, where: Path) -> None:
 
 
 # ------------------------------------------------------------ safetensors
-def read_safetensors_header(source: Path, path: Path | None = None, checked: dict | None = None) -> dict[str, dict]:
+def read_safetensors_header(source: Path, path: Path | None = None, checked: dict | None = None,
+                            packed: bool = False) -> dict[str, dict]:
     """Return the tensor entries of one shard's header, validated as safetensors validates them.
 
     The entries must be well-formed, name each tensor once, have a supported dtype,
@@ -466,7 +467,8 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPE_SIZES and not quantized.is_packed(name, dtype):
+        # A quantization method's integer and FP8 tensors only where config.json says the checkpoint is quantized.
+        if dtype not in DTYPE_SIZES and not (packed and quantized.is_packed(name, dtype)):
             kind = "a quantized or non-float" if dtype in KNOWN_UNSUPPORTED_DTYPES else "an unknown"
             raise CheckpointError(
                 f"tensor {name!r} has dtype {dtype!r}, {kind} dtype; ports load F32, F16 and BF16 weights.",
@@ -510,7 +512,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
     return entries
 
 
-def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | None]:
+def _read_tensors(root: Path, packed: bool = False) -> tuple[dict[str, TensorInfo], list[str], str | None]:
     index_path = root / INDEX_FILE
     single = root / SINGLE_FILE
     if index_path.exists() or index_path.is_symlink():
@@ -554,7 +556,7 @@ def _read_tensors(root: Path) -> tuple[dict[str, TensorInfo], list[str], str | N
         if not shard_path.exists() and not shard_path.is_symlink():
             raise CheckpointError(f"the index names the shard {shard!r}, which does not exist.", where)
         resolved = _regular_file(root, shard_path, f"the shard {shard!r}", where)
-        for name, entry in read_safetensors_header(resolved, shard_path, weight_map).items():
+        for name, entry in read_safetensors_header(resolved, shard_path, weight_map, packed).items():
             if name in tensors:
                 raise CheckpointError(
                     f"tensor {name!r} is stored twice, in {tensors[name].file} and in {shard}.", shard_path
@@ -706,7 +708,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             config_file,
         )
     validate_config(config, config_file)
-    tensors, shards, index_file = _read_tensors(root)
+    tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None)
     tensors = quantized.float_view(config, tensors, config_file)  # a quantized module as its weight
     generation = None
     generation_file = root / "generation_config.json"

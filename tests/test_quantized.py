@@ -1,10 +1,14 @@
 """Quantized checkpoints through a generated port, and tensors a port does not know.
 
-An AWQ checkpoint (4-bit GEMM layout, group 64), built at test time from a tiny Llama, is
-accepted by `scaffold new`, loads through the port's load_weights into vLLM's AWQ linear
-layers, and gives the log-probabilities of vLLM's own LlamaForCausalLM on the same
-checkpoint. A sibling holding tensors the port was not generated for is refused at load,
-naming the tensor and saying to regenerate.
+Quantized checkpoints, built at test time from tiny Llama- and Qwen3-shaped float checkpoints
+(tests/quantized_ckpt.py), are accepted by `scaffold new`, load through the port's load_weights
+into vLLM's quantized linear layers, and give the log-probabilities of vLLM's own class on the
+same checkpoint. The schemes with an engine test are those vLLM's CPU build 0.32 serves with its
+own Llama: AWQ (4-bit GEMM), GPTQ (4-bit, desc_act false), compressed-tensors W8A8 int8 and W4A16
+pack-quantized. FP8 (per-tensor: CPU has no static_scaled_fp8_quant; block-wise: needs AMX) is
+read here and served on the GPU (studies/gpu-h200-fp8.md). A layout the port is not generated
+for is refused by `scaffold new`, naming config.json and the field; a sibling holding tensors
+the port was not generated for is refused at load, naming the tensor and saying to regenerate.
 """
 
 from __future__ import annotations
@@ -14,49 +18,121 @@ import json
 import pytest
 from conftest import scaffold
 from engine_logprobs import logprobs, max_delta
-from quantized_ckpt import build_awq
+from quantized_ckpt import SCHEMES, build_awq, build_quantized
 
 TOLERANCE = 1e-3
+# Schemes vLLM's CPU build serves (found by running its own Llama on each, tests/quantized_ckpt.py's checkpoints).
+CPU_SCHEMES = ("awq", "gptq", "w8a8-int8", "w4a16")
+# Every scheme the builder writes but act-order GPTQ, which vLLM 0.32 refuses and so scaffold does too.
+READ_SCHEMES = sorted(name for name, (_, config, _) in SCHEMES.items() if not config.get("desc_act"))
+# vLLM's own class for each shape, and the model_type scaffold.tiny builds it from.
+SHAPES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 @pytest.fixture(scope="module")
-def float_llama(workdir):
+def float_ckpt(workdir):
+    """float_ckpt(shape) -> a tiny float checkpoint of that shape, built once."""
     from scaffold.tiny import build_tiny
 
-    return build_tiny("llama", workdir / "ckpt-quant-float", architecture="LlamaForCausalLM", seed=2)
+    built = {}
+
+    def make(shape: str):
+        if shape not in built:
+            built[shape] = build_tiny(shape, workdir / f"ckpt-quant-float-{shape}", architecture=SHAPES[shape], seed=2)
+        return built[shape]
+
+    return make
 
 
-def test_scaffold_new_reads_an_awq_checkpoint(float_llama, workdir):
-    awq = build_awq(float_llama, workdir / "ckpt-awq-static", "AwqStaticForCausalLM")
-    out = workdir / "port-awq-static"
-    scaffold("new", awq, "-o", out, "--force")
+@pytest.fixture(scope="module")
+def float_llama(float_ckpt):
+    return float_ckpt("llama")
+
+
+def class_prefix(scheme: str, shape: str) -> str:
+    return "".join(part.capitalize() for part in f"{scheme}-{shape}".split("-"))
+
+
+@pytest.mark.parametrize("scheme", READ_SCHEMES)
+def test_scaffold_new_reads_a_quantized_checkpoint(scheme, float_llama, workdir):
+    ckpt = build_quantized(float_llama, workdir / f"ckpt-{scheme}-static", f"{class_prefix(scheme, 'static')}ForCausalLM",
+                           scheme, kv_scales=True)
+    out = workdir / f"port-{scheme}-static"
+    scaffold("new", ckpt, "-o", out, "--force")
     spec = (out / "scaffold_spec.toml").read_text()
     assert 'qkv_layout = "separate"' in spec and "num_layers = 3" in spec
-    table = json.loads(scaffold("inspect", awq, "--json").stdout)
-    assert "model.layers.0.self_attn.q_proj.weight" in json.dumps(table)
+    table = json.dumps(json.loads(scaffold("inspect", ckpt, "--json").stdout))
+    # Every quantized linear stands in the table as the weight it quantizes; the KV-cache scales
+    # are left to the port's maybe_remap_kv_scale_name.
+    for layer in range(3):
+        for module in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
+            assert f"model.layers.{layer}.{module}.weight" in table
+    assert "k_scale" not in table and "weight_scale" not in table and "qweight" not in table
 
 
-def test_awq_with_another_layout_is_refused(float_llama, workdir):
-    awq = build_awq(float_llama, workdir / "ckpt-awq-gemv", "AwqGemvForCausalLM")
-    config = json.loads((awq / "config.json").read_text())
-    config["quantization_config"]["version"] = "gemv"
-    (awq / "config.json").write_text(json.dumps(config))
-    proc = scaffold("new", awq, "-o", workdir / "port-awq-gemv", "--force", check=False)
-    assert proc.returncode != 0 and "GEMM" in proc.stderr and "Traceback" not in proc.stderr
+@pytest.mark.parametrize(("scheme", "edit", "field"), [
+    ("awq", {"version": "gemv"}, "quantization_config.version"),
+    ("gptq", {"desc_act": True}, "quantization_config.desc_act"),
+    ("gptq", {"bits": 3}, "quantization_config.bits"),
+    ("w8a8-int8", {"format": "float-quantized"}, "quantization_config.format"),
+    ("fp8", {"weight_block_size": [64]}, "quantization_config.weight_block_size"),
+    ("fp8", {"quant_method": "bitsandbytes"}, "quantization_config.quant_method"),
+])
+def test_a_layout_the_port_is_not_generated_for_is_refused(scheme, edit, field, float_llama, workdir):
+    name = f"{scheme}-{'-'.join(edit)}"
+    ckpt = build_quantized(float_llama, workdir / f"ckpt-refused-{name}", "RefusedForCausalLM", scheme)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["quantization_config"].update(edit)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    proc = scaffold("new", ckpt, "-o", workdir / f"port-refused-{name}", "--force", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert field in proc.stderr and "config.json" in proc.stderr
+    assert not (workdir / f"port-refused-{name}").exists()
+
+
+@pytest.mark.parametrize(("scheme", "change", "named"), [
+    ("gptq", "drop", "model.layers.1.mlp.up_proj.scales"),
+    ("awq", "add", "model.layers.1.mlp.up_proj.g_idx"),
+])
+def test_a_quantized_module_with_tensors_missing_or_foreign_is_refused(scheme, change, named, float_llama, workdir):
+    """A GPTQ qweight without its scales, an AWQ module with a g_idx (GPTQ's): each named, nothing written."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    ckpt = build_quantized(float_llama, workdir / f"ckpt-{scheme}-{change}", "ForeignForCausalLM", scheme)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    if change == "drop":
+        del tensors[named]
+    else:
+        tensors[named] = torch.zeros(256, dtype=torch.int32)
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    out = workdir / f"port-{scheme}-{change}"
+    proc = scaffold("new", ckpt, "-o", out, "--force", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert named in proc.stderr and not out.exists()
 
 
 @pytest.mark.engine
-def test_awq_port_matches_vllms_own_llama(float_llama, workdir):
-    port_ckpt = build_awq(float_llama, workdir / "ckpt-awq-port", "AwqLlamaForCausalLM")
-    ref_ckpt = build_awq(float_llama, workdir / "ckpt-awq-ref", "LlamaForCausalLM")
-    out = workdir / "port-awq"
+@pytest.mark.parametrize(("scheme", "shape"), [
+    ("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"), ("w4a16", "qwen3"),
+])
+def test_quantized_port_matches_vllms_own_class(scheme, shape, float_ckpt, workdir):
+    """Each scheme the CPU build serves, once, on a Llama- or a Qwen3-shaped port (both shapes covered);
+    the W8A8 checkpoint also holds KV-cache scales (k_proj.k_scale, v_proj.v_scale)."""
+    prefix = class_prefix(scheme, shape)
+    kv_scales = scheme == "w8a8-int8"
+    port_ckpt = build_quantized(float_ckpt(shape), workdir / f"ckpt-{prefix}-port", f"{prefix}ForCausalLM", scheme,
+                                kv_scales=kv_scales)
+    ref_ckpt = build_quantized(float_ckpt(shape), workdir / f"ckpt-{prefix}-ref", SHAPES[shape], scheme,
+                               kv_scales=kv_scales)
+    out = workdir / f"port-{prefix}"
     scaffold("new", port_ckpt, "-o", out, "--force")
-    mine = logprobs(port_ckpt, workdir / "engine-awq-port", port=out, dtype="bfloat16")
-    theirs = logprobs(ref_ckpt, workdir / "engine-awq-ref", dtype="bfloat16")
-    assert mine["model_class"] == "awq_llama_vllm.model.AwqLlamaForCausalLM"
-    assert theirs["model_class"] == "vllm.model_executor.models.llama.LlamaForCausalLM"
+    mine = logprobs(port_ckpt, workdir / f"engine-{prefix}-port", port=out, dtype="bfloat16")
+    theirs = logprobs(ref_ckpt, workdir / f"engine-{prefix}-ref", dtype="bfloat16")
+    assert mine["model_class"].endswith(f"_vllm.model.{prefix}ForCausalLM")
+    assert theirs["model_class"] == f"vllm.model_executor.models.{shape}.{SHAPES[shape]}"
     delta = max_delta(mine, theirs)
-    print(f"AWQ port vs vLLM's LlamaForCausalLM: max |dlogp| {delta:.3g}")
+    print(f"{scheme} {shape} port vs vLLM's {SHAPES[shape]}: max |dlogp| {delta:.3g}")
     assert delta <= TOLERANCE
 
 
