@@ -137,18 +137,23 @@ def test_quantized_port_matches_vllms_own_class(scheme, shape, float_ckpt, workd
 
 
 @pytest.mark.engine
-def test_the_awq_ports_own_weight_mapping_tests_pass(float_llama, workdir):
-    """The generated tests/test_weight_mapping.py on the quantized checkpoint: every tensor, qweight, qzeros
-    and scales included, lands in a parameter of its module's role."""
+@pytest.mark.parametrize(("scheme", "shape"), [("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"),
+                                               ("w4a16", "qwen3")])
+def test_the_quantized_ports_own_weight_mapping_tests_pass(scheme, shape, float_ckpt, workdir):
+    """The generated tests/test_weight_mapping.py on the quantized checkpoint: every tensor the quantization
+    method keeps (qweight, qzeros, scales, weight_packed, weight_scale, KV-cache scales) lands in a parameter of
+    its module's role, the names the method drops (GPTQ's g_idx) are dropped as vLLM's loader drops them."""
     import os
     import subprocess
     import sys
 
     from scaffold.verify.port import load_port, stage_install
 
-    awq = build_awq(float_llama, workdir / "ckpt-awq-own-tests", "AwqOwnTestsForCausalLM")
-    out = workdir / "port-awq-own-tests"
-    scaffold("new", awq, "-o", out, "--force")
+    name = class_prefix(scheme, shape) + "OwnTests"
+    ckpt = build_quantized(float_ckpt(shape), workdir / f"ckpt-{scheme}-{shape}-own-tests", f"{name}ForCausalLM",
+                           scheme, kv_scales=scheme == "w8a8-int8")
+    out = workdir / f"port-{scheme}-{shape}-own-tests"
+    scaffold("new", ckpt, "-o", out, "--force")
     port = load_port(out)
     env = dict(os.environ, PYTHONPATH=str(stage_install(port)), VLLM_PLUGINS=port.spec.package)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
