@@ -63,7 +63,7 @@ class Source:
 # Choices of the enumerated fields, checked on overrides.
 CHOICES = {
     "qkv_layout": ("separate", "fused", "interleaved", "grouped"),
-    "position_scheme": ("rotary", "alibi", "none"),
+    "position_scheme": ("rotary", "alibi", "learned", "none"),
     "gate_up_layout": ("separate", "fused"),
     "gate_up_order": ("gate_first", "up_first"),
     "qk_norm": ("none", "per_head", "full"),
@@ -110,6 +110,9 @@ NAME_ROLES = (
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
     "expert_down_proj", "shared_expert", "shared_expert_gate",
+    # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
+    # where position_scheme is "learned".
+    "embed_positions",
 )
 MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -117,9 +120,9 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # transformer.encoder.layers, transformer.embedding.word_embeddings): a dotted path,
 # relative to the base model (lm_head: from the root). The port keeps the last
 # component as its attribute and maps the checkpoint's names onto it on load.
-NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head")
+NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
 # Fields written into scaffold_spec.toml only when set (most checkpoints have none).
-OMITTED_WHEN_EMPTY = ("skipped_tensors",)
+OMITTED_WHEN_EMPTY = ("skipped_tensors", "position_offset", "transposed_roles")
 
 
 @dataclass
@@ -159,6 +162,9 @@ class Spec:
     # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
     # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.
     position_scheme: str = "rotary"
+    # GPT-2 layouts ("learned": a table names.embed_positions, indexed by position, added to the token
+    # embedding): the constant added to every position before the lookup (OPT's table starts at row 2).
+    position_offset: int = 0
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = field(default_factory=dict)
@@ -204,6 +210,10 @@ class Spec:
     embedding_multiplier: float | None = None
     logits_scale: float | None = None
     final_logit_softcap: float | None = None
+
+    # GPT-2 layouts: roles (qkv_proj, o_proj, up_proj, gate_up_proj, down_proj, ...) whose checkpoint weight is
+    # stored [in_features, out_features] (GPT-2's Conv1D), transposed on load into vLLM's [out, in] layers.
+    transposed_roles: list[str] = field(default_factory=list)
 
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = "float32"
@@ -467,6 +477,13 @@ def validate_names(spec: Spec, origin: str) -> None:
                  "down_proj", "up_proj"):
         if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
             raise SpecError(f"spec field 'names' needs a module name for role {role!r}.", origin)
+    # GPT-2 layouts: a learned position table needs its module name; a transposed role must be one the port has.
+    if spec.position_scheme == "learned" and "embed_positions" not in names:
+        raise SpecError("position_scheme is \"learned\" but 'names' has no module name for role 'embed_positions' "
+                        "(the position table).", origin)
+    for role in spec.transposed_roles:
+        if not isinstance(role, str) or role not in names:
+            raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:
@@ -490,8 +507,8 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
     names, port = spec.names, port_names(spec.names)
     model = names["model"]
     out: dict[str, str | None] = {}
-    for role in ("embed_tokens", "layers", "norm"):
-        if names[role] != port[role]:
+    for role in ("embed_tokens", "layers", "norm", "embed_positions"):
+        if role in names and names[role] != port[role]:
             out[f"{model}.{names[role]}."] = f"{model}.{port[role]}."
     if names["lm_head"] != port["lm_head"]:
         out[f"{names['lm_head']}."] = f"{port['lm_head']}."

@@ -15,7 +15,8 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, moe
+from scaffold.detect import codekeys, dataflow, moe, positions
+from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
@@ -163,6 +164,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     buffers = codekeys.registered_buffers(code)
     skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
+    # GPT-2 layouts: the learned position table is an embedding too, but not the token embedding.
+    positions_table = _position_table(ckpt, spec, prefix, top)
+    if positions_table is not None:
+        names["embed_positions"] = positions_table
+        del top[f"{prefix}.{positions_table}.weight"]
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
     try:
         embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
@@ -296,6 +302,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
     _norms_and_block(ckpt, spec, names, layer0, sources, inside, flow)
+    _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -340,6 +347,59 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _position_table(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict) -> str | None:
+    """The module path (under `prefix`) of a learned absolute position table the code adds to the token
+    embedding (positions.learned_positions), with spec.position_offset; None where the code has none."""
+    learned = positions.learned_positions(modeling_sources(ckpt))
+    if learned is None:
+        return None
+    found = sorted(n[len(prefix) + 1:-len(".weight")] for n, info in top.items()
+                   if n.startswith(prefix + ".") and n.endswith(f"{learned.positions}.weight")
+                   and n[len(prefix) + 1:-len(".weight")].rsplit(".", 1)[-1] == learned.positions
+                   and len(info.shape) == 2)
+    if len(found) != 1:
+        return None
+    table = found[0]
+    rows = top[f"{prefix}.{table}.weight"].shape[0]
+    if rows != spec.max_position + learned.offset:
+        offset = f" plus the offset {learned.offset}" if learned.offset else ""
+        raise CheckpointError(f"{prefix}.{table}.weight has {rows} rows, not the {spec.max_position} positions "
+                              f"({spec.source('max_position')}){offset} the port builds it with.", ckpt.config_file)
+    spec.set("position_offset", learned.offset,
+             Source("code", f"{learned}: {learned.positions} looks up position + {learned.offset}") if learned.offset
+             else Source("code", f"{learned}: {learned.positions} looks up the positions as they are"))
+    return table
+
+
+# Projection roles by the sublayer whose class builds them.
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+
+
+def _transposed(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow: dataflow.Layer | None,
+                layer: str) -> None:
+    """The projections whose class stores its weight [in, out] (GPT-2's Conv1D), read from the class the
+    attention's and the MLP's code build each with (scaffold.detect.linears)."""
+    classes = linear_classes(sources) if sources else {}
+    owners = []
+    if flow is not None and flow.attention_flow is not None:
+        owners.append((flow.attention_flow.cls, names["self_attn"], ATTENTION_PROJECTIONS))
+    if flow is not None and flow.mlp_flow is not None:
+        owners.append((flow.mlp_flow.cls, names["mlp"], MLP_PROJECTIONS))
+    roles, evidence = [], set()
+    for owner, module, projections in owners:
+        for role in projections:
+            attr = names.get(role)
+            built = built_with(sources, owner, attr) if attr else None
+            kind = classes.get(built) if built else None
+            if kind is not None and kind.transposed and f"{layer}.{module}.{attr}.weight" in ckpt.tensors:
+                roles.append(role)
+                evidence.add(kind.where)
+    spec.set("transposed_roles", roles,
+             Source("code", "; ".join(sorted(evidence))) if roles
+             else Source("default", "every projection stores its weight [out, in], as nn.Linear does"))
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
@@ -467,11 +527,29 @@ def _code_qkv(ckpt: Checkpoint, spec: Spec, names: dict, code: dataflow.Attentio
     else:
         names["qkv_proj"] = code.q
     spec.set("qkv_layout", code.layout, source)
-    if code.layout == "interleaved":
+    if code.layout == "fused":
+        _fused_kv_heads(ckpt, spec, f"{module}.{code.q}.weight")
+    elif code.layout == "interleaved":
         _one_kv_head_per_head(ckpt, spec, f"{module}.{code.q}.weight")
     elif code.layout == "grouped":
         _grouped_rows(ckpt, spec, f"{module}.{code.q}.weight")
     spec.set("qkv_bias", f"{attn}.{code.q}.bias" in layer0, Source("tensor", f"{module}.{code.q}.bias"))
+
+
+def _fused_kv_heads(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
+    """q, k, v one after another: the KV head count the rows hold, where the config's differs (multi-query
+    c_attn, q then one k and one v head, under a config flag such as gpt_bigcode's multi_query)."""
+    shape = ckpt.tensors[tensor].shape
+    if len(shape) != 2 or spec.hidden_size not in shape:
+        return
+    rows = shape[1] if shape[0] == spec.hidden_size and shape[1] != spec.hidden_size else shape[0]  # [in, out]?
+    q, dim = spec.num_heads * spec.head_dim, spec.head_dim
+    if rows == q + 2 * spec.num_kv_heads * dim or rows <= q or (rows - q) % (2 * dim):
+        return  # as the config says, or rows the attention's shape check will name
+    kv = (rows - q) // (2 * dim)
+    if kv and spec.num_heads % kv == 0:
+        spec.set("num_kv_heads", kv, Source("tensor", f"{tensor}: {q} query rows, then {kv} key and {kv} value "
+                                                      f"head(s) of {dim}"))
 
 
 def _grouped_rows(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
