@@ -149,3 +149,36 @@ def test_gpt_bigcode_multi_query_c_attn_holds_one_kv_head(tmp_path):
     assert spec.names["embed_positions"] == "wpe"
     rows, homeless = weight_table(spec, read_checkpoint(tmp_path / "ckpt"))
     assert not homeless and any(r.checkpoint == "transformer.wpe.weight" for r in rows)
+
+
+def tiny(model_type: str, out: Path, **overrides) -> Path:
+    from scaffold.tiny import BASE, build_tiny
+
+    return build_tiny(model_type, out, architecture=f"Catalogue{model_type.title().replace('_', '')}ForCausalLM",
+                      overrides={**BASE, **overrides})
+
+
+def test_gpt2_attention_scaling_flags_are_read_or_refused_by_name(tmp_path):
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.errors import UnsupportedArchitecture
+
+    spec = detect(read_checkpoint(tiny("gpt2", tmp_path / "unscaled", scale_attn_weights=False)))
+    assert spec.attention_scale == 1.0 and "scale_attn_weights" in str(spec.source("attention_scale"))
+    with pytest.raises(UnsupportedArchitecture, match=r"scaled by 1 / \(layer index \+ 1\)"):
+        detect(read_checkpoint(tiny("gpt2", tmp_path / "inverse", scale_attn_by_inverse_layer_idx=True)))
+
+
+@pytest.mark.parametrize("model_type, feature", [
+    ("biogpt", r"MLP projections \(fc1, fc2\) sit directly on the decoder layer"),
+    ("opt", r"MLP projections \(fc1, fc2\) sit directly on the decoder layer"),
+    ("gpt_neo", r"attention projections sit two modules deep \(attn\.attention\.\w_proj\.weight\)"),
+])
+def test_gpt2_family_forms_not_expressed_yet_are_refused_by_name(model_type, feature, tmp_path):
+    """Forms of the GPT-2 family the templates cannot express yet: one line naming the form, no field dump."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.errors import UnsupportedArchitecture
+
+    overrides = {"attention_types": [[["global", "local"], 1], [["global"], 1]]} if model_type == "gpt_neo" else {}
+    with pytest.raises(UnsupportedArchitecture, match=feature) as refused:
+        detect(read_checkpoint(tiny(model_type, tmp_path / "ckpt", **overrides)))
+    assert "spec field(s)" not in refused.value.problem

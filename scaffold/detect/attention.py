@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.common import config_value, stored_shape
+from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -76,7 +76,13 @@ def _number(ckpt: Checkpoint, key: str):
 
 def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
     """The attention score scale (head_dim ** -0.5 unless the config says otherwise) and soft-capping."""
-    if (scalar := _number(ckpt, "query_pre_attn_scalar")) is not None:
+    if ckpt.config.get("scale_attn_by_inverse_layer_idx") is True:
+        raise unsupported("attention scores scaled by 1 / (layer index + 1) (GPT-2's config.json "
+                          "scale_attn_by_inverse_layer_idx)", ckpt.config_file, spec.model_type)
+    if ckpt.config.get("scale_attn_weights") is False:
+        # GPT-2 with scale_attn_weights false: scores are q . k, not divided by sqrt(head_dim).
+        spec.set("attention_scale", 1.0, Source("config", "config.json scale_attn_weights = false: unscaled scores"))
+    elif (scalar := _number(ckpt, "query_pre_attn_scalar")) is not None:
         spec.set("attention_scale", scalar**-0.5, Source("config", "config.json query_pre_attn_scalar ** -0.5",
                                                          "config.query_pre_attn_scalar**-0.5"))
     elif (mult := _number(ckpt, "attention_multiplier")) is not None:

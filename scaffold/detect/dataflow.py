@@ -713,10 +713,11 @@ def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Ml
         raise Undecided(f"{cls.name}.forward: {len(downs)} projections read another's output ({downs})")
     down = downs[0]
     ups = sorted(a for a in found if a != down and a in interp.events.inputs)
-    # x * f(x) with both factors from one whole projection is the activation itself (a hand-written GELU's
-    # 0.5 * x * (1 + tanh(...))), not a gated product.
+    # x * act(x), both factors from one whole projection and one of them activated, is the activation itself
+    # written out (a hand-written GELU's 0.5 * x * (1 + tanh(...))), not a gated product.
     products = [(line, left, right) for line, left, right in interp.events.products
-                if not (len({o.key for o in left | right}) == 1 and next(iter(left)).piece is None)]
+                if not (len({o.key for o in left | right}) == 1 and next(iter(left)).piece is None
+                        and any(o.act for o in left) != any(o.act for o in right))]
     for line, left, right in products:
         la, ra = {o for o in left if o.act}, {o for o in right if o.act}
         gate_side, up_side = (left, right) if la and not ra else (right, left) if ra and not la else (None, None)

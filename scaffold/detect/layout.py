@@ -39,6 +39,8 @@ CANDIDATES = {
     "plain_up": ("c_fc", "dense_h_to_4h", "up_proj"),
     "down_proj": ("down_proj", "c_proj", "dense_4h_to_h"),
 }
+# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj).
+NESTED_ATTENTION = re.compile(r"\w+\.\w+\.(q_proj|k_proj|v_proj|qkv_proj|c_attn|query_key_value)\.weight\Z")
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
@@ -97,6 +99,10 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         return kind in kinds.get(path.rsplit(".", 1)[-1], ())
 
     shallow = {n: i for n, i in inside.items() if n.count(".") == 1}
+    if not code and not (sum(1 for n, i in shallow.items() if n.endswith(".weight") and len(i.shape) == 2) == 1):
+        # Not the usual layout: transformers' modeling file says where the modules are (OPT's model.decoder).
+        code = modeling_sources(ckpt)
+        kinds = codekeys.module_kinds(code)
     embeds = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and len(i.shape) == 2)
     norms = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and i.shape == (hidden,))
     heads = sorted(module(n) for n, i in top.items()
@@ -208,6 +214,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_attn = flow.attention_flow if flow is not None else None
     attn = flow.attention if code_attn is not None else first("self_attn")
     if attn is None:
+        nested = sorted(r for r in layer0 if NESTED_ATTENTION.match(r))
+        if nested:  # GPT-Neo's attn.attention.q_proj: the projections sit two modules below the layer
+            raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
+                               spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
@@ -277,6 +287,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
     mlp = names["mlp"] if expert_modules is not None else flow.mlp if code_mlp is not None else first("mlp")
     if mlp is None:
+        flat = sorted(r.split(".")[0] for r, info in layer0.items()
+                      if r.count(".") == 1 and r.endswith(".weight") and len(info.shape) == 2)
+        if flat:  # OPT's and BioGPT's fc1, fc2: the MLP's projections are the layer's own
+            raise _unsupported(f"layer 0's MLP projections ({', '.join(flat)}) sit directly on the decoder layer, "
+                               "with no MLP module", where, spec.model_type)
         raise Undetermined(Unknown("names.mlp", "layer 0 has no MLP module the generator knows",
                                    tuple((c, "absent") for c in CANDIDATES["mlp"])))
     names["mlp"] = mlp
@@ -397,9 +412,8 @@ def _transposed(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow: 
             if kind is not None and kind.transposed and f"{layer}.{module}.{attr}.weight" in ckpt.tensors:
                 roles.append(role)
                 evidence.add(kind.where)
-    spec.set("transposed_roles", roles,
-             Source("code", "; ".join(sorted(evidence))) if roles
-             else Source("default", "every projection stores its weight [out, in], as nn.Linear does"))
+    if roles:  # a feature, like the extra gate bias: a spec file adds it by name; left out, there is none
+        spec.set("transposed_roles", roles, Source("code", "; ".join(sorted(evidence))))
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,

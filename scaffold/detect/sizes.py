@@ -48,8 +48,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sources = codekeys.code_sources(ckpt)
     aliases = codekeys.attribute_map(ckpt)
     reads = codekeys.config_reads(sources)
-    # Every key the modeling code reads (its own, else transformers' file), under its stored name too.
-    read_anywhere = set(configreads.config_reads(modeling_sources(ckpt)))
+    # Every key transformers' own modeling file for this model type reads, under its stored name too (empty
+    # for a checkpoint with its own code: that code's reads are `reads`, and the code decides its sizes).
+    read_anywhere = set(configreads.config_reads(modeling_sources(ckpt))) if not ckpt.sources else set()
     read_anywhere |= {aliases[k] for k in list(read_anywhere) if k in aliases}
     from_code = _code_sizes(ckpt, sources, aliases)
 
@@ -57,7 +58,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hints = HINTS[field] + tuple(k for k in CODE_HINTS.get(field, ()) if k in reads)
         if field in UNREAD_HINTS_IGNORED and read_anywhere:
             # A config may carry a key its model never reads (GPT-2's config.json with an intermediate_size
-            # beside n_inner): where the modeling code is at hand, only the keys it reads size the model.
+            # beside n_inner): only the keys transformers' modeling file reads size the model.
             hints = tuple(k for k in hints if k in read_anywhere)
         read = tuple(k for k in hints if k in reads)
         mapped = aliases.get(STANDARD[field])
