@@ -124,6 +124,15 @@ def transposed_modules(spec: Spec) -> frozenset[str]:
                      for role in spec.transposed_roles if role in n)
 
 
+def port_rest(spec: Spec, rest: str) -> str:
+    """The port's name for `rest`, a checkpoint tensor inside a decoder layer: the same, but for an MLP whose
+    projections are the layer's own (OPT's fc1.weight, spec.mlp_on_layer), which the port keeps in its MLP."""
+    n = spec.names
+    if spec.mlp_on_layer and rest.split(".", 1)[0] in (n.get("up_proj"), n.get("down_proj")):
+        return f"{n['mlp']}.{rest}"
+    return rest
+
+
 def layer_prefix(spec: Spec) -> str:
     return f"{spec.names['model']}.{spec.names['layers']}."
 
@@ -194,6 +203,7 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     n = spec.names
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
+    rest = port_rest(spec, rest)
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":

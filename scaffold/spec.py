@@ -122,7 +122,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # component as its attribute and maps the checkpoint's names onto it on load.
 NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
 # Fields written into scaffold_spec.toml only when set (most checkpoints have none).
-OMITTED_WHEN_EMPTY = ("skipped_tensors", "position_offset", "transposed_roles")
+OMITTED_WHEN_EMPTY = ("skipped_tensors", "position_offset", "transposed_roles", "mlp_on_layer")
 
 
 @dataclass
@@ -214,6 +214,9 @@ class Spec:
     # GPT-2 layouts: roles (qkv_proj, o_proj, up_proj, gate_up_proj, down_proj, ...) whose checkpoint weight is
     # stored [in_features, out_features] (GPT-2's Conv1D), transposed on load into vLLM's [out, in] layers.
     transposed_roles: list[str] = field(default_factory=list)
+    # OPT-style layouts: the MLP's projections (names.up_proj, names.down_proj) are the decoder layer's own
+    # modules (OPT's fc1, fc2), with no MLP module; the port keeps them in its names.mlp module, renamed on load.
+    mlp_on_layer: bool = False
 
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = "float32"

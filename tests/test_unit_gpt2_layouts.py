@@ -168,17 +168,45 @@ def test_gpt2_attention_scaling_flags_are_read_or_refused_by_name(tmp_path):
         detect(read_checkpoint(tiny("gpt2", tmp_path / "inverse", scale_attn_by_inverse_layer_idx=True)))
 
 
-@pytest.mark.parametrize("model_type, feature", [
-    ("biogpt", r"MLP projections \(fc1, fc2\) sit directly on the decoder layer"),
-    ("opt", r"MLP projections \(fc1, fc2\) sit directly on the decoder layer"),
-    ("gpt_neo", r"attention projections sit two modules deep \(attn\.attention\.\w_proj\.weight\)"),
+@pytest.mark.parametrize("model_type, overrides, feature", [
+    ("gpt_neo", {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
+     r"attention projections sit two modules deep \(attn\.attention\.\w_proj\.weight\)"),
+    ("opt", {"do_layer_norm_before": False}, r"post-LN: config.json do_layer_norm_before = false"),
+    ("xglm", {}, r"absolute positions computed by XGLMSinusoidalPositionalEmbedding"),
 ])
-def test_gpt2_family_forms_not_expressed_yet_are_refused_by_name(model_type, feature, tmp_path):
+def test_gpt2_family_forms_not_expressed_yet_are_refused_by_name(model_type, overrides, feature, tmp_path):
     """Forms of the GPT-2 family the templates cannot express yet: one line naming the form, no field dump."""
     from scaffold.checkpoint import read_checkpoint
     from scaffold.errors import UnsupportedArchitecture
 
-    overrides = {"attention_types": [[["global", "local"], 1], [["global"], 1]]} if model_type == "gpt_neo" else {}
     with pytest.raises(UnsupportedArchitecture, match=feature) as refused:
         detect(read_checkpoint(tiny(model_type, tmp_path / "ckpt", **overrides)))
     assert "spec field(s)" not in refused.value.problem
+
+
+def test_opt_mlp_on_the_layer_learned_positions_offset_by_two(tmp_path):
+    """OPT keeps fc1, fc2 on the decoder layer (no MLP module) and looks its position table up at position + 2;
+    the port keeps them in an `mlp` module, renamed on load."""
+    from scaffold.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(tiny("opt", tmp_path / "ckpt"))
+    spec = detect(ckpt)
+    assert spec.mlp_on_layer and spec.names["mlp"] == "mlp"
+    assert (spec.names["up_proj"], spec.names["down_proj"]) == ("fc1", "fc2") and spec.mlp_kind == "plain"
+    assert (spec.names["attn_norm"], spec.names["mlp_norm"]) == ("self_attn_layer_norm", "final_layer_norm")
+    assert spec.position_scheme == "learned" and spec.position_offset == 2
+    assert spec.names["embed_positions"] == "decoder.embed_positions"
+    rows, homeless = weight_table(spec, ckpt)
+    params = {r.checkpoint: r.param for r in rows}
+    assert not homeless
+    assert params["model.decoder.layers.1.fc2.weight"] == "model.layers.1.mlp.fc2.weight"
+    assert params["model.decoder.embed_positions.weight"] == "model.embed_positions.weight"
+
+
+def test_biogpt_embedding_scale_switched_on_by_its_config_flag(tmp_path):
+    from scaffold.checkpoint import read_checkpoint
+
+    on = detect(read_checkpoint(tiny("biogpt", tmp_path / "on", scale_embedding=True)))
+    assert on.embedding_multiplier == pytest.approx(128**0.5) and on.mlp_on_layer
+    off = detect(read_checkpoint(tiny("biogpt", tmp_path / "off", scale_embedding=False)))
+    assert off.embedding_multiplier is None

@@ -585,6 +585,9 @@ class Layer:
     attention_flow: Attention | None
     mlp_flow: Mlp | None
     undecided: tuple  # what the code did not decide, with why
+    # OPT-style layouts: the MLP's projections are the layer's own modules (fc1, fc2), no MLP module; `mlp` is
+    # then None and mlp_flow reads the layer class itself.
+    mlp_on_layer: bool = False
 
 
 class Undecided(Exception):
@@ -829,23 +832,35 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         if mlp is not None:
             return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
         mlp, mlp_attr = flow, attr
+    on_layer = False
+    if attention is not None and mlp is None and not undecided:
+        # No MLP module: the layer's own linears may be its MLP (OPT's and BioGPT's fc1, fc2).
+        try:
+            mlp = analyze_mlp(sources, file, cls, config)
+        except Undecided as e:
+            undecided.append(f"{cls.name} (its own linears as the MLP): {e}")
+        on_layer = mlp is not None and mlp.kind == "plain"
+        if not on_layer:
+            mlp = None
+    # The modules the MLP reads from and writes to: its own on the layer, else the MLP module.
+    mlp_in, mlp_out = (mlp.up, mlp.down) if on_layer else (mlp_attr, mlp_attr)
+    sublayers = {attn_attr, mlp_in, mlp_out}
     norms, evidence = {}, {}
-    if attn_attr and mlp_attr:
+    if attn_attr and mlp_in:
         interp = Interpreter(sources, file, cls, set(subs), config)
         interp.run_method("forward", [frozenset({Origin("<input>")})])
         inputs = interp.events.inputs
-        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_attr)):
+        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_in)):
             srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
-            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in (attn_attr, mlp_attr):
+            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in sublayers:
                 norms[role] = next(iter(srcs))
                 evidence[role] = _where(file, inputs[sublayer][0][0], f"{sublayer} reads {norms[role]}'s output")
-        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_attr)):
+        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_out)):
             for attr, calls in inputs.items():
-                if attr not in (attn_attr, mlp_attr) and calls and all({o.src for o in c} == {sublayer}
-                                                                         for _, c in calls):
+                if attr not in sublayers and calls and all({o.src for o in c} == {sublayer} for _, c in calls):
                     norms[role] = attr
                     evidence[role] = _where(file, calls[0][0], f"{attr} reads {sublayer}'s output")
-    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided))
+    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer)
 
 
 def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:

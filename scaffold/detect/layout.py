@@ -146,6 +146,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 where,
                 hint=BACKEND_HINT,
             )
+    if ckpt.config.get("do_layer_norm_before") is False:
+        # OPT-350m: each norm applies to the sum of the residual and the sublayer's output, and no final norm.
+        raise _unsupported("layer norms applied after each residual add (post-LN: config.json "
+                           "do_layer_norm_before = false)", where, spec.model_type)
     names: dict[str, str] = {}
     code = codekeys.code_sources(ckpt)
     try:
@@ -285,7 +289,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         else:
             ref = None
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
-    mlp = names["mlp"] if expert_modules is not None else flow.mlp if code_mlp is not None else first("mlp")
+    # OPT-style layouts: the MLP's projections are the layer's own; the port keeps them in a module `mlp`.
+    on_layer = code_mlp is not None and flow.mlp_on_layer and not any(r.startswith("mlp.") for r in layer0)
+    mlp = (names["mlp"] if expert_modules is not None else ("mlp" if on_layer else flow.mlp)
+           if code_mlp is not None else first("mlp"))
     if mlp is None:
         flat = sorted(r.split(".")[0] for r, info in layer0.items()
                       if r.count(".") == 1 and r.endswith(".weight") and len(info.shape) == 2)
@@ -295,6 +302,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise Undetermined(Unknown("names.mlp", "layer 0 has no MLP module the generator knows",
                                    tuple((c, "absent") for c in CANDIDATES["mlp"])))
     names["mlp"] = mlp
+    if on_layer:
+        own = (code_mlp.up, code_mlp.down)
+        ref = {f"{mlp}.{r}" if r.split(".", 1)[0] in own else r: info for r, info in layer0.items()}
+        spec.set("mlp_on_layer", True, Source("code", f"{code_mlp.evidence}: the decoder layer's own modules"))
     extra = []
     if ref is None:
         # Experts only: the dense roles keep their conventional names and are not used.
@@ -326,6 +337,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
+    if on_layer:
+        dense |= {names["up_proj"], names["down_proj"]}  # as the checkpoint names them
     sparse_layers = sorted(set(per_layer) - set(spec.dense_layers)) if expert_modules is not None else []
     checked = {0: claimed | (expert_modules if 0 in sparse_layers else dense)}
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
@@ -518,7 +531,10 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> d
     if attn is not None and not present(flow.attention, attn.q, attn.k, attn.v):
         attn = None
     mlp = flow.mlp_flow
-    if mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
+    if flow.mlp_on_layer and mlp is not None:
+        if not all(f"{p}.weight" in layer0 for p in (mlp.up, mlp.down)):
+            mlp = None
+    elif mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
         mlp = None
     norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0}
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)

@@ -51,7 +51,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if layer in sparse:
             continue
         for role, shape in shapes.items():
-            name = f"{base}.{layer}.{n['mlp']}.{n[role]}.weight"
+            # OPT's fc1, fc2 are the layer's own (spec.mlp_on_layer): no MLP module in the checkpoint's name.
+            name = f"{base}.{layer}.{n[role] if spec.mlp_on_layer else n['mlp'] + '.' + n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)

@@ -117,9 +117,26 @@ def learned_positions(sources: dict[str, str]) -> LearnedPositions | None:
     """Where a forward adds a position-indexed embedding to the token embedding: `self.wte(input_ids) +
     self.wpe(position_ids)`, directly or through local names. The position table is the one whose lookup reads
     positions (an argument named for them); None when the code has no such sum."""
-    classes = _embedding_classes(sources)
+    return _added_positions(sources, _embedding_classes(sources))
+
+
+def computed_positions(sources: dict[str, str]) -> tuple[LearnedPositions, str] | None:
+    """(where, class) of absolute positions the code computes rather than stores: a module other than an
+    embedding table, called on the positions and added to the token embedding (XGLM's sinusoidal table)."""
+    tables = _embedding_classes(sources)
+    found = _added_positions(sources, None)
+    if found is None:
+        return None
+    built = {attr: callee(value) for _f, _c, _fn, attr, value in self_assignments(sources)
+             if attr == found.positions and isinstance(value, ast.Call)}
+    kind = built.get(found.positions, "")
+    return (found, kind) if kind and kind not in tables else None
+
+
+def _added_positions(sources: dict[str, str], classes: set[str] | None) -> LearnedPositions | None:
+    """The sum token_module(ids) + position_module(positions), with modules built from `classes` (None: any)."""
     embeddings = {attr: callee(value) for _file, _cls, _func, attr, value in self_assignments(sources)
-                  if isinstance(value, ast.Call) and callee(value) in classes}
+                  if isinstance(value, ast.Call) and (classes is None or callee(value) in classes)}
     for file, _cls, func in methods(sources):
         if func.name != "forward":
             continue
@@ -147,5 +164,6 @@ def learned_positions(sources: dict[str, str]) -> LearnedPositions | None:
                 for tok, tok_call in lookups(left):
                     for pos, pos_call in lookups(right):
                         if tok != pos and _mentions_position(pos_call) and not _mentions_position(tok_call):
-                            return LearnedPositions(tok, pos, _offset(sources, embeddings[pos]), file, node.lineno)
+                            offset = _offset(sources, embeddings[pos]) if classes is not None else 0
+                            return LearnedPositions(tok, pos, offset, file, node.lineno)
     return None

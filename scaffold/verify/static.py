@@ -16,6 +16,7 @@ from scaffold.mapping import (
     STACKED,
     embedding_tensor,
     head_tensor,
+    port_rest,
     stacked_modules,
     transposed_modules,
     weight_table,
@@ -149,7 +150,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     for name, info in ckpt.tensors.items():
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
-        module = name[len(prefix):].split(".", 1)[1].rsplit(".", 1)[0]
+        module = port_rest(spec, name[len(prefix):].split(".", 1)[1]).rsplit(".", 1)[0]
         if module in want:
             seen.add(module)
             # GPT-2's Conv1D stores [in, out]: its output rows are the last dimension.
