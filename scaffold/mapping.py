@@ -112,6 +112,27 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     return out
 
 
+# Projection roles by the module that holds them inside a decoder layer.
+ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+
+
+def transposed_modules(spec: Spec) -> frozenset[str]:
+    """Modules inside a decoder layer whose weight the checkpoint stores [in, out] (GPT-2's Conv1D): the port's
+    load_weights transposes them into vLLM's [out, in] layers (spec.transposed_roles)."""
+    n = spec.names
+    return frozenset(f"{n['self_attn'] if role in ATTENTION_ROLES else n['mlp']}.{n[role]}"
+                     for role in spec.transposed_roles if role in n)
+
+
+def port_rest(spec: Spec, rest: str) -> str:
+    """The port's name for `rest`, a checkpoint tensor inside a decoder layer: the same, but for an MLP whose
+    projections are the layer's own (OPT's fc1.weight, spec.mlp_on_layer), which the port keeps in its MLP."""
+    n = spec.names
+    if spec.mlp_on_layer and rest.split(".", 1)[0] in (n.get("up_proj"), n.get("down_proj")):
+        return f"{n['mlp']}.{rest}"
+    return rest
+
+
 def layer_prefix(spec: Spec) -> str:
     return f"{spec.names['model']}.{spec.names['layers']}."
 
@@ -134,14 +155,18 @@ class _Modules:
     split: dict[str, tuple]
     plain: frozenset[str]
     top: frozenset[str]  # tensors outside the decoder layers
+    transposed: frozenset[str]  # modules whose weight is stored [in, out]
 
     @classmethod
     def of(cls, spec: Spec) -> _Modules:
         n = spec.names
         top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['model']}.{n['norm']}.weight",
                f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
+        if spec.position_scheme == "learned" and "embed_positions" in n:
+            top.add(f"{n['model']}.{n['embed_positions']}.weight")
         return cls({m: (fused, shard) for m, fused, shard in stacked_modules(spec)}, expert_modules(spec),
-                   dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top))
+                   dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top),
+                   transposed_modules(spec))
 
 
 Targets = list[tuple[str | None, str | int | tuple | None, str]]
@@ -178,11 +203,20 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     n = spec.names
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
+    rest = port_rest(spec, rest)
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
             return [(rest, None, "")]
         return None
+    targets = _in_layer(spec, rest, module, kind, modules)
+    if targets is not None and kind == "weight" and module in modules.transposed:
+        return [(param, shard, "; ".join(filter(None, ("stored [in, out], transposed on load", note))))
+                for param, shard, note in targets]
+    return targets
+
+
+def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) -> Targets | None:
     if module in modules.stacked:
         fused, shard = modules.stacked[module]
         return [(f"{fused}.{kind}", shard, "")]

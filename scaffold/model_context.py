@@ -71,6 +71,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
         "alibi": spec.position_scheme == "alibi",
+        # GPT-2 layouts: a learned absolute position table added to the token embedding.
+        "learned": spec.position_scheme == "learned",
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
         "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
         "literal_rope": literal_rope,

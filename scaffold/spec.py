@@ -100,6 +100,9 @@ NAME_ROLES = (
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
     "expert_down_proj", "shared_expert", "shared_expert_gate",
+    # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
+    # where position_scheme is "learned".
+    "embed_positions",
 )
 MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -107,7 +110,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # transformer.encoder.layers, transformer.embedding.word_embeddings): a dotted path,
 # relative to the base model (lm_head: from the root). The port keeps the last
 # component as its attribute and maps the checkpoint's names onto it on load.
-NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head")
+NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
 
 
 # ------------------------------------------------------------ field declarations
@@ -214,7 +217,12 @@ class Spec:
     # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
     # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.
     position_scheme: str = spec_field("rotary", group="positions", probe="self_attn",
-                                      choices=("rotary", "alibi", "none"), doc="how attention sees positions")
+                                      choices=("rotary", "alibi", "learned", "none"),
+                                      doc="how attention sees positions (learned: a table names.embed_positions "
+                                          "indexed by position and added to the token embedding)")
+    position_offset: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
+                                      doc="added to every position before the learned table's lookup "
+                                          "(OPT's table starts at row 2)")
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = spec_field({}, group="rotary", probe="self_attn",
@@ -279,6 +287,16 @@ class Spec:
                                             doc="the logits scaled by it; None: not")
     final_logit_softcap: float | None = spec_field(None, group="head", probe="logits",
                                                    doc="logits capped at c * tanh(x / c); None: not capped")
+
+    # GPT-2 layouts: Conv1D weights, and OPT's MLP projections kept on the decoder layer itself.
+    transposed_roles: list[str] = spec_field(
+        [], group="names", probe=("self_attn", "mlp"), omit_when_empty=True,
+        doc="roles (qkv_proj, o_proj, up_proj, down_proj, ...) whose weight is stored [in, out] (GPT-2's Conv1D), "
+            "transposed on load into vLLM's [out, in] layers")
+    mlp_on_layer: bool = spec_field(
+        False, group="mlp", probe="mlp", omit_when_empty=True,
+        doc="the MLP's projections are the decoder layer's own modules (OPT's fc1, fc2); the port keeps them in "
+            "its names.mlp module, renamed on load")
 
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = spec_field("float32", group="checkpoint", probe="embed", doc="the dtype the tensors are stored in")
@@ -583,6 +601,13 @@ def validate_names(spec: Spec, origin: str) -> None:
                  "down_proj", "up_proj"):
         if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
             raise SpecError(f"spec field 'names' needs a module name for role {role!r}.", origin)
+    # GPT-2 layouts: a learned position table needs its module name; a transposed role must be one the port has.
+    if spec.position_scheme == "learned" and "embed_positions" not in names:
+        raise SpecError("position_scheme is \"learned\" but 'names' has no module name for role 'embed_positions' "
+                        "(the position table).", origin)
+    for role in spec.transposed_roles:
+        if not isinstance(role, str) or role not in names:
+            raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:
@@ -606,8 +631,8 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
     names, port = spec.names, port_names(spec.names)
     model = names["model"]
     out: dict[str, str | None] = {}
-    for role in ("embed_tokens", "layers", "norm"):
-        if names[role] != port[role]:
+    for role in ("embed_tokens", "layers", "norm", "embed_positions"):
+        if role in names and names[role] != port[role]:
             out[f"{model}.{names[role]}."] = f"{model}.{port[role]}."
     if names["lm_head"] != port["lm_head"]:
         out[f"{names['lm_head']}."] = f"{port['lm_head']}."

@@ -74,6 +74,13 @@ ARCHITECTURES = {
     # The norm class chosen by the config (`RMSNorm if config.rms_norm_eps is not None else LayerNorm`).
     "cohere2_moe": ("cohere2_moe", {**TOKENS, "num_experts": 4, "num_experts_per_tok": 2,
                                     "moe_intermediate_size": 64}),
+    # GPT-2 layouts: Conv1D weights stored [in, out], learned absolute positions, fused c_attn (multi-query in
+    # gpt_bigcode: q, then one k and one v head). The tiny configs carry intermediate_size and
+    # num_key_value_heads that the GPT-2 code never reads (it reads n_inner, and one KV head per head).
+    "gpt2": ("gpt2", {}),
+    "gpt_bigcode": ("gpt_bigcode", {"multi_query": True}),
+    # OPT: fc1, fc2 on the decoder layer (no MLP module), the position table looked up at position + 2.
+    "opt": ("opt", {}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -110,6 +117,10 @@ EXPECTED_SPEC = {
     "nemotron": {"norm_kind": "layer", "norm_offset": 1.0, "hidden_act": "relu2", "partial_rotary_factor": 0.5},
     "phi": {"lm_head_bias": True, "block": "parallel", "norm_kind": "layer", "partial_rotary_factor": 0.5},
     "cohere2_moe": {"norm_kind": "layer", "block": "parallel", "num_experts": 4},
+    "gpt2": {"position_scheme": "learned", "transposed_roles": ["qkv_proj", "o_proj", "up_proj", "down_proj"],
+             "qkv_layout": "fused", "mlp_kind": "plain", "num_kv_heads": 4, "intermediate_size": 512},
+    "gpt_bigcode": {"position_scheme": "learned", "qkv_layout": "fused", "num_kv_heads": 1},
+    "opt": {"position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True, "hidden_act": "relu"},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -298,6 +309,8 @@ DEFAULTS = {
     "tie_word_embeddings": False, "lm_head_bias": False, "embedding_multiplier": None, "logits_scale": None,
     "final_logit_softcap": None, "num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
     "moe_renormalize": True, "shared_expert_intermediate_size": 0, "dense_layers": [],
+    "position_scheme": "rotary", "transposed_roles": None,  # None: left out of scaffold_spec.toml when empty
+    "position_offset": None, "mlp_on_layer": None,
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -31,8 +31,7 @@ STANDARD_KEYS = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_lay
 # name: what `scaffold new --trust-remote-code` refuses it for today (None: it ports)
 NOT_YET = {
     "kestrel": None,
-    "osprey": "OspreyLMHeadModel's GPT-2 Conv1D weights stored [in, out] (the reader refuses c_attn.bias as not "
-              "matching the weight's rows) and learned absolute positions: no template for them yet",
+    "osprey": None,
     "heron": None,
     "plover": None,
     "wren": "its norms keep their weight as `scale` (norm_final.scale): the tool finds norms by `.weight` tensors "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.common import config_value
+from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -13,22 +13,22 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     n = spec.names
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     if spec.qkv_layout == "separate":
-        expected = {n["q_proj"]: q, n["k_proj"]: kv, n["v_proj"]: kv}
+        expected = {"q_proj": q, "k_proj": kv, "v_proj": kv}
     else:  # fused or interleaved: one tensor
-        expected = {n["qkv_proj"]: q + 2 * kv}
-    expected[n["o_proj"]] = spec.hidden_size
+        expected = {"qkv_proj": q + 2 * kv}
+    expected["o_proj"] = spec.hidden_size
     for layer in range(spec.num_layers):
-        for proj, rows in expected.items():
-            name = f"{n['model']}.{n['layers']}.{layer}.{n['self_attn']}.{proj}.weight"
+        for role, rows in expected.items():
+            name = f"{n['model']}.{n['layers']}.{layer}.{n['self_attn']}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
-            cols = q if proj == n["o_proj"] else spec.hidden_size
-            if info.shape != (rows, cols):
+            shape = stored_shape(spec, role, (rows, q if role == "o_proj" else spec.hidden_size))
+            if info.shape != shape:
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.num_heads} query heads and "
                     f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
-                    f"need [{rows}, {cols}].",
+                    f"need {list(shape)}.",
                     where,
                 )
     _scale_and_softcap(ckpt, spec)
@@ -71,7 +71,13 @@ def _number(ckpt: Checkpoint, key: str):
 
 def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
     """The attention score scale (head_dim ** -0.5 unless the config says otherwise) and soft-capping."""
-    if (scalar := _number(ckpt, "query_pre_attn_scalar")) is not None:
+    if ckpt.config.get("scale_attn_by_inverse_layer_idx") is True:
+        raise unsupported("attention scores scaled by 1 / (layer index + 1) (GPT-2's config.json "
+                          "scale_attn_by_inverse_layer_idx)", ckpt.config_file, spec.model_type)
+    if ckpt.config.get("scale_attn_weights") is False:
+        # GPT-2 with scale_attn_weights false: scores are q . k, not divided by sqrt(head_dim).
+        spec.set("attention_scale", 1.0, Source("config", "config.json scale_attn_weights = false: unscaled scores"))
+    elif (scalar := _number(ckpt, "query_pre_attn_scalar")) is not None:
         spec.set("attention_scale", scalar**-0.5, Source("config", "config.json query_pre_attn_scalar ** -0.5",
                                                          "config.query_pre_attn_scalar**-0.5"))
     elif (mult := _number(ckpt, "attention_multiplier")) is not None:

@@ -64,3 +64,9 @@ def _tuple(kind):
 
 def _names(kind) -> str:
     return " or ".join(k.__name__ for k in _tuple(kind))
+
+
+def stored_shape(spec: Spec, role: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """The shape the checkpoint stores a projection's weight in: `shape` ([out, in], nn.Linear's), reversed for
+    a role whose class stores it [in, out] (GPT-2's Conv1D, spec.transposed_roles)."""
+    return (shape[1], shape[0]) if role in spec.transposed_roles else shape

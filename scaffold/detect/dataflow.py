@@ -27,6 +27,7 @@ import ast
 from dataclasses import dataclass, field, replace
 
 from scaffold.detect import conditions
+from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 LINEAR_CLASSES = {"Linear", "Conv1D"}
@@ -167,6 +168,8 @@ class Interpreter:
             self.expr(stmt.value, env)
         elif isinstance(stmt, ast.If):
             decided = self.condition(stmt.test)
+            if decided is None:
+                decided = _encoder_test(stmt.test, env)
             if decided is True:
                 self.block(stmt.body, env, returns)
             elif decided is False:
@@ -439,11 +442,62 @@ class Interpreter:
             assigned = self.attr_values.get(name[5:])
             if assigned is not None and _dotted(assigned).startswith("config.") and _dotted(assigned).count(".") == 1:
                 key = _dotted(assigned)[7:]
+            elif isinstance(assigned, ast.Name) and isinstance(default := _bool_default(self.init, assigned.id), bool):
+                # A constructor flag left at its default (GPT-2's is_cross_attention=False): the decoder's
+                # self-attention is built without it.
+                return default
         elif name.startswith("config.") and name.count(".") == 1:
             key = name[7:]
         if key is not None and isinstance(self.config.get(key), bool):
             return self.config[key]
         return None
+
+
+ENCODER_INPUT = "encoder"  # cross-attention inputs (encoder_hidden_states): a decoder-only model gets none
+
+
+def _encoder_test(test: ast.expr, env: dict) -> bool | None:
+    """`encoder_hidden_states is not None` (or a local holding it, GPT-2's is_cross_attention): False, since a
+    decoder-only causal LM is never given encoder states; `... is None`: True. Else None (undecided)."""
+    if isinstance(test, ast.Name):
+        test = env.get("__expr__", {}).get(test.id)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot))
+            and isinstance(test.left, ast.Name) and ENCODER_INPUT in test.left.id
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None):
+        return None
+    return isinstance(test.ops[0], ast.Is)
+
+
+def _bool_default(func: ast.FunctionDef | None, param: str) -> bool | None:
+    """The constant boolean default of `func`'s parameter `param`, else None."""
+    if func is None:
+        return None
+    args = func.args.posonlyargs + func.args.args
+    defaults = dict(zip([a.arg for a in args[len(args) - len(func.args.defaults):]], func.args.defaults))
+    defaults.update({a.arg: d for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d is not None})
+    value = defaults.get(param)
+    return value.value if isinstance(value, ast.Constant) and isinstance(value.value, bool) else None
+
+
+def _switched_off(init: ast.FunctionDef | None, config: dict) -> set[str]:
+    """Attributes __init__ builds only under `if config.K:` with K false in config.json (GPT-2's crossattention
+    under config.add_cross_attention): modules this checkpoint's model does not have."""
+    out: set[str] = set()
+    if init is None:
+        return out
+    for node in ast.walk(init):
+        if not isinstance(node, ast.If):
+            continue
+        test = _dotted(node.test)
+        key = test.rsplit(".", 1)[-1] if test.startswith(("config.", "self.config.")) else None
+        if key is None or config.get(key) is not False:
+            continue
+        for sub in node.body:
+            for n in ast.walk(sub):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and _dotted(n.targets[0]).startswith("self.") \
+                        and _dotted(n.targets[0]).count(".") == 1:
+                    out.add(_dotted(n.targets[0])[5:])
+    return out
 
 
 def _join_all(values: list):
@@ -532,6 +586,9 @@ class Layer:
     attention_flow: Attention | None
     mlp_flow: Mlp | None
     undecided: tuple  # what the code did not decide, with why
+    # OPT-style layouts: the MLP's projections are the layer's own modules (fc1, fc2), no MLP module; `mlp` is
+    # then None and mlp_flow reads the layer class itself.
+    mlp_on_layer: bool = False
 
 
 class Undecided(Exception):
@@ -542,12 +599,13 @@ def _class(sources: dict, name: str) -> tuple[str, ast.ClassDef] | None:
     return _classes(sources).get(name.rsplit(".", 1)[-1])
 
 
-def linears(file: str, cls: ast.ClassDef) -> dict[str, Linear]:
-    """self.X = nn.Linear(...) in the class's __init__."""
+def linears(file: str, cls: ast.ClassDef, classes: frozenset | set = frozenset(LINEAR_CLASSES)) -> dict[str, Linear]:
+    """self.X = nn.Linear(...) in the class's __init__ (or any of `classes`: the linear layer classes of the
+    code, scaffold.detect.linears)."""
     out = {}
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     for attr, value in _init_assignments(init).items():
-        if isinstance(value, ast.Call) and _dotted(value.func).rsplit(".", 1)[-1] in LINEAR_CLASSES:
+        if isinstance(value, ast.Call) and _dotted(value.func).rsplit(".", 1)[-1] in classes:
             bias = next((ast.unparse(k.value) for k in value.keywords if k.arg == "bias"), None)
             if bias is None:
                 bias = ast.unparse(value.args[2]) if len(value.args) > 2 else "True"
@@ -578,7 +636,7 @@ def _where(file: str, line: int, text: str) -> str:
 
 def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Attention:
     """Which projection gives q, k and v, and how a fused one is cut; raises Undecided."""
-    found = linears(file, cls)
+    found = linears(file, cls, set(linear_classes(sources)))
     if not found:
         raise Undecided(f"{cls.name} declares no nn.Linear in __init__")
     interp = Interpreter(sources, file, cls, set(found), config)
@@ -649,7 +707,7 @@ def _qkv_roles(events: Events) -> dict:
 
 def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Mlp:
     """Gate, up and down projections of an MLP class; raises Undecided."""
-    found = linears(file, cls)
+    found = linears(file, cls, set(linear_classes(sources)))
     if not found:
         raise Undecided(f"{cls.name} declares no nn.Linear in __init__")
     interp = Interpreter(sources, file, cls, set(found), config)
@@ -659,7 +717,12 @@ def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Ml
         raise Undecided(f"{cls.name}.forward: {len(downs)} projections read another's output ({downs})")
     down = downs[0]
     ups = sorted(a for a in found if a != down and a in interp.events.inputs)
-    for line, left, right in interp.events.products:
+    # x * act(x), both factors from one whole projection and one of them activated, is the activation itself
+    # written out (a hand-written GELU's 0.5 * x * (1 + tanh(...))), not a gated product.
+    products = [(line, left, right) for line, left, right in interp.events.products
+                if not (len({o.key for o in left | right}) == 1 and next(iter(left)).piece is None
+                        and any(o.act for o in left) != any(o.act for o in right))]
+    for line, left, right in products:
         la, ra = {o for o in left if o.act}, {o for o in right if o.act}
         gate_side, up_side = (left, right) if la and not ra else (right, left) if ra and not la else (None, None)
         if gate_side is None:
@@ -675,8 +738,8 @@ def analyze_mlp(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Ml
         if gsrc != usrc and gpiece is None and upiece is None:
             return Mlp(cls.name, file, "gated", gsrc, usrc, down, False, False,
                        _where(file, line, f"act({gsrc}(x)) * {usrc}(x), then {down}"), found)
-    if interp.events.products:
-        line = interp.events.products[0][0]
+    if products:
+        line = products[0][0]
         raise Undecided(f"{cls.name}.forward multiplies projections at {file}:{line}, but no factor is one "
                         "projection's activated output")
     if len(ups) == 1:
@@ -734,9 +797,10 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     file, cls, _ = found
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     # Every module the layer builds; which is a norm, the forward says (and the tensors confirm).
-    # `A(...) if config.x else B(...)`: the branch config.json selects.
+    # `A(...) if config.x else B(...)`: the branch config.json selects; modules the config switches off go.
+    off = _switched_off(init, config)
     chosen = {a: conditions.selected(v, config) for a, v in _init_assignments(init).items()}
-    subs = {a: v for a, v in chosen.items() if isinstance(v, ast.Call)
+    subs = {a: v for a, v in chosen.items() if isinstance(v, ast.Call) and a not in off
             and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
     undecided = []
     attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either
@@ -765,29 +829,41 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         try:
             flow = analyze_mlp(sources, sub[0], sub[1], config)
         except Undecided as e:
-            if linears(*sub):
+            if linears(*sub, set(linear_classes(sources))):
                 undecided.append(f"{attr} ({sub[1].name}): {e}")
             continue
         if mlp is not None:
             return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
         mlp, mlp_attr = flow, attr
+    on_layer = False
+    if attention is not None and mlp is None and not undecided:
+        # No MLP module: the layer's own linears may be its MLP (OPT's and BioGPT's fc1, fc2).
+        try:
+            mlp = analyze_mlp(sources, file, cls, config)
+        except Undecided as e:
+            undecided.append(f"{cls.name} (its own linears as the MLP): {e}")
+        on_layer = mlp is not None and mlp.kind == "plain"
+        if not on_layer:
+            mlp = None
+    # The modules the MLP reads from and writes to: its own on the layer, else the MLP module.
+    mlp_in, mlp_out = (mlp.up, mlp.down) if on_layer else (mlp_attr, mlp_attr)
+    sublayers = {attn_attr, mlp_in, mlp_out}
     norms, evidence = {}, {}
-    if attn_attr and mlp_attr:
+    if attn_attr and mlp_in:
         interp = Interpreter(sources, file, cls, set(subs), config)
         interp.run_method("forward", [frozenset({Origin("<input>")})])
         inputs = interp.events.inputs
-        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_attr)):
+        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_in)):
             srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
-            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in (attn_attr, mlp_attr):
+            if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in sublayers:
                 norms[role] = next(iter(srcs))
                 evidence[role] = _where(file, inputs[sublayer][0][0], f"{sublayer} reads {norms[role]}'s output")
-        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_attr)):
+        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_out)):
             for attr, calls in inputs.items():
-                if attr not in (attn_attr, mlp_attr) and calls and all({o.src for o in c} == {sublayer}
-                                                                         for _, c in calls):
+                if attr not in sublayers and calls and all({o.src for o in c} == {sublayer} for _, c in calls):
                     norms[role] = attr
                     evidence[role] = _where(file, calls[0][0], f"{attr} reads {sublayer}'s output")
-    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided))
+    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer)
 
 
 def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:

@@ -15,7 +15,8 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, moe
+from scaffold.detect import codekeys, dataflow, moe, positions
+from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
@@ -38,6 +39,8 @@ CANDIDATES = {
     "plain_up": ("c_fc", "dense_h_to_4h", "up_proj"),
     "down_proj": ("down_proj", "c_proj", "dense_4h_to_h"),
 }
+# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj).
+NESTED_ATTENTION = re.compile(r"\w+\.\w+\.(q_proj|k_proj|v_proj|qkv_proj|c_attn|query_key_value)\.weight\Z")
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
@@ -96,6 +99,10 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         return kind in kinds.get(path.rsplit(".", 1)[-1], ())
 
     shallow = {n: i for n, i in inside.items() if n.count(".") == 1}
+    if not code and not (sum(1 for n, i in shallow.items() if n.endswith(".weight") and len(i.shape) == 2) == 1):
+        # Not the usual layout: transformers' modeling file says where the modules are (OPT's model.decoder).
+        code = modeling_sources(ckpt)
+        kinds = codekeys.module_kinds(code)
     embeds = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and len(i.shape) == 2)
     norms = sorted(module(n) for n, i in shallow.items() if n.endswith(".weight") and i.shape == (hidden,))
     heads = sorted(module(n) for n, i in top.items()
@@ -139,6 +146,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 where,
                 hint=BACKEND_HINT,
             )
+    if ckpt.config.get("do_layer_norm_before") is False:
+        # OPT-350m: each norm applies to the sum of the residual and the sublayer's output, and no final norm.
+        raise _unsupported("layer norms applied after each residual add (post-LN: config.json "
+                           "do_layer_norm_before = false)", where, spec.model_type)
     names: dict[str, str] = {}
     code = codekeys.code_sources(ckpt)
     try:
@@ -163,6 +174,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     buffers = codekeys.registered_buffers(code)
     skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
+    # GPT-2 layouts: the learned position table is an embedding too, but not the token embedding.
+    positions_table = _position_table(ckpt, spec, prefix, top)
+    if positions_table is not None:
+        names["embed_positions"] = positions_table
+        del top[f"{prefix}.{positions_table}.weight"]
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
     try:
         embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
@@ -202,6 +218,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_attn = flow.attention_flow if flow is not None else None
     attn = flow.attention if code_attn is not None else first("self_attn")
     if attn is None:
+        nested = sorted(r for r in layer0 if NESTED_ATTENTION.match(r))
+        if nested:  # GPT-Neo's attn.attention.q_proj: the projections sit two modules below the layer
+            raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
+                               spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
@@ -269,11 +289,23 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         else:
             ref = None
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
-    mlp = names["mlp"] if expert_modules is not None else flow.mlp if code_mlp is not None else first("mlp")
+    # OPT-style layouts: the MLP's projections are the layer's own; the port keeps them in a module `mlp`.
+    on_layer = code_mlp is not None and flow.mlp_on_layer and not any(r.startswith("mlp.") for r in layer0)
+    mlp = (names["mlp"] if expert_modules is not None else ("mlp" if on_layer else flow.mlp)
+           if code_mlp is not None else first("mlp"))
     if mlp is None:
+        flat = sorted(r.split(".")[0] for r, info in layer0.items()
+                      if r.count(".") == 1 and r.endswith(".weight") and len(info.shape) == 2)
+        if flat:  # OPT's and BioGPT's fc1, fc2: the MLP's projections are the layer's own
+            raise _unsupported(f"layer 0's MLP projections ({', '.join(flat)}) sit directly on the decoder layer, "
+                               "with no MLP module", where, spec.model_type)
         raise Undetermined(Unknown("names.mlp", "layer 0 has no MLP module the generator knows",
                                    tuple((c, "absent") for c in CANDIDATES["mlp"])))
     names["mlp"] = mlp
+    if on_layer:
+        own = (code_mlp.up, code_mlp.down)
+        ref = {f"{mlp}.{r}" if r.split(".", 1)[0] in own else r: info for r, info in layer0.items()}
+        spec.set("mlp_on_layer", True, Source("code", f"{code_mlp.evidence}: the decoder layer's own modules"))
     extra = []
     if ref is None:
         # Experts only: the dense roles keep their conventional names and are not used.
@@ -296,6 +328,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
     _norms_and_block(ckpt, spec, names, layer0, sources, inside, flow)
+    _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -304,6 +337,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
+    if on_layer:
+        dense |= {names["up_proj"], names["down_proj"]}  # as the checkpoint names them
     sparse_layers = sorted(set(per_layer) - set(spec.dense_layers)) if expert_modules is not None else []
     checked = {0: claimed | (expert_modules if 0 in sparse_layers else dense)}
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
@@ -340,6 +375,58 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _position_table(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict) -> str | None:
+    """The module path (under `prefix`) of a learned absolute position table the code adds to the token
+    embedding (positions.learned_positions), with spec.position_offset; None where the code has none."""
+    learned = positions.learned_positions(modeling_sources(ckpt))
+    if learned is None:
+        return None
+    found = sorted(n[len(prefix) + 1:-len(".weight")] for n, info in top.items()
+                   if n.startswith(prefix + ".") and n.endswith(f"{learned.positions}.weight")
+                   and n[len(prefix) + 1:-len(".weight")].rsplit(".", 1)[-1] == learned.positions
+                   and len(info.shape) == 2)
+    if len(found) != 1:
+        return None
+    table = found[0]
+    rows = top[f"{prefix}.{table}.weight"].shape[0]
+    if rows != spec.max_position + learned.offset:
+        offset = f" plus the offset {learned.offset}" if learned.offset else ""
+        raise CheckpointError(f"{prefix}.{table}.weight has {rows} rows, not the {spec.max_position} positions "
+                              f"({spec.source('max_position')}){offset} the port builds it with.", ckpt.config_file)
+    spec.set("position_offset", learned.offset,
+             Source("code", f"{learned}: {learned.positions} looks up position + {learned.offset}") if learned.offset
+             else Source("code", f"{learned}: {learned.positions} looks up the positions as they are"))
+    return table
+
+
+# Projection roles by the sublayer whose class builds them.
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+
+
+def _transposed(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow: dataflow.Layer | None,
+                layer: str) -> None:
+    """The projections whose class stores its weight [in, out] (GPT-2's Conv1D), read from the class the
+    attention's and the MLP's code build each with (scaffold.detect.linears)."""
+    classes = linear_classes(sources) if sources else {}
+    owners = []
+    if flow is not None and flow.attention_flow is not None:
+        owners.append((flow.attention_flow.cls, names["self_attn"], ATTENTION_PROJECTIONS))
+    if flow is not None and flow.mlp_flow is not None:
+        owners.append((flow.mlp_flow.cls, names["mlp"], MLP_PROJECTIONS))
+    roles, evidence = [], set()
+    for owner, module, projections in owners:
+        for role in projections:
+            attr = names.get(role)
+            built = built_with(sources, owner, attr) if attr else None
+            kind = classes.get(built) if built else None
+            if kind is not None and kind.transposed and f"{layer}.{module}.{attr}.weight" in ckpt.tensors:
+                roles.append(role)
+                evidence.add(kind.where)
+    if roles:  # a feature, like the extra gate bias: a spec file adds it by name; left out, there is none
+        spec.set("transposed_roles", roles, Source("code", "; ".join(sorted(evidence))))
 
 
 def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_name: str, first, src,
@@ -444,7 +531,10 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> d
     if attn is not None and not present(flow.attention, attn.q, attn.k, attn.v):
         attn = None
     mlp = flow.mlp_flow
-    if mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
+    if flow.mlp_on_layer and mlp is not None:
+        if not all(f"{p}.weight" in layer0 for p in (mlp.up, mlp.down)):
+            mlp = None
+    elif mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
         mlp = None
     norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0}
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
@@ -467,11 +557,29 @@ def _code_qkv(ckpt: Checkpoint, spec: Spec, names: dict, code: dataflow.Attentio
     else:
         names["qkv_proj"] = code.q
     spec.set("qkv_layout", code.layout, source)
-    if code.layout == "interleaved":
+    if code.layout == "fused":
+        _fused_kv_heads(ckpt, spec, f"{module}.{code.q}.weight")
+    elif code.layout == "interleaved":
         _one_kv_head_per_head(ckpt, spec, f"{module}.{code.q}.weight")
     elif code.layout == "grouped":
         _grouped_rows(ckpt, spec, f"{module}.{code.q}.weight")
     spec.set("qkv_bias", f"{attn}.{code.q}.bias" in layer0, Source("tensor", f"{module}.{code.q}.bias"))
+
+
+def _fused_kv_heads(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
+    """q, k, v one after another: the KV head count the rows hold, where the config's differs (multi-query
+    c_attn, q then one k and one v head, under a config flag such as gpt_bigcode's multi_query)."""
+    shape = ckpt.tensors[tensor].shape
+    if len(shape) != 2 or spec.hidden_size not in shape:
+        return
+    rows = shape[1] if shape[0] == spec.hidden_size and shape[1] != spec.hidden_size else shape[0]  # [in, out]?
+    q, dim = spec.num_heads * spec.head_dim, spec.head_dim
+    if rows == q + 2 * spec.num_kv_heads * dim or rows <= q or (rows - q) % (2 * dim):
+        return  # as the config says, or rows the attention's shape check will name
+    kv = (rows - q) // (2 * dim)
+    if kv and spec.num_heads % kv == 0:
+        spec.set("num_kv_heads", kv, Source("tensor", f"{tensor}: {q} query rows, then {kv} key and {kv} value "
+                                                      f"head(s) of {dim}"))
 
 
 def _grouped_rows(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:

@@ -7,8 +7,8 @@ import ast
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
-from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config
-from scaffold.detect.sourcecode import declared_linears, modeling_sources, walk
+from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config, stored_shape
+from scaffold.detect.sourcecode import _parsed, declared_linears, modeling_sources, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -51,10 +51,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if layer in sparse:
             continue
         for role, shape in shapes.items():
-            name = f"{base}.{layer}.{n['mlp']}.{n[role]}.weight"
+            # OPT's fc1, fc2 are the layer's own (spec.mlp_on_layer): no MLP module in the checkpoint's name.
+            name = f"{base}.{layer}.{n[role] if spec.mlp_on_layer else n['mlp'] + '.' + n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
+            shape = stored_shape(spec, role, shape)
             if info.shape != shape:
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden} and "
@@ -82,11 +84,37 @@ def _activation_of(node: ast.Call) -> str | None:
     return name
 
 
+def _formula(func: ast.FunctionDef) -> str | None:
+    """The registry name of the activation a hand-written function computes, read from its constants: GPT-2's
+    tanh approximation 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))) is gelu_new; x * sigmoid(1.702
+    * x) is quick_gelu; 0.5 * x * (1 + erf(x / sqrt(2))) is gelu."""
+    constants = {n.value for n in ast.walk(func) if isinstance(n, ast.Constant) and isinstance(n.value, float)}
+    calls = {codekeys.callee(n) for n in ast.walk(func) if isinstance(n, ast.Call)}
+    if 0.044715 in constants and "tanh" in calls:
+        return "gelu_new"
+    if 1.702 in constants and "sigmoid" in calls:
+        return "quick_gelu"
+    if "erf" in calls and 0.5 in constants:
+        return "gelu"
+    return None
+
+
+def _activation_functions(sources: dict[str, str]) -> dict[str, str]:
+    """Module-level functions of the code that compute a known activation (a lab's `new_gelu`), by name."""
+    out = {}
+    for _file, tree in _parsed(sources):
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and (name := _formula(node)):
+                out[node.name] = name
+    return out
+
+
 def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
     """(registry name, "FILE:LINE") of the one activation the MLP module's class applies (a torch function in
     its forward, or a torch activation module built in its __init__); squared ReLU reads as relu2."""
     classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
                if attr == mlp_attr and isinstance(value, ast.Call)}
+    formulas = _activation_functions(sources)
     found: dict[str, str] = {}
     for file, cls, func in codekeys.methods(sources):
         if cls.name not in classes or func.name not in ("__init__", "forward"):
@@ -94,6 +122,8 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
         for node in ast.walk(func):
             if isinstance(node, ast.Call) and (name := _activation_of(node)):
                 found.setdefault(name, f"{file}:{node.lineno}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in formulas:
+                found.setdefault(formulas[node.func.id], f"{file}:{node.lineno}")
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Call)
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):

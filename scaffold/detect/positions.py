@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 
-from scaffold.detect.sourcecode import Found, walk
+from scaffold.detect.codekeys import callee, methods, self_assignments
+from scaffold.detect.sourcecode import Found, _classes, _dotted, walk
 
 ALIBI_NAME = re.compile(r"alibi", re.IGNORECASE)
 ROTARY_NAME = re.compile(r"rotary|rotate_half|inv_freq|(^|_)rope($|_)", re.IGNORECASE)
@@ -62,3 +64,106 @@ def alibi_code(sources: dict[str, str]) -> Found | None:
 def rotary_code(sources: dict[str, str]) -> Found | None:
     """Where the code computes a rotary embedding."""
     return named(sources, ROTARY_NAME)
+
+
+# ---------------------------------------------------------------- learned absolute positions
+@dataclass(frozen=True)
+class LearnedPositions:
+    """A second embedding table, indexed by position, added to the token embedding (GPT-2's wpe)."""
+
+    tokens: str  # attribute of the token embedding (wte)
+    positions: str  # attribute of the position embedding (wpe)
+    offset: int  # added to the position before the lookup (OPT's 2)
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+MAX_FOLLOW = 4  # local assignments followed from an operand of the sum back to the embedding call
+
+
+def _embedding_classes(sources: dict[str, str]) -> set[str]:
+    """nn.Embedding and the code's subclasses of it (OPT's OPTLearnedPositionalEmbedding)."""
+    out = {"Embedding"}
+    for _name, (_file, cls) in _classes(sources).items():
+        if any(_dotted(b).rsplit(".", 1)[-1] == "Embedding" for b in cls.bases):
+            out.add(cls.name)
+    return out
+
+
+def _mentions_position(node: ast.AST) -> bool:
+    return any(re.search(r"pos", n, re.IGNORECASE) for sub in ast.walk(node) if (n := _name(sub)))
+
+
+def _offset(sources: dict[str, str], cls_name: str) -> int:
+    """The constant a position-embedding subclass adds to every position (`self.offset = 2` ... `+ self.offset`)."""
+    found = _classes(sources).get(cls_name)
+    if found is None:
+        return 0
+    cls = found[1]
+    value = None
+    for node in ast.walk(cls):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and _dotted(node.targets[0]) == "self.offset"
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int):
+            value = node.value.value
+    added = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and "self.offset" in (
+        _dotted(n.left), _dotted(n.right)) for n in ast.walk(cls))
+    return value if value is not None and added else 0
+
+
+def learned_positions(sources: dict[str, str]) -> LearnedPositions | None:
+    """Where a forward adds a position-indexed embedding to the token embedding: `self.wte(input_ids) +
+    self.wpe(position_ids)`, directly or through local names. The position table is the one whose lookup reads
+    positions (an argument named for them); None when the code has no such sum."""
+    return _added_positions(sources, _embedding_classes(sources))
+
+
+def computed_positions(sources: dict[str, str]) -> tuple[LearnedPositions, str] | None:
+    """(where, class) of absolute positions the code computes rather than stores: a module other than an
+    embedding table, called on the positions and added to the token embedding (XGLM's sinusoidal table)."""
+    tables = _embedding_classes(sources)
+    found = _added_positions(sources, None)
+    if found is None:
+        return None
+    built = {attr: callee(value) for _f, _c, _fn, attr, value in self_assignments(sources)
+             if attr == found.positions and isinstance(value, ast.Call)}
+    kind = built.get(found.positions, "")
+    return (found, kind) if kind and kind not in tables else None
+
+
+def _added_positions(sources: dict[str, str], classes: set[str] | None) -> LearnedPositions | None:
+    """The sum token_module(ids) + position_module(positions), with modules built from `classes` (None: any)."""
+    embeddings = {attr: callee(value) for _file, _cls, _func, attr, value in self_assignments(sources)
+                  if isinstance(value, ast.Call) and (classes is None or callee(value) in classes)}
+    for file, _cls, func in methods(sources):
+        if func.name != "forward":
+            continue
+        local: dict[str, list[ast.AST]] = {}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                local.setdefault(node.targets[0].id, []).append(node.value)
+
+        def lookups(node: ast.AST, depth: int = 0) -> list[tuple[str, ast.Call]]:
+            if depth > MAX_FOLLOW:
+                return []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if _dotted(node.func) in {f"self.{a}" for a in embeddings}:
+                    return [(node.func.attr, node)]
+                if node.func.attr in ("to", "type", "type_as", "contiguous", "float"):
+                    return lookups(node.func.value, depth + 1)
+            if isinstance(node, ast.Name):
+                return [hit for value in local.get(node.id, []) for hit in lookups(value, depth + 1)]
+            return []
+
+        for node in ast.walk(func):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
+                continue
+            for left, right in ((node.left, node.right), (node.right, node.left)):
+                for tok, tok_call in lookups(left):
+                    for pos, pos_call in lookups(right):
+                        if tok != pos and _mentions_position(pos_call) and not _mentions_position(tok_call):
+                            offset = _offset(sources, embeddings[pos]) if classes is not None else 0
+                            return LearnedPositions(tok, pos, offset, file, node.lineno)
+    return None

@@ -8,7 +8,7 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
-from scaffold.detect.positions import alibi_code, rotary_code
+from scaffold.detect.positions import alibi_code, computed_positions, learned_positions, rotary_code
 from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -124,6 +124,18 @@ def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:
     sources = modeling_sources(ckpt)
     alibi, rotary = alibi_code(sources), rotary_code(sources)
     flag = ckpt.config.get("alibi")
+    if "embed_positions" in spec.names and rotary is None and alibi is None:
+        # The layout found a learned position table the code adds to the token embedding (GPT-2's wpe).
+        learned = learned_positions(sources)
+        spec.set("position_scheme", "learned",
+                 Source("code", f"{learned}: {learned.tokens}(input_ids) + {learned.positions}(positions)"
+                        if learned is not None else "a learned position table (names.embed_positions)"))
+        return
+    if rotary is None and alibi is None and (computed := computed_positions(sources)) is not None:
+        found, kind = computed
+        raise UnsupportedArchitecture(
+            f"absolute positions computed by {kind} ({found}: {found.positions}(positions) added to the token "
+            "embedding, no stored table, e.g. sinusoidal); the generator cannot express this yet.", ckpt.config_file)
     if alibi is not None and rotary is not None:
         if not isinstance(flag, bool):
             raise UnsupportedArchitecture(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.attention import _number
-from scaffold.detect.sourcecode import modeling_sources, sqrt_hidden_scale
+from scaffold.detect.sourcecode import Found, modeling_sources, sqrt_hidden_scale, walk
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec
 
@@ -20,6 +21,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     elif (found := sqrt_hidden_scale(modeling_sources(ckpt))) is not None:
         spec.set("embedding_multiplier", spec.hidden_size**0.5,
                  Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5", f"{hk}**0.5"))
+    elif (switched := _switched_sqrt_scale(modeling_sources(ckpt))) is not None:
+        # BioGPT's `math.sqrt(config.hidden_size) if config.scale_embedding else 1.0`: the config's flag decides.
+        flag, found = switched
+        on = ckpt.config.get(flag) is True
+        spec.set("embedding_multiplier", spec.hidden_size**0.5 if on else None,
+                 Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5 where config.{flag}",
+                        f"{hk}**0.5") if on else Source("config", f"config.json {flag} is not true: unscaled"))
     elif (found := _scaled_call(ckpt, spec.names.get("embed_tokens"))) is not None:
         spec.set("embedding_multiplier", *_as_multiplier(ckpt, found, "the embedding's output"))
     else:
@@ -47,6 +55,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                                     "config.final_logit_softcapping"))
     else:
         spec.set("final_logit_softcap", None, Source("default", "no final_logit_softcapping in config.json"))
+
+
+def _switched_sqrt_scale(sources: dict[str, str]) -> tuple[str, Found] | None:
+    """(flag, where) for `sqrt(config.<hidden>) if config.<flag> else 1.0`, a scale the config switches on."""
+    for name, node in walk(sources):
+        if not (isinstance(node, ast.IfExp) and isinstance(node.orelse, ast.Constant) and node.orelse.value == 1.0):
+            continue
+        body, test = ast.unparse(node.body), ast.unparse(node.test)
+        flag = re.fullmatch(r"(self\.)?config\.(\w+)", test)
+        if flag and re.fullmatch(r"(math\.|torch\.)?sqrt\((self\.)?config\.(hidden_size|d_model|n_embd)\)", body):
+            return flag.group(2), Found("sqrt scale", name, node.lineno)
+    return None
 
 
 # ------------------------------------------------------------------ multipliers read from the code

@@ -14,7 +14,9 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys
+from scaffold.detect import codekeys, configreads, positions
+from scaffold.detect.sourcecode import modeling_sources
+from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec, Undetermined
@@ -33,11 +35,12 @@ HINTS = {
 # Keys that are hints only where the code reads them (kv_channels is a head size in qwen and chatglm, but
 # another config could use the name for something else).
 CODE_HINTS = {"num_kv_heads": ("multi_query_group_num",), "head_dim": ("kv_channels",)}
+# Sizes whose hinted keys count only where the modeling code reads them (see detect.keys).
+UNREAD_HINTS_IGNORED = ("num_kv_heads", "intermediate_size")
 # The name transformers' PretrainedConfig gives each size, which a config class's attribute_map redirects.
 STANDARD = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "vocab_size": "vocab_size", "max_position": "max_position_embeddings",
             "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size"}
-LINEARS = ("Linear", "Conv1D")
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -45,10 +48,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sources = codekeys.code_sources(ckpt)
     aliases = codekeys.attribute_map(ckpt)
     reads = codekeys.config_reads(sources)
+    # Every key transformers' own modeling file for this model type reads, under its stored name too (empty
+    # for a checkpoint with its own code: that code's reads are `reads`, and the code decides its sizes).
+    read_anywhere = set(configreads.config_reads(modeling_sources(ckpt))) if not ckpt.sources else set()
+    read_anywhere |= {aliases[k] for k in list(read_anywhere) if k in aliases}
     from_code = _code_sizes(ckpt, sources, aliases)
 
     def keys(field: str) -> tuple[str, ...]:
         hints = HINTS[field] + tuple(k for k in CODE_HINTS.get(field, ()) if k in reads)
+        if field in UNREAD_HINTS_IGNORED and read_anywhere:
+            # A config may carry a key its model never reads (GPT-2's config.json with an intermediate_size
+            # beside n_inner): only the keys transformers' modeling file reads size the model.
+            hints = tuple(k for k in hints if k in read_anywhere)
         read = tuple(k for k in hints if k in reads)
         mapped = aliases.get(STANDARD[field])
         return tuple(dict.fromkeys(((mapped,) if mapped else ()) + read + hints))
@@ -71,7 +82,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     size("num_layers")
     size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr))  # head_dim = hidden // H
     size("vocab_size")
-    size("max_position", default=2048)
+    size("max_position", from_code.get("max_position"), default=2048)
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
@@ -132,10 +143,18 @@ def _code_sizes(ckpt: Checkpoint, sources: dict, aliases: dict) -> dict[str, tup
     # The embedding: an nn.Embedding whose module the checkpoint stores (PrefixEncoder-style extras are not).
     stored = {name.rsplit(".", 2)[-2] for name, info in ckpt.tensors.items()
               if name.endswith(".weight") and len(info.shape) == 2 and name.count(".") >= 1}
+    # A learned position table (GPT-2's wpe) is an embedding too: its rows are the context length, not the vocab.
+    learned = positions.learned_positions(sources)
+    tables = {learned.positions} if learned is not None else set()
     for field, index, keyword in (("vocab_size", 0, "num_embeddings"), ("hidden_size", 1, "embedding_dim")):
-        found = [e for attr, e in codekeys.call_arg(sources, ("Embedding",), None, index, keyword) if attr in stored]
+        found = [e for attr, e in codekeys.call_arg(sources, ("Embedding",), None, index, keyword)
+                 if attr in stored and attr not in tables]
         if (got := _valued(_unique(found), ckpt.config, aliases)) is not None:
             out[field] = got
+    if learned is not None and not learned.offset:
+        found = [e for attr, e in codekeys.call_arg(sources, ("Embedding",), learned.positions, 0, "num_embeddings")]
+        if (got := _valued(_unique(found), ckpt.config, aliases)) is not None:
+            out["max_position"] = got
     return out
 
 
@@ -204,15 +223,18 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
         return None
     classes = {codekeys.callee(value) for _file, _cls, _func, attr, value in codekeys.self_assignments(sources)
                if attr == "mlp" and isinstance(value, ast.Call)}
+    linear = linear_classes(sources)
     heads = set(spec.source("num_heads").expr and re.findall(r"config\.(\w+)", spec.source("num_heads").expr) or ())
     found = []
     for file, cls, func in codekeys.methods(sources):
         if (classes and cls.name not in classes) or func.name != "__init__":
             continue
         for node in ast.walk(func):
-            if isinstance(node, ast.Call) and codekeys.callee(node) in LINEARS and len(node.args) >= 2:
-                features_in = codekeys.config_expr(node.args[0], func)
-                features_out = codekeys.config_expr(node.args[1], func)
+            kind = linear.get(codekeys.callee(node)) if isinstance(node, ast.Call) else None
+            # Conv1D(nf, nx) takes the output width first.
+            if kind is not None and len(node.args) > max(kind.in_arg, kind.out_arg):
+                features_in = codekeys.config_expr(node.args[kind.in_arg], func)
+                features_out = codekeys.config_expr(node.args[kind.out_arg], func)
                 if (features_out and features_out[0] == hidden and features_in and features_in[0] != hidden
                         and not heads & set(features_in[1])):
                     found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))

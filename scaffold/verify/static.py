@@ -15,7 +15,9 @@ from scaffold.mapping import (
     EXPERT_PARAMS,
     embedding_tensor,
     head_tensor,
+    port_rest,
     stacked_modules,
+    transposed_modules,
     weight_table,
 )
 from scaffold.spec import FIELDS, Spec, port_names
@@ -36,6 +38,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,), f"{top}{n['norm']}.weight": (None,)}
     if spec.norm_bias:
         params[f"{top}{n['norm']}.bias"] = (None,)
+    if spec.position_scheme == "learned":
+        params[f"{top}{n['embed_positions']}.weight"] = (None,)
     if not spec.tie_word_embeddings:
         params[f"{head}weight"] = (None,)
     if spec.lm_head_bias:
@@ -138,15 +142,18 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                          f"{experts}.{n['expert_up_proj']}": spec.moe_intermediate_size,
                          f"{experts}.{n['expert_down_proj']}": hidden})
     prefix = f"{n['model']}.{n['layers']}."
+    transposed = transposed_modules(spec)
     problems, seen = [], set()
     for name, info in ckpt.tensors.items():
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
-        module = name[len(prefix):].split(".", 1)[1].rsplit(".", 1)[0]
+        module = port_rest(spec, name[len(prefix):].split(".", 1)[1]).rsplit(".", 1)[0]
         if module in want:
             seen.add(module)
-            if info.shape[0] != want[module]:
-                problems.append(f"{name} has {info.shape[0]} rows, the spec needs {want[module]}")
+            # GPT-2's Conv1D stores [in, out]: its output rows are the last dimension.
+            rows = info.shape[-1] if module in transposed else info.shape[0]
+            if rows != want[module]:
+                problems.append(f"{name} has {rows} rows, the spec needs {want[module]}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted(set(want) - seen)]
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
