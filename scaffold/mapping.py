@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.spec import Spec, renamed_prefixes
+from scaffold.spec import Spec, renamed_prefixes, renamed_suffixes
 
 # (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
@@ -176,6 +176,7 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
     n = spec.names
     modules = modules or _Modules.of(spec)
+    name = renamed_name(spec, name)
     if name in modules.top:
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
@@ -186,6 +187,16 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
         return [(None, None, "recomputed buffer")] if _skipped(name) or name in spec.skipped_tensors else None
     layer, rest = inside
     return _prefixed(port_param(spec, f"{prefix}{layer}."), map_in_layer(spec, rest, modules))
+
+
+def renamed_name(spec: Spec, name: str) -> str:
+    """The checkpoint name as the port loads it: a norm scale kept under another parameter name becomes its
+    `weight` (the port's hf_to_vllm_mapper, spec.renamed_suffixes)."""
+    dotted = f".{name}"  # `name` may be a whole name or one inside a layer (pre_attn_norm.scale)
+    for old, new in renamed_suffixes(spec).items():
+        if dotted.endswith(old):
+            return (dotted[: -len(old)] + new)[1:]
+    return name
 
 
 def port_param(spec: Spec, name: str) -> str:
@@ -203,7 +214,7 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     n = spec.names
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
-    rest = port_rest(spec, rest)
+    rest = port_rest(spec, renamed_name(spec, rest))
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":

@@ -273,6 +273,10 @@ class Spec:
     norm_offset: float = spec_field(
         0.0, group="norms", probe=NORMS, doc="the norms scale by (offset + weight): Gemma's RMSNorm, LayerNorm1P: 1")
     norm_bias: bool = spec_field(False, group="norms", probe=NORMS, doc="the norms have a bias")
+    norm_weight_name: str = spec_field(
+        "weight", group="norms", probe=NORMS, identifier=True,
+        doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "
+            "loads it as vLLM's `weight`")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -638,6 +642,20 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
         out[f"{names['lm_head']}."] = f"{port['lm_head']}."
     out.update(dict.fromkeys(spec.skipped_tensors))
     return out
+
+
+NORM_ROLES = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm", "norm")
+
+
+def renamed_suffixes(spec: Spec) -> dict[str, str]:
+    """Checkpoint name suffixes -> the port's, for vLLM's WeightsMapper(orig_to_new_suffix=...): the norms'
+    scale kept under another parameter name (`.norm_final.scale` -> `.norm_final.weight`). Each suffix is a
+    whole module name and its parameter, so no other module's tensor matches it."""
+    if spec.norm_weight_name == "weight":
+        return {}
+    names = port_names(spec.names)
+    modules = sorted({names[role].rsplit(".", 1)[-1] for role in NORM_ROLES if role in names})
+    return {f".{m}.{spec.norm_weight_name}": f".{m}.weight" for m in modules}
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

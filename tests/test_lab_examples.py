@@ -34,8 +34,7 @@ NOT_YET = {
     "osprey": None,
     "heron": None,
     "plover": None,
-    "wren": "its norms keep their weight as `scale` (norm_final.scale): the tool finds norms by `.weight` tensors "
-            "('expected one final norm under net, found none')",
+    "wren": None,
     "shrike": None,
 }
 

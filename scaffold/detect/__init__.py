@@ -16,7 +16,20 @@ import re
 from typing import Any
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import attention, head, identity, layout, mlp, moe, norms, policy, rope, scaling, sizes
+from scaffold.detect import (
+    attention,
+    head,
+    identity,
+    layout,
+    mlp,
+    moe,
+    normparams,
+    norms,
+    policy,
+    rope,
+    scaling,
+    sizes,
+)
 from scaffold.errors import ScaffoldError, SpecError
 from scaffold.spec import CONFIG_KEY_FIELDS, Source, Spec, Undetermined, Unknown, validate_identifiers, validate_names
 
@@ -61,6 +74,8 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
     if overrides:
         values, sources = config_keyed(ckpt, dict(overrides), origin or "")
         spec.pin(values, origin or "", sources)
+    # The detectors read norms by their `weight`; a lab's norms may keep it as `scale` (the port maps it back).
+    ckpt = normparams.view(ckpt, spec)
     for detector in DETECTORS:
         try:
             detector.detect(ckpt, spec)

@@ -49,16 +49,23 @@ def _assignments(func: ast.FunctionDef) -> dict[str, ast.AST]:
     twice = set()
     for node in ast.walk(func):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                key = target.id
-            elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-                key = "self." + target.attr
+            target, value = node.targets[0], node.value
+            # `self.q_heads, self.kv_heads = config.q_heads, config.kv_heads`: one pair per element.
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+                pairs = list(zip(target.elts, value.elts))
             else:
-                continue
-            if key in out:
-                twice.add(key)
-            out[key] = node.value
+                pairs = [(target, value)]
+            for target, value in pairs:
+                if isinstance(target, ast.Name):
+                    key = target.id
+                elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                      and target.value.id == "self"):
+                    key = "self." + target.attr
+                else:
+                    continue
+                if key in out:
+                    twice.add(key)
+                out[key] = value
     return {k: v for k, v in out.items() if k not in twice}
 
 
@@ -141,9 +148,18 @@ def self_assignments(sources: dict[str, str]):
     """(file, class, function, attribute, value) for every `self.attribute = value`."""
     for file, cls, func in methods(sources):
         for node in ast.walk(func):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                    and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"):
-                yield file, cls, func, node.targets[0].attr, node.value
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, value = node.targets[0], node.value
+            # `self.a, self.b = x, y` assigns one pair per element.
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+                pairs = list(zip(target.elts, value.elts))
+            else:
+                pairs = [(target, value)]
+            for target, value in pairs:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"):
+                    yield file, cls, func, target.attr, value
 
 
 @dataclass(frozen=True)
