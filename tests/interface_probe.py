@@ -8,6 +8,10 @@ the port side `package` and `architecture` (the staged port is on PYTHONPATH; se
   forward hook keeps them and hands the engine the plain hidden states (without an EAGLE-3
   drafter the model runner expects those). Writes {"model_class", "default_layers", "aux"}:
   the hidden states of the prompt's tokens at each layer, as lists.
+- mode "eagle3_speculative": one engine serves the checkpoint with EAGLE-3 speculative decoding
+  (the drafter at `draft` reads the auxiliary hidden states of the layers its config names).
+  Writes {"model_class", "tokens", "spec_decode"}: the greedy continuation of `prompt` and the
+  engine's speculative-decoding counters (drafts, draft tokens, accepted tokens).
 - mode "moe" (MixtureOfExperts): no engine. vLLM's own Qwen3MoeForCausalLM and the port's class
   are built in this process on the same config with expert-parallel load balancing on and
   `redundant` redundant experts (vLLM's CPU build refuses enable_eplb when it makes the config,
@@ -75,6 +79,23 @@ def eagle3(request: dict) -> dict:
     return {"model_class": model_class, "default_layers": list(default_layers), "aux": captured[0]}
 
 
+def eagle3_speculative(request: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=request["checkpoint"], skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              max_model_len=128, seed=0, enable_prefix_caching=False, disable_log_stats=False,
+              speculative_config={"method": "eagle3", "model": request["draft"], "num_speculative_tokens": 2})
+    (output,) = llm.generate([TokensPrompt(prompt_token_ids=request["prompt"])],
+                             SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True,
+                                            detokenize=False),
+                             use_tqdm=False)
+    counters = {m.name.removeprefix("vllm:spec_decode_"): getattr(m, "values", getattr(m, "value", None))
+                for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_")}
+    model_class = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__qualname__}")[0]
+    return {"model_class": model_class, "tokens": list(output.outputs[0].token_ids), "spec_decode": counters}
+
+
 def moe(request: dict) -> dict:
     import glob
     import importlib
@@ -137,7 +158,7 @@ def moe(request: dict) -> dict:
 
 def main(request_file: str) -> None:
     request = json.loads(Path(request_file).read_text())
-    result = {"eagle3": eagle3, "moe": moe}[request["mode"]](request)
+    result = {"eagle3": eagle3, "eagle3_speculative": eagle3_speculative, "moe": moe}[request["mode"]](request)
     Path(request["out"]).write_text(json.dumps(result))
 
 

@@ -12,7 +12,12 @@
   the block's output that of the checkpoint's routing computed here. The engine run with EPLB
   needs the GPU machine.
 - SupportsEagle3 on a Llama-shaped port: the auxiliary hidden states an engine gets from the
-  port equal those of vLLM's own LlamaForCausalLM on the same checkpoint.
+  port equal those of vLLM's own LlamaForCausalLM on the same checkpoint; and EAGLE-3 speculative
+  decoding, which runs on the CPU build, serves the port with a tiny random drafter as it serves
+  vLLM's Llama: the same greedy tokens and the same speculative-decoding counters. The random
+  drafter's proposals are never accepted, so that run shows the port in EAGLE-3's path (the
+  drafter's fc takes exactly the aux states the port returns), not that the drafts agree; the
+  aux-state test above is the numeric check.
 """
 
 from __future__ import annotations
@@ -41,6 +46,34 @@ def test_ports_declare_vllms_interfaces():
     dense = Spec(mlp_kind="gated")
     assert choices(dense, set())["interfaces"] == ("SupportsEagle3", "SupportsLoRA", "SupportsPP", "SupportsQuant")
     assert not {"MixtureOfExperts", "get_ep_group", "get_current_vllm_config"} & imported(dense)
+
+
+def eagle3_drafter(target, out, layers: list[int], seed: int = 11):
+    """A random EAGLE-3 drafter (vLLM's Eagle3LlamaForCausalLM layout: one decoder layer over
+    [embedding, fc(aux hidden states)]) for the Llama-shaped `target`, reading its `layers`."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((target / "config.json").read_text())
+    hidden, inter, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q, kv, vocab = config["num_attention_heads"] * head, config["num_key_value_heads"] * head, config["vocab_size"]
+    shapes = {"layers.0.self_attn.qkv_proj.weight": (q + 2 * kv, 2 * hidden),
+              "layers.0.self_attn.o_proj.weight": (hidden, q),
+              "layers.0.mlp.gate_up_proj.weight": (2 * inter, hidden), "layers.0.mlp.down_proj.weight": (hidden, inter),
+              "layers.0.input_layernorm.weight": (hidden,), "layers.0.post_attention_layernorm.weight": (hidden,),
+              "layers.0.hidden_norm.weight": (hidden,), "fc.weight": (hidden, len(layers) * hidden),
+              "norm.weight": (hidden,), "embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden)}
+    generator = torch.Generator().manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({name: 1 + 0.1 * torch.randn(shape, generator=generator) if len(shape) == 1
+               else 0.08 * torch.randn(shape, generator=generator) for name, shape in shapes.items()},
+              str(out / "model.safetensors"))
+    config.update(architectures=["Eagle3LlamaForCausalLM"], num_hidden_layers=1,
+                  eagle_aux_hidden_state_layer_ids=layers)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
 
 
 def moe_reference(checkpoint, hidden, layer: int = 0):
@@ -128,3 +161,23 @@ def test_eagle3_aux_hidden_states_match_vllms_llama(workdir):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     # Distinct layers give distinct states: the port did not return one tensor three times.
     assert not torch.allclose(torch.tensor(mine["aux"][0]), torch.tensor(mine["aux"][2]))
+
+
+@pytest.mark.engine
+def test_eagle3_speculative_decoding_serves_the_port_as_vllms_llama(workdir):
+    from scaffold.tiny import build_tiny
+
+    ref = build_tiny("llama", workdir / "ckpt-eagle3-ref", architecture="LlamaForCausalLM", seed=7,
+                     overrides={"num_hidden_layers": 4})
+    ckpt = with_architecture(ref, workdir / "ckpt-eagle3-port", "Eagle3LlamaPortForCausalLM")
+    out = workdir / "port-eagle3"
+    scaffold("new", ckpt, "-o", out, "--force")
+    draft = eagle3_drafter(ref, workdir / "eagle3-drafter", layers=[0, 2, 4])
+    request = {"mode": "eagle3_speculative", "prompt": PROMPT, "max_tokens": 24, "draft": str(draft)}
+    mine = run({**request, "checkpoint": str(ckpt)}, workdir / "probe-eagle3-spec-port", port=out)
+    theirs = run({**request, "checkpoint": str(ref)}, workdir / "probe-eagle3-spec-ref")
+    assert mine["model_class"].endswith(".model.Eagle3LlamaPortForCausalLM")
+    print(f"EAGLE-3 through the port: {mine['spec_decode']}; vLLM's Llama: {theirs['spec_decode']}")
+    assert mine["spec_decode"]["num_drafts"] > 0, "no token was drafted: speculative decoding did not run"
+    assert mine["tokens"] == theirs["tokens"] and len(mine["tokens"]) == 24
+    assert mine["spec_decode"] == theirs["spec_decode"]
