@@ -408,6 +408,9 @@ class DemoLMForCausalLM(
         num_layers = len(self.model.layers)
         return (2, num_layers // 2, num_layers - 3)
 
+    # The name older vLLM releases call it by.
+    get_eagle3_aux_hidden_state_layers = get_eagle3_default_aux_hidden_state_layers
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
