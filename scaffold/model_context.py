@@ -66,8 +66,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
         "mlp_class": mlp_class,
-        # MoE ports take no LoRA: vLLM's FusedMoE layers have none here.
-        "interfaces": ("SupportsPP", "SupportsQuant") if moe else ("SupportsLoRA", "SupportsPP", "SupportsQuant"),
+        "interfaces": interfaces(moe),
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
         "alibi": spec.position_scheme == "alibi",
@@ -99,6 +98,18 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def interfaces(moe: bool) -> tuple[str, ...]:
+    """The vLLM interfaces the causal-LM class declares, as vLLM's own Llama and Qwen3-MoE do.
+
+    Every port hands EAGLE-3 the hidden states of the layers it asks for (SupportsEagle3). MoE
+    ports take part in expert-parallel load balancing (MixtureOfExperts) and take no LoRA:
+    vLLM's FusedMoE layers have none here.
+    """
+    if moe:
+        return ("MixtureOfExperts", "SupportsEagle3", "SupportsPP", "SupportsQuant")
+    return ("SupportsEagle3", "SupportsLoRA", "SupportsPP", "SupportsQuant")
 
 
 def packed_modules(spec: Spec, gate_up: bool) -> dict[str, list[str]]:
@@ -161,8 +172,13 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("torch"),
         Import("torch", ("nn",)),
         Import("vllm.compilation.decorators", ("support_torch_compile",)),
-        Import("vllm.config", ("CacheConfig", "VllmConfig")),
+        Import("vllm.config", _present(
+            ("CacheConfig", True),
+            ("VllmConfig", True),
+            ("get_current_vllm_config", moe),
+        )),
         Import("vllm.distributed", _present(
+            ("get_ep_group", moe),
             ("get_pp_group", True),
             ("get_tensor_model_parallel_rank", full_qk_norm or alibi),
             ("get_tensor_model_parallel_world_size", True),

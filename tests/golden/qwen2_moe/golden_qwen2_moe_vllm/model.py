@@ -14,8 +14,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import CacheConfig, VllmConfig
+from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config
 from vllm.distributed import (
+    get_ep_group,
     get_pp_group,
     get_tensor_model_parallel_world_size,
 )
@@ -43,6 +44,8 @@ from vllm.model_executor.model_loader.weight_utils import (
     maybe_remap_kv_scale_name,
 )
 from vllm.model_executor.models.interfaces import (
+    MixtureOfExperts,
+    SupportsEagle3,
     SupportsPP,
     SupportsQuant,
 )
@@ -148,6 +151,8 @@ class GoldenQwen2MoeSparseMoeBlock(nn.Module):
                 f"Tensor parallel size {get_tensor_model_parallel_world_size()} is "
                 f"greater than the number of experts {num_experts}."
             )
+        # Expert-parallel load balancing (EPLB) may add replicas of busy experts.
+        parallel_config = get_current_vllm_config().parallel_config
         self.gate = GateLinear(
             hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate"
         )
@@ -161,6 +166,8 @@ class GoldenQwen2MoeSparseMoeBlock(nn.Module):
             renormalize=config.norm_topk_prob,
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
+            enable_eplb=parallel_config.enable_eplb,
+            num_redundant_experts=parallel_config.eplb_config.num_redundant_experts,
         )
         self.shared_expert = GoldenQwen2MoeMLP(
             hidden_size,
@@ -341,6 +348,9 @@ class GoldenQwen2MoeModel(nn.Module):
             self.norm = RMSNorm(hidden_size, eps=config.rms_norm_eps)
         else:
             self.norm = PPMissingLayer()
+        # Layers whose incoming hidden states forward() also returns, for EAGLE-3
+        # (set by the causal LM's set_aux_hidden_state_layers).
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], hidden_size
         )
@@ -354,7 +364,7 @@ class GoldenQwen2MoeModel(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
+    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
         if get_pp_group().is_first_rank:
             if inputs_embeds is not None:
                 hidden_states = inputs_embeds
@@ -366,19 +376,35 @@ class GoldenQwen2MoeModel(nn.Module):
             hidden_states = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
 
-        for layer in islice(self.layers, self.start_layer, self.end_layer):
+        # EAGLE-3's auxiliary hidden states: the residual stream entering each layer
+        # it named (index len(layers): the last layer's output), as vLLM's Llama.
+        aux_hidden_states: list[torch.Tensor] = []
+        for index, layer in enumerate(
+            islice(self.layers, self.start_layer, self.end_layer),
+            start=self.start_layer,
+        ):
+            if index in self.aux_hidden_state_layers:
+                aux_hidden_states.append(
+                    hidden_states if residual is None else hidden_states + residual
+                )
             hidden_states, residual = layer(positions, hidden_states, residual)
 
         if not get_pp_group().is_last_rank:
             return IntermediateTensors(
                 {"hidden_states": hidden_states, "residual": residual}
             )
+        if self.end_layer in self.aux_hidden_state_layers:
+            aux_hidden_states.append(hidden_states + residual)
         hidden_states, _ = self.norm(hidden_states, residual)
+        if aux_hidden_states:
+            return hidden_states, aux_hidden_states
         return hidden_states
 
 
 class GoldenQwen2MoeForCausalLM(
     nn.Module,
+    MixtureOfExperts,
+    SupportsEagle3,
     SupportsPP,
     SupportsQuant,
 ):
@@ -429,21 +455,83 @@ class GoldenQwen2MoeForCausalLM(
         self.make_empty_intermediate_tensors = (
             self.model.make_empty_intermediate_tensors
         )
-        # Expert projection (module path inside a decoder layer) -> (vLLM parameter
-        # inside the layer, expert, shard id), from vLLM's own expert mapping and
-        # compared as whole module paths.
-        self.expert_params_mapping = {
-            f"mlp.{weight_name.removesuffix('.')}": (
-                f"mlp.{param_name}",
-                expert_id,
-                shard_id,
+
+        # MixtureOfExperts: what vLLM's expert-parallel load balancing (EPLB) reads.
+        # Redundant experts are extra physical replicas of logical (checkpoint) experts.
+        eplb_config = vllm_config.parallel_config.eplb_config
+        self.moe_layers = [
+            layer.mlp.experts
+            for layer in self.model.layers
+            if isinstance(getattr(layer, "mlp", None), GoldenQwen2MoeSparseMoeBlock)
+        ]
+        self.expert_weights = []
+        self.num_moe_layers = len(self.moe_layers)
+        self.num_expert_groups = 1
+        # The shared expert is an MLP of its own, outside FusedMoE: EPLB leaves it.
+        self.num_shared_experts = 0
+        self.num_logical_experts = config.num_experts
+        self.num_routed_experts = self.num_logical_experts
+        self.num_redundant_experts = eplb_config.num_redundant_experts
+        self.num_physical_experts = (
+            self.num_logical_experts + self.num_redundant_experts
+        )
+        self.num_local_physical_experts = (
+            self.num_physical_experts // get_ep_group().world_size
+        )
+        # Expert projection (module path inside a decoder layer) -> every (vLLM
+        # parameter inside the layer, physical expert, shard id) it loads: one per
+        # replica of that logical expert. From vLLM's own expert mapping, compared as
+        # whole module paths.
+        mapping = fused_moe_make_expert_params_mapping(
+            self,
+            **EXPERT_PROJECTIONS,
+            num_experts=self.num_logical_experts,
+            num_redundant_experts=self.num_redundant_experts,
+        )
+        self.expert_params_mapping: dict[str, list[tuple[str, int, str]]] = {}
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            self.expert_params_mapping.setdefault(
+                f"mlp.{weight_name.removesuffix('.')}", []
+            ).append((f"mlp.{param_name}", expert_id, shard_id))
+
+    def set_eplb_state(
+        self,
+        expert_load_view: torch.Tensor,
+        logical_to_physical_map: torch.Tensor,
+        logical_replica_count: torch.Tensor,
+    ) -> None:
+        # Views of EPLB's state: its rearrangements reach the layers without a call.
+        self.expert_weights = []
+        for layer_idx, layer in enumerate(self.moe_layers):
+            self.expert_weights.append(list(layer.get_expert_weights()))
+            layer.set_eplb_state(
+                moe_layer_idx=layer_idx,
+                expert_load_view=expert_load_view,
+                logical_to_physical_map=logical_to_physical_map,
+                logical_replica_count=logical_replica_count,
             )
-            for param_name, weight_name, expert_id, shard_id in (
-                fused_moe_make_expert_params_mapping(
-                    self, **EXPERT_PROJECTIONS, num_experts=config.num_experts
-                )
-            )
-        }
+
+    def update_physical_experts_metadata(
+        self,
+        num_physical_experts: int,
+        num_local_physical_experts: int,
+    ) -> None:
+        assert self.num_local_physical_experts == num_local_physical_experts
+        self.num_physical_experts = num_physical_experts
+        self.num_local_physical_experts = num_local_physical_experts
+        self.num_redundant_experts = num_physical_experts - self.num_logical_experts
+        for layer in self.moe_layers:
+            layer.update_expert_map()
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        self.model.aux_hidden_state_layers = tuple(sorted(set(layers)))
+
+    def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        num_layers = len(self.model.layers)
+        return (2, num_layers // 2, num_layers - 3)
+
+    # The name older vLLM releases call it by.
+    get_eagle3_aux_hidden_state_layers = get_eagle3_default_aux_hidden_state_layers
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -477,20 +565,19 @@ class GoldenQwen2MoeForCausalLM(
                     return name, shard_ids
         return name, None
 
-    def expert_for(self, name: str) -> tuple[str, int, str] | None:
-        """The vLLM parameter, expert and shard id of an expert's checkpoint tensor, else None."""
+    def experts_for(self, name: str) -> list[tuple[str, int, str]]:
+        """The vLLM parameter, physical expert and shard id of every replica that an
+        expert's checkpoint tensor loads (one without EPLB); empty for other tensors."""
         match = LAYER_TENSOR.match(name)
         if match is None:
-            return None
+            return []
         layer, module, kind = match.groups()
-        if module not in self.expert_params_mapping:
-            return None
-        param_module, expert_id, shard_id = self.expert_params_mapping[module]
-        return (
-            f"model.layers.{layer}.{param_module}{kind}",
-            expert_id,
-            shard_id,
-        )
+        return [
+            (f"model.layers.{layer}.{param_module}{kind}", expert_id, shard_id)
+            for param_module, expert_id, shard_id in self.expert_params_mapping.get(
+                module, []
+            )
+        ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params_dict = dict(self.named_parameters())
@@ -515,7 +602,8 @@ class GoldenQwen2MoeForCausalLM(
                 param.weight_loader(param, loaded_weight, shard_id)
 
         def load_expert(name, param_name, expert_id, shard_id, loaded_weight):
-            # FusedMoE's loader takes this rank's rows of one expert's projection.
+            # FusedMoE's loader takes this rank's rows of one expert's projection, and
+            # nothing of an expert another expert-parallel rank holds.
             load_once(name, param_name, (expert_id, shard_id))
             param = params_dict[param_name]
             param.weight_loader(
@@ -539,9 +627,9 @@ class GoldenQwen2MoeForCausalLM(
                 name.endswith(KV_CACHE_SCALES) and name not in params_dict
             ):
                 continue
-            expert = self.expert_for(name)
-            if expert is not None:
-                param_name, expert_id, shard_id = expert
+            experts = self.experts_for(name)
+            if experts:
+                param_name = experts[0][0]
                 if is_pp_missing_parameter(param_name, self):
                     continue
                 if param_name not in params_dict:
@@ -549,7 +637,8 @@ class GoldenQwen2MoeForCausalLM(
                         f"Checkpoint tensor {name!r} is an expert of a layer without "
                         f"experts in {type(self).__name__} (looked for {param_name!r})."
                     )
-                load_expert(name, param_name, expert_id, shard_id, loaded_weight)
+                for param_name, expert_id, shard_id in experts:
+                    load_expert(name, param_name, expert_id, shard_id, loaded_weight)
                 loaded_params.add(param_name)
                 continue
             param_name, shard_id = self.param_for(name)
