@@ -86,7 +86,10 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
         shared = f"{mlp}.{n['shared_expert']}"
         params[f"{shared}.{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
         params[f"{shared}.{n['down_proj']}.weight"] = (None,)
+    if "shared_expert_gate" in n:
         params[f"{mlp}.{n['shared_expert_gate']}.weight"] = (None,)
+    if spec.moe_correction_bias:
+        params[f"{mlp}.{spec.moe_correction_bias}"] = (None,)
     return params
 
 
