@@ -137,8 +137,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         return
     where = ckpt.config_file
     n = spec.names
-    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts"), int)
-    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k"), int)
+    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts",
+                                                "moe_num_experts"), int)
+    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k", "moe_k"), int)
     sources = sourcecode.modeling_sources(ckpt)
     key = expert_width_key(sources, n["experts"], ckpt.config)
     if key is None:
@@ -178,8 +179,6 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             shapes[f"{mlp}.{n['shared_expert']}.{proj}.weight"] = shape
         if "shared_expert_gate" in n:
             shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
-    if spec.moe_correction_bias:
-        shapes[f"{mlp}.{spec.moe_correction_bias}"] = (experts,)
     expert_tensors: dict[int, list[str]] = {}
     inside_experts = re.compile(rf"^{re.escape(base)}\.(\d+)\.{re.escape(mlp)}\.{re.escape(n['experts'])}\.")
     for name in ckpt.tensors:
@@ -194,11 +193,23 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             if info.shape != shape:
                 raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden}, "
                                       f"{experts} experts of intermediate size {inter} need {list(shape)}.", where)
+        if spec.moe_correction_bias:
+            _check_bias(ckpt, f"{base}.{layer}.{mlp}.{spec.moe_correction_bias}", experts)
         inside = f"{base}.{layer}."
         extra = sorted(name for name in expert_tensors.get(layer, ()) if name[len(inside):] not in shapes)
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
+
+
+def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
+    """A correction bias holds one value per expert: [experts], or [1, experts] (Ernie 4.5's one group)."""
+    info = ckpt.tensors.get(name)
+    if info is None:
+        raise CheckpointError(f"tensor {name} is missing (the routing code adds a correction bias).", ckpt.config_file)
+    if tuple(info.shape) not in ((experts,), (1, experts)):
+        raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but the correction bias of {experts} "
+                              f"experts needs [{experts}] (or [1, {experts}]).", ckpt.config_file)
 
 
 def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str) -> None:
@@ -220,15 +231,15 @@ def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared:
 
 def shared_width_expr(sources: dict[str, str], shared: str) -> tuple[str, tuple[str, ...], str] | None:
     """(expression over config, its keys, file:line) the code gives `self.<shared> = MLP(...)` as its width:
-    the keyword intermediate_size, or the second positional argument after config (Ernie 4.5). None when
-    the code does not say."""
+    the keyword intermediate_size, or the one argument besides the config (Ernie 4.5 passes it positionally).
+    None when the code does not say."""
     for file, _cls, func, attr, value in codekeys.self_assignments(sources):
         if attr != shared or func.name != "__init__" or not isinstance(value, ast.Call):
             continue
         given = [kw.value for kw in value.keywords if kw.arg == "intermediate_size"]
-        if not given and len(value.args) == 2 and codekeys._is_config(value.args[0]):
-            given = [value.args[1]]
-        found = codekeys.config_expr(given[0], func) if given else None
+        if not given:  # the one argument besides the config, under whatever name (a lab's width=)
+            given = [a for a in [*value.args, *(kw.value for kw in value.keywords)] if not codekeys._is_config(a)]
+        found = codekeys.config_expr(given[0], func) if len(given) == 1 else None
         if found is not None and found[1]:
             return found[0], found[1], f"{file}:{value.lineno}"
     return None
@@ -243,10 +254,11 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
     tests = [k for k in path.config_keys(path.test_attrs) if isinstance(ckpt.config.get(k), bool)]
     if len(tests) == 1:  # `if self.norm_topk_prob:` renormalizes the top-k weights
         set_from_config(spec, ckpt, "moe_renormalize", (tests[0],), bool)
-    per_token = spec.source("num_experts_per_tok").expr
+    # The experts' own top-k reads num_experts_per_tok (transformers' attribute_map name for moe_k, ...).
+    per_token = {spec.source("num_experts_per_tok").expr, "config.num_experts_per_tok"}
     groups = path.config_keys(path.divisor_attrs)
-    top_groups = [k for k in path.config_keys(path.topk_attrs) if f"config.{k}" != per_token]
-    if groups or top_groups:
+    top_groups = [k for k in path.config_keys(path.topk_attrs) if f"config.{k}" not in per_token]
+    if groups:
         if len(groups) != 1 or len(top_groups) != 1:
             raise unsupported(f"{where} limits the top-k to groups of experts, but which config keys hold the "
                               f"groups ({', '.join(groups) or 'none found'}) and the groups chosen "

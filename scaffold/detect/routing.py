@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from scaffold.detect.codekeys import _is_config
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 MAX_DEPTH = 3
@@ -93,11 +94,11 @@ def _self_attr(node: ast.AST) -> str | None:
 
 
 def _config_attrs(cls: ast.ClassDef) -> set[tuple[str, str]]:
-    """(A, KEY) for every `self.A = config.KEY` of the class's __init__."""
+    """(A, KEY) for every `self.A = config.KEY` (or `self.config.KEY`) of the class's __init__."""
     out = set()
     for stmt in ast.walk(_method(cls, "__init__") or cls):
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and (attr := _self_attr(stmt.targets[0]))
-                and isinstance(stmt.value, ast.Attribute) and _dotted(stmt.value.value) == "config"):
+                and isinstance(stmt.value, ast.Attribute) and _is_config(stmt.value.value)):
             out.add((attr, stmt.value.attr))
     return out
 
@@ -181,11 +182,21 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
                         helpers.append(f"{short} ({f_file}:{target.lineno})")
                     elif owner is not None and _dotted(node.func) == f"self.{short}":
                         target = _method(owner, short)  # the class's own method (a router's get_topk_indices)
+                        built = _assigned_classes(_method(owner, "__init__")).get(short)
+                        if target is None and owner is not cls and built in classes and built != owner.name:
+                            # A module of the router's own (Ernie 4.5's moe_statics adds the correction bias).
+                            target = _method(classes[built][1], "forward")
+                            if target is not None and id(target) not in seen:
+                                path_classes.append(classes[built][1])
+                                seen.add(id(target))
+                                routers.add(id(target))
+                                following.append((target, classes[built][1]))
+                            continue
                     if target is not None and id(target) not in seen:
                         seen.add(id(target))
                         if id(body) in routers:
                             routers.add(id(target))
-                        following.append((target, owner if target in owner.body else None))
+                        following.append((target, owner if owner is not None and target in owner.body else None))
             frontier = following
         helpers = list(dict.fromkeys(helpers))
         config_attrs = set().union(*(_config_attrs(c) for c in path_classes))
