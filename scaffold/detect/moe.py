@@ -71,8 +71,13 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     tensors = per_layer[first]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
     if router is None:
-        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router "
-                                      f"(looked for {', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}).", where)
+        count = len({e for _, e, _ in sparse[first]})
+        # A router kept deeper (HunYuan-MoE's gate.wg): one row per expert, outside the experts.
+        deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
+                        and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
+        seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
+        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router (looked for "
+                                      f"{', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}{seen}).", where)
     names.update(mlp=mlp, router=router, experts="experts", expert_gate_proj=roles[0], expert_up_proj=roles[1],
                  expert_down_proj=roles[2])
     claimed = {f"{mlp}.{router}"}

@@ -303,7 +303,8 @@ RUNTIME_FIELDS = ("rope_parameters", "sliding_rope_parameters", "partial_rotary_
 # a sibling may change the value, read from its config, but not have one where the port has none.
 PRESENCE_FIXED = ("sliding_window", "attention_scale", "attn_logit_softcap", "embedding_multiplier",
                   "residual_multiplier", "logits_scale", "final_logit_softcap", "no_rope_layers",
-                  "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers")
+                  "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers", "moe_groups",
+                  "moe_topk_groups", "moe_routed_scaling_factor")
 
 
 def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:
