@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from scaffold.detect.moe import correction_bias, shared_width_expr
+from scaffold.detect.moe import correction_bias, expert_width_key, shared_width_expr
 from scaffold.detect.routing import routing
 
 MODELS = Path(transformers.__file__).parent / "models"
@@ -221,3 +221,11 @@ def test_a_labs_shared_expert_width_is_its_expression():
     line = next(i for i, text in enumerate(LAB_DSV3.splitlines(), 1) if "self.always =" in text)
     assert shared_width_expr({"modeling_lab.py": LAB_DSV3}, "always") == (
         "config.bank_width * config.always_on", ("bank_width", "always_on"), f"modeling_lab.py:{line}")
+
+
+def test_a_shared_expert_built_without_a_width_takes_the_key_its_class_reads():
+    """HunYuan-MoE builds its shared_mlp as the dense MLP class (config.intermediate_size inside)."""
+    source = transformers_source("hunyuan_v1_moe")
+    assert shared_width_expr(source, "shared_mlp") is None
+    assert expert_width_key(source, "shared_mlp", {"intermediate_size": 256, "moe_intermediate_size": 64}) \
+        == "intermediate_size"

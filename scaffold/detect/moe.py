@@ -219,12 +219,14 @@ def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
 
 def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str) -> None:
     """The shared expert's width: the expression over config the code builds it with
-    (`intermediate_size=config.moe_intermediate_size * config.n_shared_experts`), else the config's
-    shared_expert_intermediate_size (Qwen2-MoE)."""
+    (`intermediate_size=config.moe_intermediate_size * config.n_shared_experts`), else the one width key
+    its class reads, else the config's shared_expert_intermediate_size."""
     found = shared_width_expr(sources, shared)
     if found is None or len(found[1]) == 1:
-        set_from_config(spec, ckpt, "shared_expert_intermediate_size", found[1] if found else
-                        ("shared_expert_intermediate_size",), int)
+        # Else the one width key its class reads (HunYuan-MoE's shared_mlp is the dense MLP class).
+        key = found[1][0] if found else expert_width_key(sources, shared, ckpt.config)
+        set_from_config(spec, ckpt, "shared_expert_intermediate_size", (key or "shared_expert_intermediate_size",),
+                        int)
         return
     expr, _keys, where = found
     value = codekeys.evaluate(expr, ckpt.config)
