@@ -169,7 +169,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
 
     The version fallbacks (Attention, FusedMoE) are code, in the header partial.
     """
-    moe, shared, alibi, mlp_class = flags["moe"], flags["shared"], flags["alibi"], flags["mlp_class"]
+    moe, alibi, mlp_class = flags["moe"], flags["alibi"], flags["mlp_class"]
     full_qk_norm = spec.qk_norm == "full"
     gate_bias = bool(spec.gate_extra_bias)
     stdlib = [

@@ -4,6 +4,11 @@ A layer is sparse when it holds `MLP.experts.N.PROJ.weight` tensors. The expert
 projections are recognised by name: (gate_proj, up_proj, down_proj) as in Qwen-MoE
 or (w1, w3, w2) as in Mixtral; any other naming is refused rather than guessed,
 because which projection goes through the activation cannot be read off the shapes.
+
+A shared expert is the block's one other module holding gate_proj/up_proj/down_proj (Qwen2-MoE's
+shared_expert, DeepSeek-V3's shared_experts), scaled by a sigmoid gate where the checkpoint has
+`<name>_gate`, else added as it is. How the block routes (softmax or sigmoid scores, a correction
+bias, expert groups, a scaling factor) is read from its code (scaffold.detect.routing).
 """
 
 from __future__ import annotations

@@ -126,9 +126,9 @@ class _Uses:
         for node in ast.walk(body):
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
-            if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk":
-                if (attr := _self_attr(_topk_k(node) or node)) is not None:
-                    self.topk.add(attr)
+            if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
+                    and (attr := _self_attr(_topk_k(node) or node)) is not None):
+                self.topk.add(attr)
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv) and (attr := _self_attr(node.right)):
                 self.divisor.add(attr)
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult):
