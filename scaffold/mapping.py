@@ -107,7 +107,9 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if spec.is_moe:
         out.append(f"{n['mlp']}.{n['router']}")
     if "shared_expert" in n:
-        out += [f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}", f"{n['mlp']}.{n['shared_expert_gate']}"]
+        out.append(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}")
+    if "shared_expert_gate" in n:
+        out.append(f"{n['mlp']}.{n['shared_expert_gate']}")
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
     return out
 
@@ -219,6 +221,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
             return [(rest, None, "")]
+        if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
+            return [(rest, None, "routing correction bias")]
         return None
     targets = _in_layer(spec, rest, module, kind, modules)
     if targets is not None and kind == "weight" and module in modules.transposed:

@@ -87,6 +87,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
         # MoE ports whose listed layers keep a dense MLP.
         "dense_layers": moe and bool(spec.dense_layers),
+        # Qwen2-MoE's shared expert is scaled by a sigmoid gate; DeepSeek-V3's form adds it ungated.
+        "shared_gate": shared and "shared_expert_gate" in spec.names,
+        **routing_choices(spec),
         "TIED": "TIE_WORD_EMBEDDINGS" if literal_tie else "config.tie_word_embeddings",
         # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
         "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
@@ -110,6 +113,27 @@ def interfaces(moe: bool) -> tuple[str, ...]:
     if moe:
         return ("MixtureOfExperts", "SupportsEagle3", "SupportsPP", "SupportsQuant")
     return ("SupportsEagle3", "SupportsLoRA", "SupportsPP", "SupportsQuant")
+
+
+def routing_choices(spec: Spec) -> dict[str, object]:
+    """How the port's FusedMoE routes beyond softmax top-k (the DeepSeek-V3 form: GLM-4-MoE, dots1).
+
+    `routing_args`: FusedMoE gets the scoring function, the group-limited top-k, the scaling factor and the
+    correction bias. It always takes the grouped top-k then (one group of every expert where the model has
+    none): vLLM's CPU router computes a correction bias, a sigmoid or a scaling factor only there, and on GPU
+    a grouping of one group falls back to the fused top-k kernels. `bias_holder`: the module the port
+    creates to keep the correction bias at the checkpoint's name (Ernie 4.5's moe_statics); None where
+    it sits on the block or on the router.
+    """
+    bias = spec.moe_correction_bias if spec.is_moe else None
+    routing_args = spec.is_moe and bool(spec.moe_sigmoid or bias or spec.moe_groups
+                                        or spec.moe_routed_scaling_factor is not None)
+    holder = bias.split(".")[0] if bias and "." in bias else None
+    return {
+        "routing_args": routing_args,
+        "correction_bias": bias,
+        "bias_holder": holder if holder != spec.names.get("router") else None,
+    }
 
 
 def packed_modules(spec: Spec, gate_up: bool) -> dict[str, list[str]]:
@@ -158,7 +182,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
 
     The version fallbacks (Attention, FusedMoE) are code, in the header partial.
     """
-    moe, shared, alibi, mlp_class = flags["moe"], flags["shared"], flags["alibi"], flags["mlp_class"]
+    moe, alibi, mlp_class = flags["moe"], flags["alibi"], flags["mlp_class"]
     full_qk_norm = spec.qk_norm == "full"
     gate_bias = bool(spec.gate_extra_bias)
     stdlib = [
@@ -195,7 +219,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("ColumnParallelLinear", not flags["gated"]),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class),
             ("QKVParallelLinear", True),
-            ("ReplicatedLinear", shared),
+            ("ReplicatedLinear", flags["shared_gate"]),
             ("RowParallelLinear", True),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),

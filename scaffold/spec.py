@@ -251,8 +251,12 @@ class Spec:
 
     # Mixture of experts. num_experts 0 means a dense MLP in every layer; otherwise
     # every layer not in dense_layers routes each token to num_experts_per_tok of
-    # num_experts gated experts (vLLM's FusedMoE), plus a shared expert scaled by a
-    # sigmoid gate when shared_expert_intermediate_size is not 0.
+    # num_experts gated experts (vLLM's FusedMoE), plus a shared expert when
+    # shared_expert_intermediate_size is not 0 (scaled by a sigmoid gate where the names
+    # have a shared_expert_gate, else added as it is). The routing: softmax or sigmoid scores,
+    # the top k chosen within the best moe_topk_groups of moe_groups expert groups, on the
+    # scores plus the correction bias where there is one (DeepSeek-V3), renormalized or
+    # not, then scaled by moe_routed_scaling_factor.
     num_experts: int = spec_field(0, group="moe", probe="mlp", limit=8192, doc="experts per MoE layer; 0: dense")
     num_experts_per_tok: int = spec_field(0, group="moe", probe="mlp", limit=8192, doc="experts each token goes to")
     moe_intermediate_size: int = spec_field(0, group="moe", probe="mlp", doc="one expert's width")
@@ -260,6 +264,20 @@ class Spec:
                                        doc="the top-k routing weights are rescaled to sum to 1")
     shared_expert_intermediate_size: int = spec_field(0, group="moe", probe="mlp",
                                                       doc="the shared expert's width; 0: none")
+    # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
+    moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
+                                   doc="the router scores the experts with a sigmoid, not a softmax")
+    moe_correction_bias: str | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="a per-expert bias added to the scores to choose the experts (not to weight them), by its tensor's "
+            "name inside the MoE block (gate.e_score_correction_bias); None: none")
+    moe_groups: int = spec_field(0, group="moe", probe="mlp", limit=8192, omit_when_empty=True,
+                                 doc="expert groups of the group-limited top-k; 0: no groups")
+    moe_topk_groups: int = spec_field(0, group="moe", probe="mlp", limit=8192, omit_when_empty=True,
+                                      doc="the groups the top-k experts are chosen from; 0: no groups")
+    moe_routed_scaling_factor: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the routing weights are scaled by this after the top k; None: not scaled")
     dense_layers: list[int] = spec_field([], group="moe", probe="mlp", layer_list=True,
                                          doc="layers with a dense MLP in an MoE model")
 
@@ -615,11 +633,20 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:
-        for role in MOE_ROLES + (("shared_expert", "shared_expert_gate") if spec.shared_expert_intermediate_size
-                                 else ()):
+        for role in MOE_ROLES + (("shared_expert",) if spec.shared_expert_intermediate_size else ()):
             if role not in names:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
+        bias = spec.moe_correction_bias
+        # The port builds the bias where the checkpoint keeps it: on the block or on one module of it.
+        if bias is not None and (not isinstance(bias, str) or not MODULE_NAME.match(bias) or bias.count(".") > 1
+                                 or any(keyword.iskeyword(part) for part in bias.split("."))):
+            raise SpecError(f"spec field moe_correction_bias = {bias!r} is not a tensor name inside the MoE block "
+                            "(NAME or MODULE.NAME).", origin)
+        if (bool(spec.moe_groups) != bool(spec.moe_topk_groups)
+                or spec.moe_groups and (spec.num_experts % spec.moe_groups or spec.moe_topk_groups > spec.moe_groups)):
+            raise SpecError(f"spec fields moe_groups = {spec.moe_groups} and moe_topk_groups = "
+                            f"{spec.moe_topk_groups} do not split {spec.num_experts} experts into groups.", origin)
 
 
 def port_names(names: dict[str, str]) -> dict[str, str]:

@@ -30,7 +30,7 @@ BASE = dict(
 
 def randomize(model, std: float) -> None:
     """Deterministic-under-the-seed random weights that make every part matter: norm weights
-    1 + noise (never the identity), non-zero biases, other weights N(0, std)."""
+    1 + noise (never the identity), non-zero biases (routing correction biases too), other weights N(0, std)."""
     import torch  # deferred on purpose: importing scaffold.tiny (verify.twin does) must not import torch
 
     with torch.no_grad():
@@ -41,6 +41,11 @@ def randomize(model, std: float) -> None:
                 param.copy_(0.1 * torch.randn_like(param))
             else:
                 param.copy_(std * torch.randn_like(param))
+        for name, buffer in model.named_buffers():
+            # DeepSeek-V3-style routers keep their correction bias as a buffer (zero at init): random, it
+            # changes which experts are chosen, so a port that drops it fails.
+            if name.endswith("correction_bias"):
+                buffer.copy_(0.1 * torch.randn_like(buffer))
 
 
 def build_tiny(

@@ -64,6 +64,12 @@ ARCHITECTURES = {
                                 "norm_topk_prob": True, "mlp_only_layers": [1]}),
     "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                                 "shared_expert_intermediate_size": 96}),
+    # The DeepSeek-V3 routing without MLA: sigmoid scores, a correction bias (random in the tiny checkpoint)
+    # choosing the experts, the top 2 within the best 2 of 4 groups, weights renormalized then scaled by 2.5,
+    # and an ungated shared expert as wide as moe_intermediate_size * n_shared_experts.
+    "glm4_moe": ("glm4_moe", {**TOKENS, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                              "n_shared_experts": 2, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+                              "norm_topk_prob": True, "first_k_dense_replace": 1}),
     # Activations vLLM's registry has without a fused act-and-mul kernel (gated: act(gate) * up), and plain.
     "llama-relu2": ("llama", {"hidden_act": "relu2"}),
     "starcoder2-relu2": ("starcoder2", {"hidden_act": "relu2"}),
@@ -112,6 +118,9 @@ EXPECTED_SPEC = {
                   "qk_norm": "per_head"},
     "qwen2_moe": {"num_experts": 4, "moe_renormalize": False, "shared_expert_intermediate_size": 96,
                   "qkv_bias": True},
+    "glm4_moe": {"num_experts": 8, "moe_sigmoid": True, "moe_correction_bias": "gate.e_score_correction_bias",
+                 "moe_groups": 4, "moe_topk_groups": 2, "moe_routed_scaling_factor": 2.5, "moe_renormalize": True,
+                 "shared_expert_intermediate_size": 128, "dense_layers": [0]},
     "llama-relu2": {"mlp_kind": "gated", "hidden_act": "relu2"},
     "starcoder2-relu2": {"mlp_kind": "plain", "hidden_act": "relu2"},
     "nemotron": {"norm_kind": "layer", "norm_offset": 1.0, "hidden_act": "relu2", "partial_rotary_factor": 0.5},
@@ -311,6 +320,10 @@ DEFAULTS = {
     "moe_renormalize": True, "shared_expert_intermediate_size": 0, "dense_layers": [],
     "position_scheme": "rotary", "transposed_roles": None,  # None: left out of scaffold_spec.toml when empty
     "position_offset": None, "mlp_on_layer": None,
+    # Left out of scaffold_spec.toml when unset (softmax top-k routing).
+    "moe_sigmoid": False, "moe_correction_bias": None, "moe_groups": 0, "moe_topk_groups": 0,
+    "moe_routed_scaling_factor": None,
+    "norm_weight_name": "weight",
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",
@@ -321,7 +334,7 @@ def spec_features(spec: dict) -> list[str]:
     """The spec fields where the generated spec differs from a plain Llama, as `field=value`."""
     out = []
     for field, default in DEFAULTS.items():
-        value = spec.get(field)
+        value = spec.get(field, default)
         if value != default:
             out.append(f"{field}={_short(value)}")
     rope_type = spec.get("rope_parameters", {}).get("rope_type", "default")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import transformers
 
+from scaffold.detect.moe import correction_bias, expert_width_key, shared_width_expr
 from scaffold.detect.routing import routing
 
 MODELS = Path(transformers.__file__).parent / "models"
@@ -34,9 +35,6 @@ def test_phimoe_sparsemixer_is_named_with_its_line():
     assert "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:" in problem
 
 
-def test_sigmoid_scores_are_named():
-    problem = routing(transformers_source("deepseek_v3"), "experts").problem()
-    assert problem is not None and "sigmoid scores" in problem
 
 
 LAB = '''
@@ -75,7 +73,14 @@ def test_a_labs_routing_under_its_own_names_is_followed_into_its_helper():
     found = routing({"modeling_lab.py": LAB}, "bank")
     assert found.block == "FfnBank"
     assert any(h.startswith("pick_experts (modeling_lab.py:") for h in found.helpers)
-    assert "sigmoid scores" in found.problem()
+    # The sigmoid sits in the helper the router's forward calls: the router's scoring.
+    assert found.problem() is None and found.scoring == "sigmoid" and "sigmoid" in found.router_calls
+
+
+def test_scores_neither_softmax_nor_sigmoid_are_refused_by_name():
+    found = routing({"modeling_lab.py": LAB.replace("logits.sigmoid()", "torch.nn.functional.softplus(logits)")},
+                    "bank")
+    assert "pick_experts (modeling_lab.py:" in found.problem() and "neither a softmax nor a sigmoid" in found.problem()
 
 
 def test_the_same_lab_block_with_softmax_scores_ports():
@@ -98,3 +103,129 @@ def test_a_routers_own_methods_are_followed():
     found = routing({"modeling_lab.py": lab}, "bank")
     assert found.problem() is None, found
     assert routing({"modeling_lab.py": lab.replace("probs.topk(2, dim=-1)", "probs.max(-1)")}, "bank").problem()
+
+
+# ----------------------------------------------------------- the DeepSeek-V3 routing, read from the code
+DEEPSEEK_V3_FORM = ["glm4_moe", "dots1", "solar_open", "exaone_moe", "deepseek_v3"]
+
+
+@pytest.mark.parametrize("model_type", DEEPSEEK_V3_FORM)
+def test_sigmoid_grouped_top_k_with_a_correction_bias_is_read_with_its_config_keys(model_type):
+    found = routing(transformers_source(model_type), "experts")
+    assert found.problem() is None and found.scoring == "sigmoid"
+    assert found.config_keys(found.divisor_attrs) == ["n_group"]
+    assert found.config_keys(found.topk_attrs) == ["num_experts_per_tok", "topk_group"]
+    assert found.config_keys(found.factor_attrs) == ["routed_scaling_factor"]
+    assert found.config_keys(found.test_attrs) == ["norm_topk_prob"]
+    assert "e_score_correction_bias" in found.attributes
+
+
+def test_qwen2_moe_shared_expert_gate_sigmoid_is_not_the_routers_scoring():
+    found = routing(transformers_source("qwen2_moe"), "experts")
+    assert "sigmoid" in found.calls and found.scoring == "softmax"
+    assert not found.divisor_attrs and "e_score_correction_bias" not in found.attributes
+
+
+def test_ernie_correction_bias_is_read_inside_a_module_of_the_router():
+    """Ernie 4.5's router adds the bias in a module of its own (moe_statics): softmax scores, no groups."""
+    found = routing(transformers_source("ernie4_5_moe"), "experts")
+    assert found.scoring == "softmax" and found.problem() is None
+    assert "e_score_correction_bias" in found.attributes
+    assert not found.divisor_attrs
+
+
+@pytest.mark.parametrize(("model_type", "shared", "expr"), [
+    ("glm4_moe", "shared_experts", "config.moe_intermediate_size * config.n_shared_experts"),
+    ("exaone_moe", "shared_experts", "config.moe_intermediate_size * config.num_shared_experts"),
+    ("ernie4_5_moe", "shared_experts", "config.moe_intermediate_size * config.moe_num_shared_experts"),
+    ("qwen2_moe", "shared_expert", "config.shared_expert_intermediate_size"),
+])
+def test_shared_expert_width_is_the_codes_expression(model_type, shared, expr):
+    found = shared_width_expr(transformers_source(model_type), shared)
+    assert found is not None and found[0] == expr
+    assert found[2].startswith(f"transformers/models/{model_type}/modeling_{model_type}.py:")
+
+
+LAB_DSV3 = '''
+import torch
+import torch.nn as nn
+
+
+class BankMLP(nn.Module):
+    def __init__(self, config, width):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, width, bias=False)
+        self.up_proj = nn.Linear(config.dim, width, bias=False)
+        self.down_proj = nn.Linear(width, config.dim, bias=False)
+
+
+class Chooser(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(config.banks, config.dim))
+        self.tilt = nn.Parameter(torch.zeros(config.banks))
+        self.shelves = config.bank_shelves
+        self.shelves_kept = config.bank_shelves_kept
+        self.per_token = config.banks_per_token
+        self.boost = config.bank_boost
+        self.even = config.bank_even
+        self.banks = config.banks
+
+    def forward(self, x):
+        s = torch.sigmoid(x @ self.weight.t())
+        pick = s + self.tilt
+        shelf = pick.view(-1, self.shelves, self.banks // self.shelves).amax(-1)
+        kept = torch.topk(shelf, k=self.shelves_kept, dim=-1)[1]
+        chosen = torch.topk(pick, self.per_token, dim=-1)[1]
+        w = s.gather(1, chosen)
+        if self.even:
+            w = w / w.sum(-1, keepdim=True)
+        return w * self.boost, chosen
+
+
+class Banked(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.chooser = Chooser(config)
+        self.bank = nn.ModuleList([BankMLP(config, config.bank_width) for _ in range(config.banks)])
+        self.always = BankMLP(config, width=config.bank_width * config.always_on)
+
+    def forward(self, x):
+        w, chosen = self.chooser(x)
+        return self.always(x) + sum(self.bank[i](x) for i in range(len(self.bank)))
+'''
+
+
+def test_a_labs_deepseek_v3_routing_under_its_own_names_is_read():
+    found = routing({"modeling_lab.py": LAB_DSV3}, "bank")
+    assert found.block == "Banked" and found.problem() is None and found.scoring == "sigmoid"
+    assert found.config_keys(found.divisor_attrs) == ["bank_shelves"]
+    assert found.config_keys(found.topk_attrs) == ["bank_shelves_kept", "banks_per_token"]
+    assert found.config_keys(found.factor_attrs) == ["bank_boost"]
+    assert found.config_keys(found.test_attrs) == ["bank_even"]
+    assert "tilt" in found.attributes
+
+
+def test_a_labs_correction_bias_is_the_tensor_its_routing_reads():
+    sources = {"modeling_lab.py": LAB_DSV3.replace('"bank"', '"experts"').replace("self.bank =", "self.experts =")}
+    names = ("chooser.weight", "chooser.tilt", "chooser.unused_stat", "experts.0.gate_proj.weight")
+    tensors = {f"ffn.{name}": None for name in names}
+    claimed = {"ffn.chooser", "ffn.experts.0.gate_proj"}
+    assert correction_bias(sources, tensors, "ffn", claimed)[0] == "chooser.tilt"
+    # A tensor the routing does not read is no correction bias (it stays unconsumed, and is refused).
+    del tensors["ffn.chooser.tilt"]
+    assert correction_bias(sources, tensors, "ffn", claimed) is None
+
+
+def test_a_labs_shared_expert_width_is_its_expression():
+    line = next(i for i, text in enumerate(LAB_DSV3.splitlines(), 1) if "self.always =" in text)
+    assert shared_width_expr({"modeling_lab.py": LAB_DSV3}, "always") == (
+        "config.bank_width * config.always_on", ("bank_width", "always_on"), f"modeling_lab.py:{line}")
+
+
+def test_a_shared_expert_built_without_a_width_takes_the_key_its_class_reads():
+    """HunYuan-MoE builds its shared_mlp as the dense MLP class (config.intermediate_size inside)."""
+    source = transformers_source("hunyuan_v1_moe")
+    assert shared_width_expr(source, "shared_mlp") is None
+    assert expert_width_key(source, "shared_mlp", {"intermediate_size": 256, "moe_intermediate_size": 64}) \
+        == "intermediate_size"

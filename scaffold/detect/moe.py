@@ -4,6 +4,11 @@ A layer is sparse when it holds `MLP.experts.N.PROJ.weight` tensors. The expert
 projections are recognised by name: (gate_proj, up_proj, down_proj) as in Qwen-MoE
 or (w1, w3, w2) as in Mixtral; any other naming is refused rather than guessed,
 because which projection goes through the activation cannot be read off the shapes.
+
+A shared expert is the block's one other module holding gate_proj/up_proj/down_proj (Qwen2-MoE's
+shared_expert, DeepSeek-V3's shared_experts), scaled by a sigmoid gate where the checkpoint has
+`<name>_gate`, else added as it is. How the block routes (softmax or sigmoid scores, a correction
+bias, expert groups, a scaling factor) is read from its code (scaffold.detect.routing).
 """
 
 from __future__ import annotations
@@ -22,8 +27,7 @@ STACKED_EXPERTS = re.compile(r"^\w+\.experts\.[A-Za-z_]\w*$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
 EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROUTER_NAMES = ("gate", "router")
-SHARED_EXPERT = "shared_expert"
-SHARED_EXPERT_GATE = "shared_expert_gate"
+SHARED_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # Activations vLLM's FusedMoE computes for gated experts.
 MOE_ACTIVATIONS = ("silu",)
 
@@ -72,25 +76,62 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     tensors = per_layer[first]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
     if router is None:
-        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router "
-                                      f"(looked for {', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}).", where)
+        count = len({e for _, e, _ in sparse[first]})
+        # A router kept deeper (HunYuan-MoE's gate.wg): one row per expert, outside the experts.
+        deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
+                        and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
+        seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
+        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router (looked for "
+                                      f"{', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}{seen}).", where)
     names.update(mlp=mlp, router=router, experts="experts", expert_gate_proj=roles[0], expert_up_proj=roles[1],
                  expert_down_proj=roles[2])
     claimed = {f"{mlp}.{router}"}
     experts = sorted({int(e) for _, e, _ in sparse[first]})
     claimed |= {f"{mlp}.experts.{e}.{p}" for e in experts for p in roles}
-    if any(rest.startswith(f"{mlp}.{SHARED_EXPERT}.") for rest in tensors):
-        names.update(shared_expert=SHARED_EXPERT)
-        claimed |= {f"{mlp}.{SHARED_EXPERT}.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
-        if f"{mlp}.{SHARED_EXPERT_GATE}.weight" not in tensors:
-            raise UnsupportedArchitecture(f"layer {first}'s {mlp} has a shared expert without the sigmoid gate "
-                                          f"{mlp}.{SHARED_EXPERT_GATE} the generator knows.", where)
-        names.update(shared_expert_gate=SHARED_EXPERT_GATE)
-        claimed.add(f"{mlp}.{SHARED_EXPERT_GATE}")
+    shared = _shared_expert(tensors, mlp, router)
+    if shared is not None:
+        names.update(shared_expert=shared)
+        claimed |= {f"{mlp}.{shared}.{p}" for p in SHARED_PROJECTIONS}
+        # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; DeepSeek-V3's form adds it as it is.
+        if f"{mlp}.{shared}_gate.weight" in tensors:
+            names.update(shared_expert_gate=f"{shared}_gate")
+            claimed.add(f"{mlp}.{shared}_gate")
+    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed)
+    if bias is not None:
+        spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
+        claimed.add(f"{mlp}.{bias[0]}")
     dense = sorted(set(per_layer) - set(sparse))
     spec.set("dense_layers", dense, Source("tensor", f"layers without {prefix}.layers.N.{mlp}.experts tensors"
                                            if dense else f"every layer has {mlp}.experts tensors"))
     return claimed
+
+
+def _shared_expert(tensors: dict, mlp: str, router: str) -> str | None:
+    """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts)."""
+    inside = re.compile(rf"^{re.escape(mlp)}\.(\w+)\.({'|'.join(SHARED_PROJECTIONS)})\.weight$")
+    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router}
+    found = sorted(n for n in found if all(f"{mlp}.{n}.{p}.weight" in tensors for p in SHARED_PROJECTIONS))
+    return found[0] if len(found) == 1 else None
+
+
+def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: set[str]) -> tuple[str, str] | None:
+    """The block's tensor the routing code reads beside the router's weight: the DeepSeek-V3 correction bias.
+
+    (its name inside the block, why), or None. A tensor of the block other than a weight or a bias is that
+    correction bias when its last name is an attribute the routing path reads
+    (`scores + self.e_score_correction_bias`); checkpoints keep it on the router (GLM-4-MoE), on the block
+    (EXAONE-MoE) or on a module of its own (Ernie 4.5's moe_statics), and the port builds it where they do.
+    """
+    path = routing.routing(sources, "experts")
+    if path is None:
+        return None
+    experts = {c for c in claimed if ".experts." in c}
+    read = sorted(rest[len(mlp) + 1:] for rest in tensors
+                  if rest.startswith(f"{mlp}.") and rest.rsplit(".", 1)[0] not in experts
+                  and not rest.endswith((".weight", ".bias")) and rest.rsplit(".", 1)[-1] in path.attributes)
+    if len(read) != 1:
+        return None
+    return read[0], f"{path.block} ({path.where}) reads {read[0].rsplit('.', 1)[-1]} on its routing path"
 
 
 def shared_expert_tensors(tensors: dict, names: dict) -> dict:
@@ -106,8 +147,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         return
     where = ckpt.config_file
     n = spec.names
-    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts"), int)
-    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k"), int)
+    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts",
+                                                "moe_num_experts"), int)
+    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k", "moe_k"), int)
     sources = sourcecode.modeling_sources(ckpt)
     key = expert_width_key(sources, n["experts"], ckpt.config)
     if key is None:
@@ -120,7 +162,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("moe_renormalize", True, Source("default", "no norm_topk_prob in config.json: the top-k routing "
                                                             "weights are renormalized (Mixtral)"))
     if "shared_expert" in n:
-        set_from_config(spec, ckpt, "shared_expert_intermediate_size", ("shared_expert_intermediate_size",), int)
+        _shared_width(spec, ckpt, sources, n["shared_expert"])
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
@@ -130,6 +172,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     path = routing.routing(sources, n["experts"])
     if path is not None and (problem := path.problem()):
         raise unsupported(problem, where, spec.model_type)
+    if path is not None:
+        _routing_fields(spec, ckpt, path)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
@@ -143,7 +187,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         for proj, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
                             ("down_proj", (hidden, shared))):
             shapes[f"{mlp}.{n['shared_expert']}.{proj}.weight"] = shape
-        shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
+        if "shared_expert_gate" in n:
+            shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
     expert_tensors: dict[int, list[str]] = {}
     inside_experts = re.compile(rf"^{re.escape(base)}\.(\d+)\.{re.escape(mlp)}\.{re.escape(n['experts'])}\.")
     for name in ckpt.tensors:
@@ -158,11 +203,96 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             if info.shape != shape:
                 raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden}, "
                                       f"{experts} experts of intermediate size {inter} need {list(shape)}.", where)
+        if spec.moe_correction_bias:
+            _check_bias(ckpt, f"{base}.{layer}.{mlp}.{spec.moe_correction_bias}", experts)
         inside = f"{base}.{layer}."
         extra = sorted(name for name in expert_tensors.get(layer, ()) if name[len(inside):] not in shapes)
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
+
+
+def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
+    """A correction bias holds one value per expert: [experts], or [1, experts] (Ernie 4.5's one group)."""
+    info = ckpt.tensors.get(name)
+    if info is None:
+        raise CheckpointError(f"tensor {name} is missing (the routing code adds a correction bias).", ckpt.config_file)
+    if tuple(info.shape) not in ((experts,), (1, experts)):
+        raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but the correction bias of {experts} "
+                              f"experts needs [{experts}] (or [1, {experts}]).", ckpt.config_file)
+
+
+def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str) -> None:
+    """The shared expert's width: the expression over config the code builds it with
+    (`intermediate_size=config.moe_intermediate_size * config.n_shared_experts`), else the one width key
+    its class reads, else the config's shared_expert_intermediate_size."""
+    found = shared_width_expr(sources, shared)
+    if found is None or len(found[1]) == 1:
+        # Else the one width key its class reads (HunYuan-MoE's shared_mlp is the dense MLP class).
+        key = found[1][0] if found else expert_width_key(sources, shared, ckpt.config)
+        set_from_config(spec, ckpt, "shared_expert_intermediate_size", (key or "shared_expert_intermediate_size",),
+                        int)
+        return
+    expr, _keys, where = found
+    value = codekeys.evaluate(expr, ckpt.config)
+    if value is None or value <= 0:
+        raise CheckpointError(f"the shared expert's width {expr} ({where}) is not a positive number with this "
+                              "config.", ckpt.config_file)
+    spec.set("shared_expert_intermediate_size", value, Source("code", f"{where}: {expr}", expr))
+
+
+def shared_width_expr(sources: dict[str, str], shared: str) -> tuple[str, tuple[str, ...], str] | None:
+    """(expression over config, its keys, file:line) the code gives `self.<shared> = MLP(...)` as its width:
+    the keyword intermediate_size, or the one argument besides the config (Ernie 4.5 passes it positionally).
+    None when the code does not say."""
+    for file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr != shared or func.name != "__init__" or not isinstance(value, ast.Call):
+            continue
+        given = [kw.value for kw in value.keywords if kw.arg == "intermediate_size"]
+        if not given:  # the one argument besides the config, under whatever name (a lab's width=)
+            given = [a for a in [*value.args, *(kw.value for kw in value.keywords)] if not codekeys._is_config(a)]
+        found = codekeys.config_expr(given[0], func) if len(given) == 1 else None
+        if found is not None and found[1]:
+            return found[0], found[1], f"{file}:{value.lineno}"
+    return None
+
+
+def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:
+    """The routing beyond softmax top-k, from the block's routing path: the scores, the group-limited top-k,
+    the scaling. Each read from the config at run time where the code reads it from the config."""
+    where = f"{path.block} ({path.where})"
+    spec.set("moe_sigmoid", path.scoring == "sigmoid",
+             Source("code", f"{where} scores the experts with {path.scoring} on its routing path"))
+    tests = [k for k in path.config_keys(path.test_attrs) if isinstance(ckpt.config.get(k), bool)]
+    if len(tests) == 1:  # `if self.norm_topk_prob:` renormalizes the top-k weights
+        set_from_config(spec, ckpt, "moe_renormalize", (tests[0],), bool)
+    # The experts' own top-k reads num_experts_per_tok (transformers' attribute_map name for moe_k, ...).
+    per_token = {spec.source("num_experts_per_tok").expr, "config.num_experts_per_tok"}
+    groups = path.config_keys(path.divisor_attrs)
+    top_groups = [k for k in path.config_keys(path.topk_attrs) if f"config.{k}" not in per_token]
+    if groups:
+        if len(groups) != 1 or len(top_groups) != 1:
+            raise unsupported(f"{where} limits the top-k to groups of experts, but which config keys hold the "
+                              f"groups ({', '.join(groups) or 'none found'}) and the groups chosen "
+                              f"({', '.join(top_groups) or 'none found'}) is not plain from its code",
+                              ckpt.config_file, spec.model_type)
+        set_from_config(spec, ckpt, "moe_groups", tuple(groups), int)
+        set_from_config(spec, ckpt, "moe_topk_groups", tuple(top_groups), int)
+        if spec.moe_groups is None or spec.moe_topk_groups is None:
+            return
+        if (spec.moe_groups < 1 or spec.num_experts % spec.moe_groups
+                or not 1 <= spec.moe_topk_groups <= spec.moe_groups
+                or spec.num_experts // spec.moe_groups < 2 and spec.moe_correction_bias):
+            raise CheckpointError(f"config.json splits {spec.num_experts} experts into {spec.moe_groups} groups "
+                                  f"and chooses {spec.moe_topk_groups} of them.", ckpt.config_file)
+    scale = [k for k in path.config_keys(path.factor_attrs)
+             if isinstance(ckpt.config.get(k), (int, float)) and not isinstance(ckpt.config.get(k), bool)]
+    if len(scale) > 1:
+        raise unsupported(f"{where} scales its routing weights by several config values ({', '.join(scale)})",
+                          ckpt.config_file, spec.model_type)
+    if scale:
+        value = set_from_config(spec, ckpt, "moe_routed_scaling_factor", tuple(scale), (int, float))
+        spec.set("moe_routed_scaling_factor", float(value), spec.source("moe_routed_scaling_factor"))
 
 
 def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str | None:

@@ -1,10 +1,16 @@
 """How a mixture-of-experts block turns router logits into routing weights, read from the code.
 
-The port routes with vLLM's FusedMoE: softmax over the router logits, the top k, optionally renormalized
-(Qwen-MoE, Mixtral; top-k then softmax is the same computation). A lab's block can route otherwise: PhiMoE's
-`sparsemixer` (masked softmaxes, no top-k), sigmoid scores with a correction bias (DeepSeek-V3), group-limited
-top-k. Served through FusedMoE's softmax top-k those ports would be silently wrong, so a routing path that does
-not take a top-k of softmax scores is refused, naming the code that computes it.
+The port routes with vLLM's FusedMoE: softmax or sigmoid scores over the router logits, the top k, optionally
+renormalized (Qwen-MoE, Mixtral; top-k then softmax is the same computation) and scaled; in the DeepSeek-V3 form
+(GLM-4-MoE, dots1) also a correction bias added to the scores for choosing only, and a group-limited top-k. A
+lab's block can route otherwise: PhiMoE's `sparsemixer` (masked softmaxes, no top-k). Served through FusedMoE
+those ports would be silently wrong, so a routing path that does not take a top-k of softmax or sigmoid scores is
+refused, naming the code that computes it.
+
+Which config keys the path reads for the DeepSeek-V3 parts is read from the code too: the router's __init__
+keeps `self.A = config.KEY`, and the forward uses `self.A` as a top-k's k (the group top-k), as the divisor
+of a floor division (the expert groups: `num_experts // self.num_group`), as a factor (the routed scaling), as
+an `if` test (the renormalization), or reads an attribute the checkpoint holds a tensor for (the correction bias).
 
 The routing path is the forward of the block that owns the experts and the router, the forward of the router's
 own class, and the module-level functions they call (followed a few calls deep), all read with `ast`.
@@ -15,6 +21,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from scaffold.detect.codekeys import _is_config
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 MAX_DEPTH = 3
@@ -26,10 +33,32 @@ class Routing:
     where: str  # file:line of that class
     calls: frozenset[str]  # last components of every call on the routing path
     helpers: tuple[str, ...]  # module-level functions of the source the path calls, as "name (file:line)"
+    # Set by the router's own class where it has one (a sigmoid there is the router's, not a shared-expert gate's).
+    router_calls: frozenset[str] = frozenset()
+    attributes: frozenset[str] = frozenset()  # every `X.attr` read on the path
+    config_attrs: tuple[tuple[str, str], ...] = ()  # (attr, KEY) for `self.attr = config.KEY` in the path's classes
+    topk_attrs: frozenset[str] = frozenset()  # `self.A` given as a top-k's k
+    divisor_attrs: frozenset[str] = frozenset()  # `self.G` in `... // self.G`
+    factor_attrs: frozenset[str] = frozenset()  # `self.S` in `... * self.S` or `*= self.S`
+    test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:`
+
+    @property
+    def scoring(self) -> str | None:
+        """The function that scores the experts, "softmax" or "sigmoid"; None when the path calls neither."""
+        for calls in (self.router_calls, self.calls):
+            if "softmax" in calls:
+                return "softmax"
+            if "sigmoid" in calls:
+                return "sigmoid"
+        return None
 
     @property
     def standard(self) -> bool:
-        return "topk" in self.calls and "softmax" in self.calls
+        return "topk" in self.calls and self.scoring is not None
+
+    def config_keys(self, attrs: frozenset[str]) -> list[str]:
+        """The config keys the path's classes copy into these attributes, in order."""
+        return sorted({key for attr, key in self.config_attrs if attr in attrs})
 
     def problem(self) -> str | None:
         """Why FusedMoE's softmax top-k routing would not compute this block's, or None."""
@@ -38,10 +67,9 @@ class Routing:
         via = f" in {', '.join(self.helpers)}" if self.helpers else ""
         if "topk" not in self.calls:
             return (f"{self.block} ({self.where}) computes its routing weights{via} without a top-k of the router "
-                    "scores, a routing the port's FusedMoE (softmax, top-k) does not compute")
-        return (f"{self.block} ({self.where}) scores the experts{via} without a softmax"
-                f"{' (sigmoid scores)' if 'sigmoid' in self.calls else ''}, a routing the port's FusedMoE "
-                "(softmax, top-k) does not compute")
+                    "scores, a routing the port's FusedMoE (softmax or sigmoid, top-k) does not compute")
+        return (f"{self.block} ({self.where}) scores the experts{via} with neither a softmax nor a sigmoid, "
+                "a routing the port's FusedMoE (softmax or sigmoid, top-k) does not compute")
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
@@ -56,6 +84,58 @@ def _assigned_classes(init: ast.FunctionDef | None) -> dict[str, str]:
                 and _dotted(stmt.targets[0].value) == "self" and isinstance(stmt.value, ast.Call)):
             out[stmt.targets[0].attr] = _dotted(stmt.value.func).rsplit(".", 1)[-1]
     return out
+
+
+def _self_attr(node: ast.AST) -> str | None:
+    """A for `self.A`, else None."""
+    if isinstance(node, ast.Attribute) and _dotted(node.value) == "self":
+        return node.attr
+    return None
+
+
+def _config_attrs(cls: ast.ClassDef) -> set[tuple[str, str]]:
+    """(A, KEY) for every `self.A = config.KEY` (or `self.config.KEY`) of the class's __init__."""
+    out = set()
+    for stmt in ast.walk(_method(cls, "__init__") or cls):
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and (attr := _self_attr(stmt.targets[0]))
+                and isinstance(stmt.value, ast.Attribute) and _is_config(stmt.value.value)):
+            out.add((attr, stmt.value.attr))
+    return out
+
+
+def _topk_k(call: ast.Call) -> ast.AST | None:
+    """The k of `torch.topk(x, k)`, `x.topk(k)` or either with k=."""
+    given = [kw.value for kw in call.keywords if kw.arg == "k"]
+    if given:
+        return given[0]
+    index = 1 if _dotted(call.func) in ("torch.topk", "topk") else 0
+    return call.args[index] if len(call.args) > index else None
+
+
+@dataclass
+class _Uses:
+    """What the routing path does with the attributes of `self`."""
+
+    attributes: set[str]
+    topk: set[str]
+    divisor: set[str]
+    factor: set[str]
+    test: set[str]
+
+    def read(self, body: ast.AST) -> None:
+        for node in ast.walk(body):
+            if isinstance(node, ast.Attribute):
+                self.attributes.add(node.attr)
+            if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
+                    and (attr := _self_attr(_topk_k(node) or node)) is not None):
+                self.topk.add(attr)
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv) and (attr := _self_attr(node.right)):
+                self.divisor.add(attr)
+            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult):
+                operands = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.value,)
+                self.factor |= {a for a in map(_self_attr, operands) if a is not None}
+            if isinstance(node, ast.If) and (attr := _self_attr(node.test)) is not None:
+                self.test.add(attr)
 
 
 def routing(sources: dict[str, str], experts: str) -> Routing | None:
@@ -74,30 +154,53 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
             return None
         # (function body, the class whose `self.method(...)` calls it may make)
         frontier = [(forward, cls)]
+        path_classes = [cls]
         for attr, sub in assigned.items():
             if attr != experts and sub in classes and sub != name and _method(classes[sub][1], "forward"):
                 frontier.append((_method(classes[sub][1], "forward"), classes[sub][1]))
+                path_classes.append(classes[sub][1])
+        routers = {id(body) for body, _ in frontier[1:]}  # the sub-modules' forwards and what they call
         calls: set[str] = set()
+        router_calls: set[str] = set()
+        uses = _Uses(set(), set(), set(), set(), set())
         helpers: list[str] = []
         seen = {id(body) for body, _ in frontier}
         for _ in range(MAX_DEPTH):
             following = []
             for body, owner in frontier:
+                uses.read(body)
                 for node in ast.walk(body):
                     if not isinstance(node, ast.Call):
                         continue
                     short = _dotted(node.func).rsplit(".", 1)[-1]
                     calls.add(short)
+                    if id(body) in routers:
+                        router_calls.add(short)
                     target = None
                     if isinstance(node.func, ast.Name) and short in functions:
                         f_file, target = functions[short]
                         helpers.append(f"{short} ({f_file}:{target.lineno})")
                     elif owner is not None and _dotted(node.func) == f"self.{short}":
                         target = _method(owner, short)  # the class's own method (a router's get_topk_indices)
+                        built = _assigned_classes(_method(owner, "__init__")).get(short)
+                        if target is None and owner is not cls and built in classes and built != owner.name:
+                            # A module of the router's own (Ernie 4.5's moe_statics adds the correction bias).
+                            target = _method(classes[built][1], "forward")
+                            if target is not None and id(target) not in seen:
+                                path_classes.append(classes[built][1])
+                                seen.add(id(target))
+                                routers.add(id(target))
+                                following.append((target, classes[built][1]))
+                            continue
                     if target is not None and id(target) not in seen:
                         seen.add(id(target))
-                        following.append((target, owner if target in owner.body else None))
+                        if id(body) in routers:
+                            routers.add(id(target))
+                        following.append((target, owner if owner is not None and target in owner.body else None))
             frontier = following
         helpers = list(dict.fromkeys(helpers))
-        return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers))
+        config_attrs = set().union(*(_config_attrs(c) for c in path_classes))
+        return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers), frozenset(router_calls),
+                       frozenset(uses.attributes), tuple(sorted(config_attrs)), frozenset(uses.topk),
+                       frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test))
     return None

@@ -90,7 +90,10 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
         shared = f"{mlp}.{n['shared_expert']}"
         params[f"{shared}.{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
         params[f"{shared}.{n['down_proj']}.weight"] = (None,)
+    if "shared_expert_gate" in n:
         params[f"{mlp}.{n['shared_expert_gate']}.weight"] = (None,)
+    if spec.moe_correction_bias:
+        params[f"{mlp}.{spec.moe_correction_bias}"] = (None,)
     return params
 
 
@@ -308,7 +311,8 @@ RUNTIME_FIELDS = ("rope_parameters", "sliding_rope_parameters", "partial_rotary_
 # a sibling may change the value, read from its config, but not have one where the port has none.
 PRESENCE_FIXED = ("sliding_window", "attention_scale", "attn_logit_softcap", "embedding_multiplier",
                   "residual_multiplier", "logits_scale", "final_logit_softcap", "no_rope_layers",
-                  "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers")
+                  "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers", "moe_groups",
+                  "moe_topk_groups", "moe_routed_scaling_factor")
 
 
 def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:
