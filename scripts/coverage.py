@@ -35,12 +35,15 @@ def main(pytest_args: list[str]) -> int:
         currency = [f"--deselect=tests/test_architectures.py::{name}"
                     for name in ("test_coverage_doc_is_current", "test_coverage_doc_is_what_the_script_renders")]
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *currency,
-                               "tests/test_architectures.py", *pytest_args],
+                               "tests/test_architectures.py", "tests/test_architectures_second_half.py",
+                               *pytest_args],
                               cwd=REPO, env=env, check=False)
-        if not results_file.exists():
+        # One file per worker process (tests/test_architectures.py's coverage_results).
+        runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(tmp).glob(results_file.name + ".*"))]
+        if not runs:
             print(f"{COVERAGE.relative_to(REPO)} not rewritten (no architecture ran)", file=sys.stderr)
             return proc.returncode
-        run = json.loads(results_file.read_text(encoding="utf-8"))
+        run = {**runs[0], "results": {k: v for r in runs for k, v in r["results"].items()}}
     order = run["order"]
     merged = {**recorded_results(), **run["results"]}  # rows this run did not reach keep their record
     merged = {name: row for name, row in merged.items() if name in order}  # entries removed from the tables go
