@@ -15,6 +15,7 @@ disk); `random` writes real weights, random bf16 (std 0.02, norms 1) quantized w
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def fp8_config(config: dict, architecture: str) -> dict:
 
 def shard_plan(tensors: dict[str, tuple[str, list[int]]], shards: int) -> list[list[str]]:
     """Consecutive names in `shards` groups of about equal bytes."""
-    sizes = {n: DTYPE_BYTES[d] * _numel(s) for n, (d, s) in tensors.items()}
+    sizes = {n: DTYPE_BYTES[d] * math.prod(s) for n, (d, s) in tensors.items()}
     per_shard, groups, filled = sum(sizes.values()) / shards, [[] for _ in range(shards)], 0
     current = 0
     for name in tensors:
@@ -73,7 +74,7 @@ def write_sparse(root: Path, config: dict, shards: int, architecture: str) -> Pa
         header, offset = {"__metadata__": {"format": "pt"}}, 0
         for name in group:
             dtype, shape = tensors[name]
-            size = DTYPE_BYTES[dtype] * _numel(shape)
+            size = DTYPE_BYTES[dtype] * math.prod(shape)
             header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
             offset += size
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
@@ -128,13 +129,6 @@ def write_random(root: Path, config: dict, shards: int, architecture: str, devic
         total += sum(t.numel() * t.element_size() for t in tensors.values())
     write_index(root, weight_map, total)
     return root
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 if __name__ == "__main__":
