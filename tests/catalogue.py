@@ -15,7 +15,9 @@ shrunk, plus FAMILY_OVERRIDES), renamed so vLLM has no class of its own, and run
 
 from __future__ import annotations
 
+import ast
 import datetime
+import importlib.util
 import json
 import re
 import subprocess
@@ -72,10 +74,17 @@ def today() -> str:
 
 
 def catalogue() -> dict[str, str]:
-    """model_type -> causal-LM class name, for every type the installed transformers maps."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """model_type -> causal-LM class name, for every type the installed transformers maps.
 
-    return dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()))
+    Read from the literal in transformers' auto-mapping source: importing the module costs every test
+    worker ~13 s of torch imports at collection (test_catalogue checks the two agree)."""
+    source = Path(importlib.util.find_spec("transformers").submodule_search_locations[0]) / "models" / "auto"
+    tree = ast.parse((source / "modeling_auto.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" and isinstance(node.value, ast.Call)):
+            return dict(sorted(ast.literal_eval(node.value.args[0])))
+    raise LookupError(f"no MODEL_FOR_CAUSAL_LM_MAPPING_NAMES literal in {source / 'modeling_auto.py'}")
 
 
 def modeling_source(model_type: str) -> str:

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 GOLDEN = REPO / "tests" / "golden"
@@ -29,6 +31,16 @@ def scaffold(*args: str, check: bool = True, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"scaffold {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def quick_sample(values, *, every: int | None = None, ids=None, keep: tuple = ()) -> list:
+    """pytest parameters for a test whose cases each start the CLI in a subprocess (a second or more
+    apiece): every `every`-th case (the first included), and those whose id is in `keep`, stay in the
+    quick tier; the others are marked slow. The full suite runs every case."""
+    values = list(values)
+    ids = list(ids) if ids is not None else [str(v) for v in values]
+    return [pytest.param(v, id=i, marks=() if (every and n % every == 0) or i in keep else pytest.mark.slow)
+            for n, (v, i) in enumerate(zip(values, ids))]
 
 
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position

@@ -161,6 +161,7 @@ def tinymoe_package(workdir) -> Path:
     return out
 
 
+@pytest.mark.slow  # ~12 s on 2 cores: builds tinymoe and its backend package
 def test_auto_emits_backend_package_for_compliant_moe(tinymoe_package):
     out = tinymoe_package
     import tomllib
@@ -181,6 +182,7 @@ def test_auto_emits_backend_package_for_compliant_moe(tinymoe_package):
     assert "--model-impl transformers --trust-remote-code" in review
 
 
+@pytest.mark.slow  # shares the ~12 s tinymoe_package fixture
 def test_backend_package_installs_as_a_vllm_plugin(tinymoe_package, tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",

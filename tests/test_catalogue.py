@@ -32,6 +32,13 @@ def _params():
             for t in CATALOGUE_TYPES]
 
 
+@pytest.mark.slow  # imports transformers' auto mappings (~13 s of torch imports)
+def test_catalogue_read_from_source_is_transformers_mapping():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    assert CATALOGUE_TYPES == dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()))
+
+
 @pytest.mark.parametrize("model_type", _params())
 def test_catalogue_type(model_type, workdir):
     """Out of scope with a reason, refused naming the feature, or ported and at parity with transformers."""

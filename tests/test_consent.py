@@ -50,6 +50,7 @@ def planted(tmp_path):
     return ckpt, port, markers
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: verify's static checks import vLLM in subprocesses; the quick tier keeps the inspect/new consent test
 def test_static_verify_from_inside_the_checkpoint_runs_none_of_its_files(planted):
     ckpt, _, markers = planted
     proc = console("verify", "../port", "--static-only", cwd=ckpt)

@@ -119,6 +119,7 @@ def test_review_and_readme_of_a_native_port_are_inert(hostile, tmp_path):
             f"span closed on its line, verify's report in a {len(fence)}-backtick fence")
 
 
+@pytest.mark.slow  # ~13 s on 2 cores: a backend package generated and checked in subprocesses
 def test_backend_package_is_inert(tmp_path):
     """The backend package of a stock checkpoint in a hostile folder: its path stays inside its code span."""
     stock = Shape(**{**SHAPE.__dict__, "architecture": "LlamaForCausalLM"})

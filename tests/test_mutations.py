@@ -146,8 +146,9 @@ def make_mutant(mutant: Mutant, bases, root: Path) -> tuple[Path, Path, str | No
     return out, ckpt, None
 
 
-# A mutant the static checks catch runs in the quick tier; the others need the engine's parity.
-@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name, marks=() if m.static else pytest.mark.engine)
+# A mutant the static checks catch is slow (~25 s together on 2 cores, the bases fixture builds models
+# in transformers); the others need the engine's parity.
+@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name, marks=pytest.mark.slow if m.static else pytest.mark.engine)
                                     for m in MUTANTS])
 def test_mutant_is_caught_with_its_cause(mutant, bases, tmp_path, record_property):
     from scaffold import verify

@@ -128,6 +128,7 @@ VALID_EXAMPLES, CORRUPT_EXAMPLES = 24, 9
 # ------------------------------------------------------------- valid inputs
 @settings(max_examples=VALID_EXAMPLES, **SETTINGS)
 @given(shape=shapes(), shards=st.sampled_from([1, 2]))
+@pytest.mark.slow  # ~19 s on 2 cores: 24 drawn checkpoints, each through `scaffold new`
 def test_valid_checkpoints_give_sound_ports(shape, shards):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -17,6 +17,7 @@ import json
 
 import pytest
 from conftest import scaffold
+from helpers import quick_sample
 from engine_logprobs import logprobs, max_delta
 from quantized_ckpt import SCHEMES, build_awq, build_quantized
 
@@ -53,7 +54,7 @@ def class_prefix(scheme: str, shape: str) -> str:
     return "".join(part.capitalize() for part in f"{scheme}-{shape}".split("-"))
 
 
-@pytest.mark.parametrize("scheme", READ_SCHEMES)
+@pytest.mark.parametrize("scheme", quick_sample(READ_SCHEMES, every=3))
 def test_scaffold_new_reads_a_quantized_checkpoint(scheme, float_llama, workdir):
     ckpt = build_quantized(float_llama, workdir / f"ckpt-{scheme}-static", f"{class_prefix(scheme, 'static')}ForCausalLM",
                            scheme, kv_scales=True)

@@ -50,6 +50,7 @@ def edited_copy(src, dst, *, config=None, source=None):
 
 
 # ------------------------------------------------------------------ chatglm2
+@pytest.mark.slow  # ~13 s on 2 cores: builds chatglm2 from shared/realmodels
 def test_chatglm2_top_level_and_sizes_from_its_code(realmodel):
     spec = detect_all(read_checkpoint(realmodel("chatglm2")))
     assert spec.architecture == "CustomChatGLMForConditionalGeneration"  # auto_map's AutoModelForCausalLM
@@ -74,6 +75,7 @@ def test_chatglm2_top_level_and_sizes_from_its_code(realmodel):
     assert (spec.mlp_kind, spec.gate_up_layout, spec.qkv_layout) == ("gated", "fused", "fused")
 
 
+@pytest.mark.slow  # shares the ~10 s realmodel fixture (builds chatglm2 from shared/realmodels)
 def test_chatglm2_layer_count_is_read_under_the_codes_key(realmodel, tmp_path):
     """num_layers is the key the code counts its layers with: a wrong value there is refused."""
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", config={"num_layers": 3})
@@ -81,12 +83,14 @@ def test_chatglm2_layer_count_is_read_under_the_codes_key(realmodel, tmp_path):
         detect_all(read_checkpoint(ckpt))
 
 
+@pytest.mark.slow  # shares the ~10 s realmodel fixture (builds chatglm2 from shared/realmodels)
 def test_chatglm2_vocab_is_read_under_the_codes_key(realmodel, tmp_path):
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", config={"padded_vocab_size": 640})
     with pytest.raises(CheckpointError, match="vocab_size 640 .* but transformer.embedding.word_embeddings.weight"):
         detect_all(read_checkpoint(ckpt))
 
 
+@pytest.mark.slow  # shares the ~10 s realmodel fixture (builds chatglm2 from shared/realmodels)
 def test_a_numbered_block_the_code_does_not_build_is_refused(realmodel, tmp_path):
     """The code builds its ModuleList under another name than the tensors' numbered block: no guessing."""
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", source={
@@ -98,6 +102,7 @@ def test_a_numbered_block_the_code_does_not_build_is_refused(realmodel, tmp_path
         detect_all(read_checkpoint(ckpt))
 
 
+@pytest.mark.slow  # shares the ~10 s realmodel fixture (builds chatglm2 from shared/realmodels)
 def test_auto_map_naming_another_class_is_refused(realmodel, tmp_path):
     ckpt = edited_copy(realmodel("chatglm2"), tmp_path / "chatglm2", config={
         "auto_map": {"AutoModelForCausalLM": "modeling_chatglm.ChatGLMForSequenceClassification"}})
@@ -128,6 +133,7 @@ def test_chatglm2_ports_and_verifies_at_parity(realmodel, workdir):
 
 
 # ------------------------------------------------------------------ qwen (v1)
+@pytest.mark.slow  # ~14 s on 2 cores: builds qwen from shared/realmodels
 def test_qwen_gets_past_identity_layer_list_and_sizes(realmodel):
     ckpt = read_checkpoint(realmodel("qwen"))
     spec = detect_until(ckpt, sizes)

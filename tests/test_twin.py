@@ -128,6 +128,7 @@ def test_twin_refuses_remote_code_without_consent(workdir):
     assert "--trust-remote-code" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # ~13 s on 2 cores: generates a backend package first
 def test_twin_refuses_backend_ports(tiny, workdir):
     out = workdir / "port-twin-backend"
     scaffold("new", tiny("llama", "LlamaForCausalLM"), "--impl", "transformers", "-o", out, "--force")

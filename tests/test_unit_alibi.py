@@ -11,7 +11,6 @@ import ast
 import math
 
 import pytest
-import torch
 from ckpt_factory import Shape
 from helpers import REALMODELS, detect_until, read, scaffold
 
@@ -103,6 +102,8 @@ def _function(source: str, name: str, namespace: dict):
 def test_the_ports_alibi_slopes_are_baichuan2s(tmp_path, baichuan2_source, heads):
     """The generated port's alibi_slopes against the reference: Baichuan 2's own `_get_interleave`, taken
     from its modeling source and run alone (a pure function of math; this test owns that consent)."""
+    import torch  # here, not at the top: a module-level import costs every quick-tier worker ~4 s at collection
+
     shape = Shape(hidden=heads * 32, heads=heads, kv_heads=heads, head_dim=32)
     ckpt = tmp_path / "ckpt"
     read(ckpt, shape)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
-import transformers
 
 from scaffold.detect.conditions import evaluate, selected
 from scaffold.detect.sourcecode import norm_code
+
+# The installed transformers' folder, found without importing it (that costs each test worker ~4 s).
+TRANSFORMERS = Path(importlib.util.find_spec("transformers").submodule_search_locations[0])
 
 
 def expr(text: str) -> ast.expr:
@@ -51,7 +54,7 @@ def test_nested_branches_and_no_config():
 
 def test_cohere2_moe_norm_follows_its_config():
     """Cohere2-MoE builds an RMS norm when rms_norm_eps is set, else a mean-subtracting LayerNorm."""
-    path = Path(transformers.__file__).parent / "models" / "cohere2_moe" / "modeling_cohere2_moe.py"
+    path = TRANSFORMERS / "models" / "cohere2_moe" / "modeling_cohere2_moe.py"
     sources = {"modeling_cohere2_moe.py": path.read_text(encoding="utf-8")}
     layer = norm_code(sources, "input_layernorm", {"rms_norm_eps": None, "layer_norm_eps": 1e-5})
     rms = norm_code(sources, "input_layernorm", {"rms_norm_eps": 1e-6})

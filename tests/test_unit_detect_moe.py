@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
-import transformers
 from ckpt_factory import Shape
 from helpers import detect_until, moe_tensors, read
 
 from scaffold.detect import moe
+
+# The installed transformers' folder, found without importing it (that costs each test worker ~4 s).
+TRANSFORMERS = Path(importlib.util.find_spec("transformers").submodule_search_locations[0])
 from scaffold.errors import CheckpointError
 
 MOE_CONFIG = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False}
@@ -57,7 +60,7 @@ def test_a_dense_model_has_no_experts(tmp_path):
 
 
 def _transformers_source(model_type: str) -> dict[str, str]:
-    path = Path(transformers.__file__).parent / "models" / model_type / f"modeling_{model_type}.py"
+    path = TRANSFORMERS / "models" / model_type / f"modeling_{model_type}.py"
     return {path.name: path.read_text(encoding="utf-8")}
 
 

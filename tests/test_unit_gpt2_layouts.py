@@ -105,6 +105,7 @@ def test_gpt2_self_attention_is_read_without_its_cross_attention_branch():
     assert flow.norms == {"attn_norm": "ln_1", "mlp_norm": "ln_2"}
 
 
+@pytest.mark.slow  # ~12 s on 2 cores: builds the osprey lab model in transformers
 def test_osprey_spec_reads_its_gpt2_layout(osprey):
     from scaffold.checkpoint import read_checkpoint
 
@@ -118,6 +119,7 @@ def test_osprey_spec_reads_its_gpt2_layout(osprey):
     assert spec.hidden_act == "gelu_new" and spec.qkv_layout == "fused"
 
 
+@pytest.mark.slow  # shares the ~12 s osprey fixture
 def test_osprey_weight_table_transposes_the_conv1d_weights_only(osprey):
     analysis = analyze(osprey)
     rows = {(r.checkpoint, r.shard): r for r in analysis.rows}
@@ -128,6 +130,7 @@ def test_osprey_weight_table_transposes_the_conv1d_weights_only(osprey):
     assert rows[("osprey.position_table.weight", None)].param == "osprey.position_table.weight"
 
 
+@pytest.mark.slow  # shares the ~12 s osprey fixture
 def test_a_spec_can_only_transpose_roles_the_port_has(osprey, tmp_path):
     spec_file = tmp_path / "spec.toml"
     spec_file.write_text('[spec]\ntransposed_roles = ["qkv_proj", "o_proj", "up_proj", "down_proj", "router"]\n')

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect.identity import transformers_module_name
-from scaffold.detect.sourcecode import parse
+from scaffold.detect.sourcecode import parse, subtree
 
 # Operators an expression over config may use; anything else is not a size the port can re-evaluate.
 OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}
@@ -47,7 +47,7 @@ def _assignments(func: ast.FunctionDef) -> dict[str, ast.AST]:
     """`name = value` and `self.name = value` in one function (a name assigned twice is left out: ambiguous)."""
     out: dict[str, ast.AST] = {}
     twice = set()
-    for node in ast.walk(func):
+    for node in subtree(func):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             # `self.q_heads, self.kv_heads = config.q_heads, config.kv_heads`: one pair per element.
@@ -122,7 +122,7 @@ def methods(sources: dict[str, str]):
         tree = parse(text)
         if tree is None:
             continue
-        for cls in ast.walk(tree):
+        for cls in subtree(tree):
             if isinstance(cls, ast.ClassDef):
                 for func in cls.body:
                     if isinstance(func, ast.FunctionDef):
@@ -147,7 +147,7 @@ def _arg(call: ast.Call, index: int, keyword: str) -> ast.AST | None:
 def self_assignments(sources: dict[str, str]):
     """(file, class, function, attribute, value) for every `self.attribute = value`."""
     for file, cls, func in methods(sources):
-        for node in ast.walk(func):
+        for node in subtree(func):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
                 continue
             target, value = node.targets[0], node.value
@@ -215,7 +215,7 @@ def keyword_reads(sources: dict[str, str], keyword: str) -> list[CodeExpr]:
     """Every `Anything(..., <keyword>=<expression over config>)`, e.g. eps=config.layernorm_epsilon."""
     out = []
     for file, _cls, func in methods(sources):
-        for node in ast.walk(func):
+        for node in subtree(func):
             if isinstance(node, ast.Call):
                 for kw in node.keywords:
                     if kw.arg == keyword:
@@ -228,7 +228,7 @@ def keyword_reads(sources: dict[str, str], keyword: str) -> list[CodeExpr]:
 def config_reads(sources: dict[str, str]) -> set[str]:
     """Every attribute the code reads off `config` / `self.config`."""
     return {node.attr for name, text in sources.items() if (tree := parse(text)) is not None
-            for node in ast.walk(tree) if isinstance(node, ast.Attribute) and _is_config(node.value)}
+            for node in subtree(tree) if isinstance(node, ast.Attribute) and _is_config(node.value)}
 
 
 def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
@@ -239,7 +239,7 @@ def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
         sources = _transformers_configuration(ckpt.config.get("model_type"))
     for text in sources.values():
         tree = parse(text)
-        for node in ast.walk(tree) if tree is not None else ():
+        for node in subtree(tree) if tree is not None else ():
             if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
                     and any(isinstance(t, ast.Name) and t.id == "attribute_map"
                             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
@@ -276,7 +276,7 @@ def registered_buffers(sources: dict[str, str]) -> set[str]:
     or not. A checkpoint that stores one (chatglm's rotary inv_freq) holds something the port recomputes."""
     out = set()
     for _name, _cls, func in methods(sources):
-        for node in ast.walk(func):
+        for node in subtree(func):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "register_buffer" and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):

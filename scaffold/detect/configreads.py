@@ -12,7 +12,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.sourcecode import modeling_sources, parse
+from scaffold.detect.sourcecode import modeling_sources, parse, subtree
 
 # Keys that do not change what a decoder computes at inference: caching and output switches, token ids,
 # initialisation and training settings, the attention implementation.
@@ -53,7 +53,7 @@ def config_reads(sources: dict[str, str]) -> dict[str, str]:
             body = cls.body if isinstance(cls, ast.ClassDef) else [n for n in tree.body
                                                                      if not isinstance(n, ast.ClassDef)]
             for stmt in body:
-                for node in ast.walk(stmt):
+                for node in subtree(stmt):
                     key = None
                     if isinstance(node, ast.Attribute) and _is_config(node.value):
                         key = node.attr

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from scaffold.detect import conditions
 from scaffold.detect.linears import linear_classes
-from scaffold.detect.sourcecode import _classes, _dotted, _parsed
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 
 LINEAR_CLASSES = {"Linear", "Conv1D"}
 # Callees whose result is the activation of their argument (torch's, transformers' and einops' names).
@@ -112,7 +112,7 @@ class Interpreter:
         self.methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
         self.init = self.methods.get("__init__")
         self.attr_values = _init_assignments(self.init)
-        self.local_functions = {n.name: n for n in ast.walk(self.init)
+        self.local_functions = {n.name: n for n in subtree(self.init)
                                 if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
         self.depth = 0
         self.inlined = 0
@@ -370,7 +370,7 @@ class Interpreter:
                 exprs[1].elts and _int(exprs[1].elts[0]) == 3:
             return "stacked"
         for e in exprs:
-            for sub in ast.walk(e):
+            for sub in subtree(e):
                 if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and 3 in (_int(sub.left), _int(sub.right)):
                     return "per_head"
                 if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add) and 2 in (_int(sub.left), _int(sub.right)):
@@ -485,7 +485,7 @@ def _switched_off(init: ast.FunctionDef | None, config: dict) -> set[str]:
     out: set[str] = set()
     if init is None:
         return out
-    for node in ast.walk(init):
+    for node in subtree(init):
         if not isinstance(node, ast.If):
             continue
         test = _dotted(node.test)
@@ -493,7 +493,7 @@ def _switched_off(init: ast.FunctionDef | None, config: dict) -> set[str]:
         if key is None or config.get(key) is not False:
             continue
         for sub in node.body:
-            for n in ast.walk(sub):
+            for n in subtree(sub):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and _dotted(n.targets[0]).startswith("self.") \
                         and _dotted(n.targets[0]).count(".") == 1:
                     out.add(_dotted(n.targets[0])[5:])
@@ -533,7 +533,7 @@ def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
     out: dict[str, ast.expr] = {}
     if init is None:
         return out
-    for node in ast.walk(init):
+    for node in subtree(init):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
                 and _dotted(node.targets[0].value) == "self":
             out.setdefault(node.targets[0].attr, node.value)
@@ -753,7 +753,7 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
     """The decoder layer: the class whose instances fill an nn.ModuleList (the one at `list_attr` if given)."""
     hits = []
     for file, tree in _parsed(sources):
-        for node in ast.walk(tree):
+        for node in subtree(tree):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and isinstance(node.value, ast.Call)
                     and _dotted(node.value.func).rsplit(".", 1)[-1] == "ModuleList" and node.value.args):
@@ -780,9 +780,9 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
 
 def _builder_return(tree: ast.Module, at: ast.AST, name: str) -> str | None:
     """`def build_layer(i): return GLMBlock(...)` next to the ModuleList: the class it returns."""
-    for node in ast.walk(tree):
+    for node in subtree(tree):
         if isinstance(node, ast.FunctionDef) and node.name == name:
-            for sub in ast.walk(node):
+            for sub in subtree(node):
                 if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call):
                     return _dotted(sub.value.func)
     return None
@@ -815,7 +815,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         except Undecided as e:
             flow = None
             if any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in MATMULS + ("softmax",)
-                   for n in ast.walk(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
+                   for n in subtree(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
                 undecided.append(f"{attr} ({sub[1].name}): {e}")
                 attention_like.add(attr)
         if flow is not None:

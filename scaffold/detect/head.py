@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.sourcecode import Found, modeling_sources, module_class, parse
+from scaffold.detect.sourcecode import Found, modeling_sources, module_class, parse, subtree
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -42,7 +42,7 @@ def normalized_head(sources: dict[str, str], attribute: str) -> Found | None:
         return None
     cls = assigned[0].rsplit(".", 1)[-1]
     for file, tree in _trees(sources):
-        for node in ast.walk(tree):
+        for node in subtree(tree):
             if isinstance(node, ast.ClassDef) and node.name == cls:
                 forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
                 return _normalizes_weight(forward, cls, file) if forward else None
@@ -57,7 +57,7 @@ def _trees(sources: dict[str, str]):
 
 
 def _normalizes_weight(forward: ast.FunctionDef, cls: str, file: str) -> Found | None:
-    for node in ast.walk(forward):
+    for node in subtree(forward):
         dim = None
         if (isinstance(node, ast.Call) and ast.unparse(node.func).rsplit(".", 1)[-1] == "normalize"
                 and node.args and ast.unparse(node.args[0]) == "self.weight"):

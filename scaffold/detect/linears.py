@@ -14,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scaffold.detect.sourcecode import _classes, _dotted
+from scaffold.detect.sourcecode import _classes, _dotted, subtree
 
 MATMUL_CALLS = ("matmul", "mm", "addmm", "baddbmm", "bmm")
 PARAMETER_FACTORIES = ("empty", "zeros", "ones", "randn", "rand", "Tensor", "FloatTensor")
@@ -78,7 +78,7 @@ def _transposed_weight(node: ast.AST) -> bool:
 def _storage(forward: ast.FunctionDef) -> tuple[bool, int] | None:
     """(transposed, line) from how forward multiplies by self.weight: as the right operand of a matmul (x @ W,
     matmul(x, W), addmm(b, x, W)): stored [in, out]; F.linear(x, W) or x @ W.T: stored [out, in]."""
-    for node in ast.walk(forward):
+    for node in subtree(forward):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             if _is_weight(node.right):
                 return True, node.lineno
@@ -101,7 +101,7 @@ def _storage(forward: ast.FunctionDef) -> tuple[bool, int] | None:
 
 def _weight_shape(init: ast.FunctionDef) -> tuple[str, str] | None:
     """The two parameter names `self.weight = nn.Parameter(torch.empty(A, B))` is created with."""
-    for node in ast.walk(init):
+    for node in subtree(init):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and _is_weight(node.targets[0])):
             continue
         value = node.value
@@ -137,7 +137,7 @@ def built_with(sources: dict[str, str], owner: str, attribute: str) -> str | Non
     init = _method(found[1], "__init__") if found else None
     if init is None:
         return None
-    classes = {_dotted(node.value.func).rsplit(".", 1)[-1] for node in ast.walk(init)
+    classes = {_dotted(node.value.func).rsplit(".", 1)[-1] for node in subtree(init)
                if isinstance(node, ast.Assign) and len(node.targets) == 1
                and _dotted(node.targets[0]) == f"self.{attribute}" and isinstance(node.value, ast.Call)}
     return next(iter(classes)) if len(classes) == 1 else None

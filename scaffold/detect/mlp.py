@@ -8,7 +8,7 @@ from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
 from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config, stored_shape
-from scaffold.detect.sourcecode import _parsed, declared_linears, modeling_sources, walk
+from scaffold.detect.sourcecode import _parsed, declared_linears, modeling_sources, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -88,8 +88,8 @@ def _formula(func: ast.FunctionDef) -> str | None:
     """The registry name of the activation a hand-written function computes, read from its constants: GPT-2's
     tanh approximation 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))) is gelu_new; x * sigmoid(1.702
     * x) is quick_gelu; 0.5 * x * (1 + erf(x / sqrt(2))) is gelu."""
-    constants = {n.value for n in ast.walk(func) if isinstance(n, ast.Constant) and isinstance(n.value, float)}
-    calls = {codekeys.callee(n) for n in ast.walk(func) if isinstance(n, ast.Call)}
+    constants = {n.value for n in subtree(func) if isinstance(n, ast.Constant) and isinstance(n.value, float)}
+    calls = {codekeys.callee(n) for n in subtree(func) if isinstance(n, ast.Call)}
     if 0.044715 in constants and "tanh" in calls:
         return "gelu_new"
     if 1.702 in constants and "sigmoid" in calls:
@@ -119,7 +119,7 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
     for file, cls, func in codekeys.methods(sources):
         if cls.name not in classes or func.name not in ("__init__", "forward"):
             continue
-        for node in ast.walk(func):
+        for node in subtree(func):
             if isinstance(node, ast.Call) and (name := _activation_of(node)):
                 found.setdefault(name, f"{file}:{node.lineno}")
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in formulas:

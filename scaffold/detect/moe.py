@@ -19,6 +19,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, routing, sourcecode
 from scaffold.detect.common import config_value, set_from_config, unsupported
+from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -305,7 +306,7 @@ def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str
     for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
         if attr != experts or func.name != "__init__":
             continue
-        for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+        for call in (n for n in subtree(value) if isinstance(n, ast.Call)):
             name = codekeys.callee(call)
             given = [kw.value for kw in call.keywords if kw.arg == "intermediate_size"]
             found = codekeys.config_expr(given[0], func) if given else None
@@ -314,7 +315,7 @@ def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str
             elif name in classes:
                 init = next((f for f in classes[name][1].body
                              if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-                for node in ast.walk(init) if init else ():
+                for node in subtree(init) if init else ():
                     if (isinstance(node, ast.Attribute) and "intermediate" in node.attr
                             and codekeys._is_config(node.value)):
                         keys.add(node.attr)

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, sourcecode
+from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec
 
@@ -28,14 +29,14 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
 
 def _parameters(init: ast.FunctionDef) -> list[str]:
     """`self.X = nn.Parameter(...)` of an __init__, in order."""
-    return [node.targets[0].attr for node in ast.walk(init)
+    return [node.targets[0].attr for node in subtree(init)
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
             and sourcecode._dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)
             and sourcecode._dotted(node.value.func).rsplit(".", 1)[-1] == "Parameter"]
 
 
 def _normalizes(forward: ast.FunctionDef) -> bool:
-    calls = {sourcecode._dotted(n.func).rsplit(".", 1)[-1] for n in ast.walk(forward) if isinstance(n, ast.Call)}
+    calls = {sourcecode._dotted(n.func).rsplit(".", 1)[-1] for n in subtree(forward) if isinstance(n, ast.Call)}
     return bool(calls & {"layer_norm", "rms_norm"}) or (
         bool(calls & {"rsqrt", "sqrt"}) and bool(calls & {"mean", "var"}))
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from scaffold.detect.codekeys import callee, methods, self_assignments
-from scaffold.detect.sourcecode import Found, _classes, _dotted, walk
+from scaffold.detect.sourcecode import Found, _classes, _dotted, subtree, walk
 
 ALIBI_NAME = re.compile(r"alibi", re.IGNORECASE)
 ROTARY_NAME = re.compile(r"rotary|rotate_half|inv_freq|(^|_)rope($|_)", re.IGNORECASE)
@@ -49,7 +49,7 @@ def alibi_slopes_formula(sources: dict[str, str]) -> Found | None:
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
                 and isinstance(node.left, ast.Constant) and node.left.value == 2):
             continue
-        inner = [n for n in ast.walk(node.right) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
+        inner = [n for n in subtree(node.right) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
                  and isinstance(n.right, ast.Constant) and n.right.value == 3 and "log2" in ast.unparse(n.left)]
         if inner:
             return Found("alibi slopes", file, node.lineno)
@@ -94,7 +94,7 @@ def _embedding_classes(sources: dict[str, str]) -> set[str]:
 
 
 def _mentions_position(node: ast.AST) -> bool:
-    return any(re.search(r"pos", n, re.IGNORECASE) for sub in ast.walk(node) if (n := _name(sub)))
+    return any(re.search(r"pos", n, re.IGNORECASE) for sub in subtree(node) if (n := _name(sub)))
 
 
 def _offset(sources: dict[str, str], cls_name: str) -> int:
@@ -104,12 +104,12 @@ def _offset(sources: dict[str, str], cls_name: str) -> int:
         return 0
     cls = found[1]
     value = None
-    for node in ast.walk(cls):
+    for node in subtree(cls):
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and _dotted(node.targets[0]) == "self.offset"
                 and isinstance(node.value, ast.Constant) and type(node.value.value) is int):
             value = node.value.value
     added = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and "self.offset" in (
-        _dotted(n.left), _dotted(n.right)) for n in ast.walk(cls))
+        _dotted(n.left), _dotted(n.right)) for n in subtree(cls))
     return value if value is not None and added else 0
 
 
@@ -141,7 +141,7 @@ def _added_positions(sources: dict[str, str], classes: set[str] | None) -> Learn
         if func.name != "forward":
             continue
         local: dict[str, list[ast.AST]] = {}
-        for node in ast.walk(func):
+        for node in subtree(func):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 local.setdefault(node.targets[0].id, []).append(node.value)
 
@@ -157,7 +157,7 @@ def _added_positions(sources: dict[str, str], classes: set[str] | None) -> Learn
                 return [hit for value in local.get(node.id, []) for hit in lookups(value, depth + 1)]
             return []
 
-        for node in ast.walk(func):
+        for node in subtree(func):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
                 continue
             for left, right in ((node.left, node.right), (node.right, node.left)):

@@ -9,7 +9,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.positions import alibi_code, computed_positions, learned_positions, rotary_code
-from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, walk
+from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -199,7 +199,7 @@ def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
     """Where a rotary function (its name says rotary) views channels as adjacent pairs: `x.reshape(..., 2)`."""
     for name, node in walk(sources):
         if isinstance(node, ast.FunctionDef) and "rotary" in node.name.lower():
-            for sub in ast.walk(node):
+            for sub in subtree(node):
                 if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
                         and sub.func.attr in ("reshape", "view") and len(sub.args) > 1
                         and isinstance(sub.args[-1], ast.Constant) and sub.args[-1].value == 2):

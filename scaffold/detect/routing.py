@@ -22,7 +22,7 @@ import ast
 from dataclasses import dataclass
 
 from scaffold.detect.codekeys import _is_config
-from scaffold.detect.sourcecode import _classes, _dotted, _parsed
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 
 MAX_DEPTH = 3
 
@@ -79,7 +79,7 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
 def _assigned_classes(init: ast.FunctionDef | None) -> dict[str, str]:
     """`self.X = Class(...)` of an __init__, as {X: last component of Class}."""
     out: dict[str, str] = {}
-    for stmt in ast.walk(init) if init else ():
+    for stmt in subtree(init) if init else ():
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
                 and _dotted(stmt.targets[0].value) == "self" and isinstance(stmt.value, ast.Call)):
             out[stmt.targets[0].attr] = _dotted(stmt.value.func).rsplit(".", 1)[-1]
@@ -96,7 +96,7 @@ def _self_attr(node: ast.AST) -> str | None:
 def _config_attrs(cls: ast.ClassDef) -> set[tuple[str, str]]:
     """(A, KEY) for every `self.A = config.KEY` (or `self.config.KEY`) of the class's __init__."""
     out = set()
-    for stmt in ast.walk(_method(cls, "__init__") or cls):
+    for stmt in subtree(_method(cls, "__init__") or cls):
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and (attr := _self_attr(stmt.targets[0]))
                 and isinstance(stmt.value, ast.Attribute) and _is_config(stmt.value.value)):
             out.add((attr, stmt.value.attr))
@@ -123,7 +123,7 @@ class _Uses:
     test: set[str]
 
     def read(self, body: ast.AST) -> None:
-        for node in ast.walk(body):
+        for node in subtree(body):
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
             if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
@@ -169,7 +169,7 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
             following = []
             for body, owner in frontier:
                 uses.read(body)
-                for node in ast.walk(body):
+                for node in subtree(body):
                     if not isinstance(node, ast.Call):
                         continue
                     short = _dotted(node.func).rsplit(".", 1)[-1]

@@ -8,7 +8,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.attention import _number
-from scaffold.detect.sourcecode import Found, modeling_sources, sqrt_hidden_scale, walk
+from scaffold.detect.sourcecode import Found, modeling_sources, sqrt_hidden_scale, subtree, walk
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec
 
@@ -76,7 +76,7 @@ def _config_keys_kept(cls: ast.ClassDef) -> dict[str, str]:
     """self.A -> K for each `self.A = config.K` in the class's methods."""
     kept = {}
     for func in cls.body:
-        for node in ast.walk(func) if isinstance(func, ast.FunctionDef) else ():
+        for node in subtree(func) if isinstance(func, ast.FunctionDef) else ():
             if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
                     and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"
                     and isinstance(node.value, ast.Attribute) and codekeys._is_config(node.value.value)):
@@ -97,11 +97,11 @@ def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
     out = []
     for name, text in codekeys.code_sources(ckpt).items():
         tree = codekeys.parse(text)
-        for cls in ast.walk(tree) if tree is not None else ():
+        for cls in subtree(tree) if tree is not None else ():
             if not isinstance(cls, ast.ClassDef):
                 continue
             kept = _config_keys_kept(cls)
-            for node in ast.walk(cls):
+            for node in subtree(cls):
                 if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div))):
                     continue
                 sides = [(node.left, node.right)] + ([(node.right, node.left)] if isinstance(node.op, ast.Mult) else [])

@@ -15,7 +15,7 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, configreads, positions
-from scaffold.detect.sourcecode import modeling_sources
+from scaffold.detect.sourcecode import modeling_sources, subtree
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
@@ -170,7 +170,7 @@ def _divisions(sources: dict, numerator: str | None):
     if not numerator or not numerator.startswith("config.") or not sources:
         return
     for file, _cls, func in codekeys.methods(sources):
-        for node in ast.walk(func):
+        for node in subtree(func):
             if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))
                     and f"config.{_config_key(node.left)}" == numerator and (key := _config_key(node.right))):
                 yield key, file, node.lineno
@@ -229,7 +229,7 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
     for file, cls, func in codekeys.methods(sources):
         if (classes and cls.name not in classes) or func.name != "__init__":
             continue
-        for node in ast.walk(func):
+        for node in subtree(func):
             kind = linear.get(codekeys.callee(node)) if isinstance(node, ast.Call) else None
             # Conv1D(nf, nx) takes the output width first.
             if kind is not None and len(node.args) > max(kind.in_arg, kind.out_arg):

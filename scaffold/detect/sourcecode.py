@@ -33,17 +33,18 @@ def parse(text: str) -> ast.Module | None:
         return None
 
 
-def _walk_module(tree: ast.Module) -> tuple[ast.AST, ...]:
-    """ast.walk over a whole parsed module, listed once and kept on the (shared) tree."""
-    nodes = getattr(tree, "_scaffold_nodes", None)
+def subtree(node: ast.AST) -> tuple[ast.AST, ...]:
+    """ast.walk(node), listed once and kept on the (shared) tree: the detectors walk the same modules,
+    classes and methods many times, and a dense file made that quadratic in practice."""
+    nodes = node.__dict__.get("_scaffold_nodes")
     if nodes is None:
-        nodes = tree._scaffold_nodes = tuple(ast.walk(tree))
+        nodes = node._scaffold_nodes = tuple(ast.walk(node))  # the one real walk
     return nodes
 
 
 def _nodes(text: str) -> tuple[ast.AST, ...]:
     tree = parse(text)
-    return _walk_module(tree) if tree is not None else ()
+    return subtree(tree) if tree is not None else ()
 
 
 def walk(sources: dict[str, str]):
@@ -84,7 +85,7 @@ def config_default(ckpt: Checkpoint, key: str) -> Found | None:
     """
     for name, tree in _trees(ckpt):
         constants = _module_constants(tree)
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -106,7 +107,7 @@ def config_default(ckpt: Checkpoint, key: str) -> Found | None:
 def added_to_call(ckpt: Checkpoint, callee: str, attribute: str) -> Found | None:
     """Where the code adds `self.<attribute>` to the result of `self.<callee>(...)`."""
     for name, tree in _trees(ckpt):
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
                 continue
             sides = (node.left, node.right)
@@ -146,7 +147,7 @@ def _parsed(sources: dict[str, str]):
 
 
 def _classes(sources: dict[str, str]) -> dict[str, tuple[str, ast.ClassDef]]:
-    return {node.name: (name, node) for name, tree in _parsed(sources) for node in _walk_module(tree)
+    return {node.name: (name, node) for name, tree in _parsed(sources) for node in subtree(tree)
             if isinstance(node, ast.ClassDef)}
 
 
@@ -163,7 +164,7 @@ def module_class(sources: dict[str, str], attribute: str,
     """The class assigned to `self.<attribute> = Class(...)` somewhere in the code; with `config`, also the
     branch config.json selects of `Class(...) if COND else Other(...)`."""
     for name, tree in _parsed(sources):
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                     and _dotted(node.targets[0].value) == "self"):
@@ -182,7 +183,7 @@ def declared_linears(sources: dict[str, str], attribute: str) -> tuple[str, dict
     class, or a class it does not define."""
     assigned = set()
     for name, tree in _parsed(sources):
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                     and _dotted(node.targets[0].value) == "self"):
@@ -229,7 +230,7 @@ def norm_code(sources: dict[str, str], attribute: str, config: dict | None = Non
         seen.add(short)
         file, node = classes[short]
         centered = offset = False
-        for sub in ast.walk(node):
+        for sub in subtree(node):
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add):
                 sides = (sub.left, sub.right)
                 if any(isinstance(s, ast.Constant) and s.value in (1, 1.0) for s in sides) and any(
@@ -252,9 +253,9 @@ def norm_code(sources: dict[str, str], attribute: str, config: dict | None = Non
 def rotate_half_style(sources: dict[str, str]) -> Found | None:
     """Where rotate_half pairs even and odd channels (GPT-J style), if it does."""
     for name, tree in _parsed(sources):
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "rotate_half":
-                for sub in ast.walk(node):
+                for sub in subtree(node):
                     if isinstance(sub, ast.Slice) and isinstance(sub.step, ast.Constant) and sub.step.value == 2:
                         return Found("gptj", name, sub.lineno)
     return None
@@ -263,13 +264,13 @@ def rotate_half_style(sources: dict[str, str]) -> Found | None:
 def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
     """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] (per-head q, k, v)."""
     for name, tree in _parsed(sources):
-        for func in _walk_module(tree):
+        for func in subtree(tree):
             if not isinstance(func, ast.FunctionDef):
                 continue
-            calls = [n for n in ast.walk(func) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}"]
+            calls = [n for n in subtree(func) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}"]
             if not calls:
                 continue
-            for sub in ast.walk(func):
+            for sub in subtree(func):
                 if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult)
                         and any(isinstance(s, ast.Constant) and s.value == 3 for s in (sub.left, sub.right))
                         and any("head" in ast.unparse(s) for s in (sub.left, sub.right))):
@@ -280,7 +281,7 @@ def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
 def sqrt_hidden_scale(sources: dict[str, str]) -> Found | None:
     """Where the code scales by hidden_size ** 0.5 (embeddings multiplied by a normalizer)."""
     for name, tree in _parsed(sources):
-        for node in _walk_module(tree):
+        for node in subtree(tree):
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
                     and isinstance(node.right, ast.Constant) and node.right.value == 0.5
                     and ast.unparse(node.left).endswith("hidden_size")):
