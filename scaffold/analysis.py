@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, read_checkpoint
-from scaffold.detect import detect, settled, understand
+from scaffold.detect import settled, understand
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.mapping import WeightRow, weight_table
+from scaffold.settle import settle
 from scaffold.spec import FIELDS, Spec, group_heading, load_overrides, validate_identifiers, validate_names
 
 
@@ -20,13 +21,17 @@ class Analysis:
     rows: list[WeightRow]
 
 
-def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: Checkpoint | None = None) -> Analysis:
+def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: Checkpoint | None = None,
+            run_code: bool = False) -> Analysis:
+    """run_code: the reference's code may run to settle what reading it left open (scaffold.settle): the
+    user passed --trust-remote-code, or the code is transformers' own."""
     ckpt = ckpt or read_checkpoint(checkpoint)  # `ckpt`: the checkpoint already read, not read twice
     overrides = load_overrides(spec_file) if spec_file is not None else None
     origin = str(spec_file) if spec_file is not None else None
     # The spec file's values are pinned before detection runs: detection checks them against the tensors, and
     # refuses for a field only when neither it nor the file can say what it is.
-    return complete(ckpt, detect(ckpt, overrides, origin), spec_file)
+    spec = settle(understand(ckpt, overrides, origin), ckpt, allowed=run_code or not ckpt.sources)
+    return complete(ckpt, spec, spec_file)
 
 
 def complete(ckpt: Checkpoint, spec: Spec, spec_file: str | Path | None = None) -> Analysis:
@@ -47,12 +52,14 @@ def complete(ckpt: Checkpoint, spec: Spec, spec_file: str | Path | None = None) 
     return Analysis(ckpt, spec, rows)
 
 
-def partial(checkpoint: str | Path, spec_file: str | Path | None = None) -> tuple[Checkpoint, Spec]:
+def partial(checkpoint: str | Path, spec_file: str | Path | None = None,
+            run_code: bool = False) -> tuple[Checkpoint, Spec]:
     """What detection understood of `checkpoint`, with the spec file applied, and spec.unknowns saying what it
     could not determine: for `scaffold inspect`, which shows it where `analyze` refuses."""
     ckpt = read_checkpoint(checkpoint)
     overrides = load_overrides(spec_file) if spec_file is not None else None
-    return ckpt, understand(ckpt, overrides, str(spec_file) if spec_file is not None else None)
+    spec = understand(ckpt, overrides, str(spec_file) if spec_file is not None else None)
+    return ckpt, settle(spec, ckpt, allowed=run_code or not ckpt.sources)
 
 
 def partial_text(spec: Spec) -> str:

@@ -37,7 +37,8 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
     native_error: ScaffoldError | None = None
     if impl != "transformers":
         try:
-            return Choice("native", "the spec expresses the architecture", analysis=analyze(checkpoint, spec_file, ckpt))
+            analysis = analyze(checkpoint, spec_file, ckpt, run_code=trust_remote_code)
+            return Choice("native", "the spec expresses the architecture", analysis=analysis)
         except ScaffoldError as exc:
             # With a --spec file, detection checked its values against the checkpoint: a refusal (a fault in the
             # file, or a value the tensors contradict) is the user's to fix, never answered by a package that

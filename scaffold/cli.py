@@ -84,12 +84,15 @@ def main() -> None:
               help="Write a spec file with every field to this path ('-': standard output): the detected values "
                    "with their sources, the fields the tool could not determine marked UNKNOWN. Filled in, it is "
                    "a --spec file.")
-def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: Path | None) -> None:
+@click.option("--trust-remote-code", is_flag=True,
+              help="Allow running the checkpoint's own code to settle what reading it leaves open (as for new).")
+def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: Path | None,
+            trust_remote_code: bool) -> None:
     """Show what the tool understood of CHECKPOINT, tensor by tensor. Reads no tensor data.
 
     Where it cannot determine every field, it shows what it did understand and what it did not (exit 2)."""
     if template is not None:
-        ckpt, spec = partial(checkpoint, spec_file)
+        ckpt, spec = partial(checkpoint, spec_file, run_code=trust_remote_code)
         text = spec_template(spec, str(ckpt.path), ckpt.config, list(ckpt.tensors))
         if str(template) == "-":
             echo(text.rstrip("\n"))
@@ -100,10 +103,10 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: P
                                        f"`scaffold new {checkpoint} --spec {template}`)" if unknown else ""))
         return
     try:
-        analysis = analyze(checkpoint, spec_file)
+        analysis = analyze(checkpoint, spec_file, run_code=trust_remote_code)
     except SpecIncomplete:
         # What was understood, then the refusal naming what was not.
-        ckpt, spec = partial(checkpoint, spec_file)
+        ckpt, spec = partial(checkpoint, spec_file, run_code=trust_remote_code)
         echo(json_text(partial_json(spec, ckpt.path)) if as_json else partial_text(spec))
         raise
     if as_json:

@@ -74,3 +74,25 @@ def pytest_terminal_summary(terminalreporter):
     """Print the mutation score when the mutation suite ran."""
     if MUTANTS_CAUGHT:
         terminalreporter.write_line(f"mutants caught: {sum(MUTANTS_CAUGHT.values())}/{len(MUTANTS_CAUGHT)}")
+
+
+@pytest.fixture(scope="session")
+def float_ckpt(workdir):
+    """float_ckpt(shape) -> a tiny float checkpoint of that shape (a key of quantized_ckpt.SHAPES), built once."""
+    from quantized_ckpt import SHAPES
+
+    from scaffold.tiny import build_tiny
+
+    built = {}
+
+    def make(shape: str):
+        if shape not in built:
+            built[shape] = build_tiny(shape, workdir / f"ckpt-quant-float-{shape}", architecture=SHAPES[shape], seed=2)
+        return built[shape]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def float_llama(float_ckpt):
+    return float_ckpt("llama")

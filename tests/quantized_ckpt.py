@@ -29,6 +29,8 @@ from pathlib import Path
 AWQ_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
 GROUP = 64
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# vLLM's own class for each float shape the tests quantize, and the model_type scaffold.tiny builds it from.
+SHAPES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def pack_awq(values):

@@ -1,4 +1,4 @@
-"""Issue 14's acceptance examples: six remote-code models of the project's own making (examples/labs/).
+"""Issue 14's acceptance examples: seven remote-code models of the project's own making (examples/labs/).
 
 Each is written the way a lab ships its code (its own norm, rotary or ALiBi, attention and config
 keys; module names and config keys that no transformers model uses) and exercises one thing a
@@ -36,6 +36,7 @@ NOT_YET = {
     "plover": None,
     "wren": None,
     "shrike": None,
+    "finch": None,
 }
 
 
@@ -46,7 +47,7 @@ def lab_params():
 
 @pytest.fixture(scope="session")
 def labs(tmp_path_factory) -> Path:
-    """All six checkpoints, built once per session by examples/labs/build.py (which checks each reload)."""
+    """All seven checkpoints, built once per session by examples/labs/build.py (which checks each reload)."""
     out = tmp_path_factory.mktemp("labs")
     proc = subprocess.run([sys.executable, str(LABS / "build.py"), str(out)], capture_output=True, text=True,
                           check=False, timeout=600)
@@ -62,7 +63,7 @@ def test_every_lab_has_its_sources_and_an_expectation():
         assert {p.name for p in (LABS / name).glob("*.py")} == {f"configuration_{name}.py", f"modeling_{name}.py"}
 
 
-@pytest.mark.slow  # builds and reloads six models in transformers: ~45 s here
+@pytest.mark.slow  # builds and reloads seven models in transformers: ~50 s here
 @pytest.mark.parametrize("name", sorted(NOT_YET))
 def test_lab_example_builds_and_reloads(name, labs):
     """The build saved a loadable remote-code checkpoint; transformers reloaded it with the same logits."""

@@ -19,37 +19,13 @@ import pytest
 from conftest import scaffold
 from helpers import quick_sample
 from engine_logprobs import logprobs, max_delta
-from quantized_ckpt import SCHEMES, build_awq, build_quantized
+from quantized_ckpt import SCHEMES, SHAPES, build_awq, build_quantized
 
 TOLERANCE = 1e-3
 # Schemes vLLM's CPU build serves (found by running its own Llama on each, tests/quantized_ckpt.py's checkpoints).
 CPU_SCHEMES = ("awq", "gptq", "w8a8-int8", "w4a16")
 # Every scheme the builder writes but act-order GPTQ, which vLLM 0.32 refuses and so scaffold does too.
 READ_SCHEMES = sorted(name for name, (_, config, _) in SCHEMES.items() if not config.get("desc_act"))
-# vLLM's own class for each shape, and the model_type scaffold.tiny builds it from.
-SHAPES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-
-@pytest.fixture(scope="module")
-def float_ckpt(workdir):
-    """float_ckpt(shape) -> a tiny float checkpoint of that shape, built once."""
-    from scaffold.tiny import build_tiny
-
-    built = {}
-
-    def make(shape: str):
-        if shape not in built:
-            built[shape] = build_tiny(shape, workdir / f"ckpt-quant-float-{shape}", architecture=SHAPES[shape], seed=2)
-        return built[shape]
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def float_llama(float_ckpt):
-    return float_ckpt("llama")
-
-
 def class_prefix(scheme: str, shape: str) -> str:
     return "".join(part.capitalize() for part in f"{scheme}-{shape}".split("-"))
 

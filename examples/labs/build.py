@@ -60,6 +60,13 @@ LABS: dict[str, dict] = {
         "config": {"tokens": 384, "model_dim": 128, "blocks": 2, "q_heads": 4, "kv_heads": 1, "ff_dim": 256,
                    "eps": 1e-6, "rope_freq_base": 10000.0, "ctx_len": 512},
     },
+    # (7) gate and up fused in one projection, split by position inside a helper the static analysis does
+    # not follow: which half is the gate is settled by running the MLP (scaffold.settle)
+    "finch": {
+        "base": "FinchModel", "model": "FinchForCausalLM", "config_class": "FinchConfig",
+        "config": {"n_tok": 384, "hidden": 128, "n_layer": 2, "n_head": 4, "n_kv": 2, "ffn_hidden": 192,
+                   "norm_eps": 1e-6, "rope_theta_base": 10000.0, "max_ctx": 512},
+    },
     # (6) config keys of its own, reached through attribute_map under transformers' standard names
     "shrike": {
         "base": "ShrikeModel", "model": "ShrikeForCausalLM", "config_class": "ShrikeConfig",

@@ -451,6 +451,19 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
         spec.set("gate_up_layout", "fused", Source("code", f"{code.evidence} ({order})"))
         spec.set("gate_up_order", "up_first" if code.up_first else "gate_first", Source("code", code.evidence))
         up = code.gate
+    elif code is not None and (wide := _twice_as_wide(ref, mlp, code.up, code.down)):
+        # The code reads as a plain MLP, but its up projection has twice the rows its down projection takes: a
+        # gated MLP whose halves the code cuts in a way the analysis does not follow (an unflatten and a select,
+        # a kernel's reference path). Which half is the gate stays open; scaffold.settle runs the MLP to tell.
+        names["gate_up_proj"] = up = code.up
+        why = (f"{mlp}.{code.up} has {wide[0]} output rows, twice the {wide[1]} inputs of {mlp}.{code.down} "
+               f"({code.evidence}): a gated MLP whose gate half the code analysis could not tell")
+        spec.set("mlp_kind", "gated", Source("tensor", why))
+        spec.set("gate_up_layout", "fused", Source("tensor", why))
+        spec.unknown("gate_up_order", f"which half of {mlp}.{code.up} is the gate: reading the code does not tell, "
+                                      f"running it with --trust-remote-code would; {why}",
+                     (("gate_first", "the gate rows first: not decided by reading the code"),
+                      ("up_first", "the up rows first: not decided by reading the code")))
     elif code is not None:
         names["up_proj"] = up = code.up
         spec.set("mlp_kind", "plain", Source("code", code.evidence))
@@ -492,6 +505,15 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
     if "shared_expert" in names and spec.mlp_kind != "gated":
         raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is not a gated MLP; the generator's mixture-of-experts "
                                       "layers are gated.", where)
+
+
+def _twice_as_wide(ref: dict, mlp: str, up: str, down: str) -> tuple[int, int] | None:
+    """(up rows, down inputs) when the up projection's [out, in] weight has twice the rows the down projection's
+    weight takes as inputs, else None."""
+    up_w, down_w = ref.get(f"{mlp}.{up}.weight"), ref.get(f"{mlp}.{down}.weight")
+    if up_w is None or down_w is None or len(up_w.shape) != 2 or len(down_w.shape) != 2:
+        return None
+    return (up_w.shape[0], down_w.shape[1]) if up_w.shape[0] == 2 * down_w.shape[1] else None
 
 
 def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:

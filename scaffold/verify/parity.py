@@ -49,6 +49,7 @@ class ParityResult:
     hf_class: str = ""
     new_tokens: int = NEW_TOKENS
     tolerance: float = TOLERANCE
+    reference: str = ""  # what was compared, when not the float checkpoint in both (a quantized one)
 
     @property
     def max_delta(self) -> float:
@@ -66,7 +67,8 @@ class ParityResult:
         if self.nonfinite:
             return False, f"non-finite log-probabilities: {self.nonfinite}"
         return self.max_delta <= self.tolerance, (f"max |dlogp| {self.max_delta:.2e} over the top-{TOP_K} tokens at "
-                                                  f"every position (tolerance {self.tolerance:.0e})")
+                                                  f"every position (tolerance {self.tolerance:.2g}"
+                                                  + (f"; {self.reference})" if self.reference else ")"))
 
     @property
     def greedy_ok(self) -> bool:
@@ -142,7 +144,8 @@ def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Pa
 
 def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None, max_model_len: int, workdir: Path,
              tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS, probe: dict | None = None, *,
-             model_impl: str | None = None, trust_remote_code: bool = False, sharding: dict | None = None) -> dict:
+             model_impl: str | None = None, trust_remote_code: bool = False, sharding: dict | None = None,
+             dtype: str = "float32") -> dict:
     """Run the port inside vLLM; model_impl="transformers" (no stage, no package) runs vLLM's transformers
     backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines).
 
@@ -154,7 +157,7 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
     out = workdir / f"vllm-tp{tensor_parallel_size}{'-' + model_impl if model_impl else ''}.json"
     request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens, "top_k": TOP_K,
                "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len, "out": str(out),
-               "probe": probe}
+               "probe": probe, "dtype": dtype}
     if model_impl is not None:
         request["model_impl"] = model_impl
     if trust_remote_code:

@@ -56,7 +56,7 @@ def main(request_file: str) -> None:
     llm = LLM(
         model=request["checkpoint"],
         skip_tokenizer_init=True,
-        dtype="float32",
+        dtype=request.get("dtype", "float32"),
         enforce_eager=True,
         max_model_len=request["max_model_len"],
         tensor_parallel_size=tp,
