@@ -49,7 +49,8 @@ class Source:
 
     kind is one of: config (a config.json key), tensor (a tensor's presence or
     shape), code (a default in the checkpoint's modeling source), derived
-    (computed from other fields), default (the architecture convention assumed
+    (computed from other fields), computed (settled by running one module of the
+    reference's code, scaffold.settle), default (the architecture convention assumed
     when nothing says otherwise), override (the user's spec file).
     `expr` is the Python expression over `config` that the generated model uses
     to read the value at run time; None means the value is written as a literal.
