@@ -28,9 +28,11 @@ from pathlib import Path
 import pytest
 import tomllib
 from coverage_doc import COVERAGE, recorded_results, render
+from engine_logprobs import logprobs, max_delta
 from helpers import quick_sample, scaffold
 
 TOLERANCE = 1e-4
+NATIVE_TOLERANCE = 1e-5  # port against vLLM's own class: the same kernels, so far tighter than TOLERANCE
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 ARCHITECTURES = {
@@ -165,6 +167,28 @@ def checkpoint_for(name: str, table: dict, workdir: Path) -> Path:
     return BUILT[name]
 
 
+def port_versus_native(model_type: str, ckpt: Path, port: Path, workdir: Path) -> float | None:
+    """Max |dlogp| between the port and vLLM's own class for `model_type` on the same weights (a copy
+    of the checkpoint under the original architecture name), or None when vLLM has no such class."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from vllm import ModelRegistry
+
+    native = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if native is None or native not in ModelRegistry.get_supported_archs():
+        return None
+    twin = workdir / "checkpoint"
+    twin.mkdir(parents=True, exist_ok=True)
+    for f in ckpt.iterdir():
+        if f.name != "config.json" and not (twin / f.name).exists():
+            (twin / f.name).symlink_to(f.resolve())
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    (twin / "config.json").write_text(json.dumps({**config, "architectures": [native]}), encoding="utf-8")
+    ours = logprobs(ckpt, workdir / "port", port=port)
+    theirs = logprobs(twin, workdir / "native")
+    assert theirs["model_class"].rsplit(".", 1)[-1] == native, theirs["model_class"]
+    return max_delta(ours, theirs)
+
+
 def coverage_order() -> list[str]:
     return list(ARCHITECTURES) + list(UNSUPPORTED)
 
@@ -216,6 +240,19 @@ def check_port(name: str, workdir: Path) -> None:
     row["greedy"] = greedy.get("detail")
     row["status"] = "pass" if report["passed"] else "fail: " + "; ".join(
         f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "FAIL")
+    failed = [c["name"] for c in report["checks"] if c["status"] == "FAIL"]
+    if failed == ["parity: log-probabilities"] and greedy.get("status") == "pass":
+        # Over the tolerance, and nothing else wrong: on some CPUs vLLM's own kernels (CI saw it with
+        # gemma's tanh GELU) put any implementation further from transformers than 1e-4. The port is
+        # right there if it gives what vLLM's own class for the family gives.
+        against_native = port_versus_native(model_type, ckpt, out, workdir / f"native-{name}")
+        assert against_native is not None, json.dumps(report, indent=2)
+        assert against_native <= NATIVE_TOLERANCE, (
+            f"{name}: max |dlogp| {logp['max_delta']:.2e} against transformers, {against_native:.2e} against "
+            f"vLLM's own class")
+        row["status"] = "pass"
+        print(f"{name}: {logp['max_delta']:.2e} from transformers on this CPU, {against_native:.2e} from vLLM's own")
+        return
     assert report["passed"], json.dumps(report, indent=2)
     assert checks["port loaded by vLLM"]["status"] == "pass"
     assert logp["max_delta"] <= TOLERANCE

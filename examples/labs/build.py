@@ -64,7 +64,7 @@ LABS: dict[str, dict] = {
     # not follow: which half is the gate is settled by running the MLP (scaffold.settle)
     "finch": {
         "base": "FinchModel", "model": "FinchForCausalLM", "config_class": "FinchConfig",
-        "config": {"n_tok": 384, "hidden": 128, "n_layer": 2, "n_head": 4, "n_kv": 2, "ffn_hidden": 192,
+        "config": {"n_tok": 384, "hidden": 128, "n_stack": 2, "n_qh": 4, "n_kv": 2, "ffn_hidden": 192,
                    "norm_eps": 1e-6, "rope_theta_base": 10000.0, "max_ctx": 512},
     },
     # (6) config keys of its own, reached through attribute_map under transformers' standard names
@@ -153,7 +153,9 @@ def build(name: str, out: Path) -> Path:
     with torch.no_grad():
         got = reloaded(ids).logits
     delta = (got - expected).abs().max().item()
-    if delta > 1e-6 or not torch.isfinite(got).all():
+    # A weight lost or mis-mapped on reload moves logits by O(1). What is left is rounding: the reloaded
+    # weights sit in other memory, and on some CPUs that picks another kernel (CI saw 1.8e-4 on osprey).
+    if delta > 1e-4 * expected.abs().max().item() or not torch.isfinite(got).all():
         raise SystemExit(f"{name}: reloaded logits differ from the saved model's by {delta:.3e}")
     spread = expected.std().item()
     print(f"{name}: {dest} ({sum(v.numel() for v in state.values())} parameters, logit std {spread:.2f}, "

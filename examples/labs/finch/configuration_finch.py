@@ -7,12 +7,12 @@ from transformers import PretrainedConfig
 class FinchConfig(PretrainedConfig):
     model_type = "finch"
 
-    def __init__(self, n_tok=100352, hidden=4096, n_layer=32, n_head=32, n_kv=8, ffn_hidden=14336, norm_eps=1e-5,
+    def __init__(self, n_tok=100352, hidden=4096, n_stack=32, n_qh=32, n_kv=8, ffn_hidden=14336, norm_eps=1e-5,
                  rope_theta_base=1000000.0, max_ctx=32768, init_std=0.02, tie_word_embeddings=False, **kwargs):
         self.n_tok = n_tok
         self.hidden = hidden
-        self.n_layer = n_layer
-        self.n_head = n_head
+        self.n_stack = n_stack
+        self.n_qh = n_qh
         self.n_kv = n_kv
         self.ffn_hidden = ffn_hidden
         self.norm_eps = norm_eps

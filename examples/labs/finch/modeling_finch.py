@@ -50,8 +50,8 @@ class FinchRoPE(nn.Module):
 class FinchAttention(nn.Module):
     def __init__(self, config: FinchConfig):
         super().__init__()
-        self.q_heads, self.kv_heads = config.n_head, config.n_kv
-        self.head_dim = config.hidden // config.n_head
+        self.q_heads, self.kv_heads = config.n_qh, config.n_kv
+        self.head_dim = config.hidden // config.n_qh
         self.q = nn.Linear(config.hidden, self.q_heads * self.head_dim, bias=False)
         self.k = nn.Linear(config.hidden, self.kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(config.hidden, self.kv_heads * self.head_dim, bias=False)
@@ -114,7 +114,7 @@ class FinchModel(FinchPreTrainedModel):
     def __init__(self, config: FinchConfig):
         super().__init__(config)
         self.emb = nn.Embedding(config.n_tok, config.hidden)
-        self.h = nn.ModuleList(FinchBlock(config) for _ in range(config.n_layer))
+        self.h = nn.ModuleList(FinchBlock(config) for _ in range(config.n_stack))
         self.norm_final = FinchNorm(config.hidden, config.norm_eps)
         self.post_init()
 
