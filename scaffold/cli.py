@@ -10,7 +10,7 @@ import click
 
 from scaffold import __version__
 from scaffold import verify as verifier
-from scaffold.analysis import analyze, partial, partial_json, partial_text
+from scaffold.analysis import complete, partial, partial_json, partial_text
 from scaffold.backend.generator import generate as generate_backend
 from scaffold.bench import bench
 from scaffold.choose import choose
@@ -19,8 +19,8 @@ from scaffold.detect import SpecIncomplete
 from scaffold.errors import OutputError, ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.review import inspect_json, inspect_text
-from scaffold.tomlio import spec_template
 from scaffold.text import echo, json_text
+from scaffold.tomlio import spec_template
 
 
 def _fail(exc: ScaffoldError) -> None:
@@ -102,11 +102,11 @@ def inspect(checkpoint: Path, as_json: bool, spec_file: Path | None, template: P
             echo(f"wrote {template}" + (f" ({unknown} field(s) marked UNKNOWN: fill them in, then "
                                        f"`scaffold new {checkpoint} --spec {template}`)" if unknown else ""))
         return
+    ckpt, spec = partial(checkpoint, spec_file, run_code=trust_remote_code)  # detected and settled once
     try:
-        analysis = analyze(checkpoint, spec_file, run_code=trust_remote_code)
+        analysis = complete(ckpt, spec, spec_file)
     except SpecIncomplete:
         # What was understood, then the refusal naming what was not.
-        ckpt, spec = partial(checkpoint, spec_file, run_code=trust_remote_code)
         echo(json_text(partial_json(spec, ckpt.path)) if as_json else partial_text(spec))
         raise
     if as_json:

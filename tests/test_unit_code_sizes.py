@@ -67,3 +67,14 @@ def test_multipliers_under_the_labs_own_keys():
     # A model that scales nothing reads as nothing.
     plain = lab_checkpoint("kestrel", {})
     assert _scaled_call(plain, "tok_emb") is None and _scaled_scores(plain) is None
+
+
+def test_a_positional_argument_is_read_under_its_parameters_name():
+    """`FinchRoPE(self.head_dim, config.rope_theta_base)` with `def __init__(self, head_dim, base)`: the base,
+    and `nn.LayerNorm(config.width, config.eps_ln)`: the eps, though neither call names the parameter."""
+    from scaffold.detect.codekeys import keyword_reads
+
+    assert [f.expr for f in keyword_reads(sources("finch"), "base")] == ["config.rope_theta_base"]
+    code = {"m.py": "class Block:\n    def __init__(self, config):\n        self.ln = nn.LayerNorm(config.width, "
+                    "config.eps_ln)\n        self.other = Other(config.eps_ln)\n"}
+    assert [f.expr for f in keyword_reads(code, "eps")] == ["config.eps_ln"]  # Other's parameters are unknown

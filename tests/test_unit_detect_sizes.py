@@ -38,3 +38,21 @@ def test_heads_that_do_not_share_kv_heads_evenly_are_refused(tmp_path):
     write_checkpoint(tmp_path, Shape(), config=config)
     with pytest.raises(CheckpointError, match="4 attention heads cannot be shared by 3 KV heads"):
         detect_until(read_checkpoint(tmp_path), sizes)
+
+
+@pytest.mark.parametrize("key", ["max_seq_len", "ctx_len", "max_ctx", "context_length", "max_len", "seq_len"])
+def test_a_context_length_under_the_labs_own_key_is_read_when_no_code_reads_one(tmp_path, key):
+    config = config_for(Shape())
+    del config["max_position_embeddings"]
+    write_checkpoint(tmp_path, Shape(), config={**config, key: 640})
+    spec = detect_until(read_checkpoint(tmp_path), sizes)
+    assert spec.max_position == 640 and spec.source("max_position").expr == f"config.{key}"
+
+
+def test_two_keys_that_could_be_the_context_length_leave_the_default(tmp_path):
+    config = config_for(Shape())
+    del config["max_position_embeddings"]
+    write_checkpoint(tmp_path, Shape(), config={**config, "max_seq_len": 640, "ctx_len": 320,
+                                                "original_max_position_embeddings": 99, "position_offset": 2})
+    spec = detect_until(read_checkpoint(tmp_path), sizes)
+    assert spec.max_position == 2048 and spec.source("max_position").kind == "default"

@@ -33,7 +33,7 @@ LABS: dict[str, dict] = {
     "kestrel": {
         "base": "KestrelModel", "model": "KestrelForCausalLM", "config_class": "KestrelConfig",
         "config": {"n_vocab": 384, "d_hidden": 128, "n_blocks": 2, "n_heads": 4, "n_kv_heads": 2, "d_ffn": 256,
-                   "ln_eps": 1e-5, "rotary_base": 10000.0, "max_seq_len": 512, "ffn_bias": True},
+                   "ln_eps": 1e-5, "rotary_base": 25000.0, "max_seq_len": 512, "ffn_bias": True},
     },
     # (2) GPT-2 style: Conv1D c_attn / c_out / c_up / c_down, learned absolute positions
     "osprey": {
@@ -58,20 +58,20 @@ LABS: dict[str, dict] = {
     "wren": {
         "base": "WrenModel", "model": "WrenForCausalLM", "config_class": "WrenConfig",
         "config": {"tokens": 384, "model_dim": 128, "blocks": 2, "q_heads": 4, "kv_heads": 1, "ff_dim": 256,
-                   "eps": 1e-6, "rope_freq_base": 10000.0, "ctx_len": 512},
+                   "eps": 1e-6, "rope_freq_base": 50000.0, "ctx_len": 512},
     },
     # (7) gate and up fused in one projection, split by position inside a helper the static analysis does
     # not follow: which half is the gate is settled by running the MLP (scaffold.settle)
     "finch": {
         "base": "FinchModel", "model": "FinchForCausalLM", "config_class": "FinchConfig",
         "config": {"n_tok": 384, "hidden": 128, "n_stack": 2, "n_qh": 4, "n_kv": 2, "ffn_hidden": 192,
-                   "norm_eps": 1e-6, "rope_theta_base": 10000.0, "max_ctx": 512},
+                   "norm_eps": 1e-6, "rope_theta_base": 500000.0, "max_ctx": 512},
     },
     # (6) config keys of its own, reached through attribute_map under transformers' standard names
     "shrike": {
         "base": "ShrikeModel", "model": "ShrikeForCausalLM", "config_class": "ShrikeConfig",
         "config": {"n_vocab": 384, "dim": 128, "depth": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 320,
-                   "norm_eps": 1e-6, "rope_base": 10000.0, "max_context": 512},
+                   "norm_eps": 1e-6, "rope_base": 100000.0, "max_context": 512},
     },
 }
 

@@ -211,17 +211,45 @@ def call_arg(sources: dict[str, str], classes: tuple[str, ...], attribute: str |
     return out
 
 
+# Positional parameters of the torch modules a lab's code builds with a config value in a position.
+TORCH_SIGNATURES = {"LayerNorm": ("normalized_shape", "eps"), "RMSNorm": ("normalized_shape", "eps")}
+
+
+def signatures(sources: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """Positional parameter names of each class (its __init__, self dropped) and function the sources define,
+    over TORCH_SIGNATURES: what a positional argument of a call to it is called."""
+    out = dict(TORCH_SIGNATURES)
+    for text in sources.values():
+        tree = parse(text)
+        if tree is None:
+            continue
+        for node in tree.body:  # module-level functions
+            if isinstance(node, ast.FunctionDef):
+                out.setdefault(node.name, tuple(a.arg for a in node.args.posonlyargs + node.args.args))
+        for node in subtree(tree):
+            if isinstance(node, ast.ClassDef):
+                init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+                if init is not None:
+                    out.setdefault(node.name, tuple(a.arg for a in (init.args.posonlyargs + init.args.args)[1:]))
+    return out
+
+
 def keyword_reads(sources: dict[str, str], keyword: str) -> list[CodeExpr]:
-    """Every `Anything(..., <keyword>=<expression over config>)`, e.g. eps=config.layernorm_epsilon."""
+    """Every `Anything(..., <keyword>=<expression over config>)`, e.g. eps=config.layernorm_epsilon, and every
+    positional argument in that parameter's place (`Rotary(dim, config.rope_theta_base)` with
+    `def __init__(self, dim, base)`)."""
     out = []
+    params = signatures(sources)
     for file, _cls, func in methods(sources):
         for node in subtree(func):
             if isinstance(node, ast.Call):
-                for kw in node.keywords:
-                    if kw.arg == keyword:
-                        found = config_expr(kw.value, func)
-                        if found is not None and found[1]:
-                            out.append(CodeExpr(found[0], found[1], file, node.lineno))
+                named = params.get(callee(node), ())
+                values = [kw.value for kw in node.keywords if kw.arg == keyword]
+                values += [arg for arg, param in zip(node.args, named) if param == keyword]
+                for value in values:
+                    found = config_expr(value, func)
+                    if found is not None and found[1]:
+                        out.append(CodeExpr(found[0], found[1], file, node.lineno))
     return out
 
 

@@ -43,6 +43,24 @@ STANDARD = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "nu
             "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size"}
 
 
+# Name components that say a key is a context length, when no code reads one (`max_seq_len`, `ctx_len`,
+# `max_ctx`, `context_length`); `max` with a length word counts too (`max_len`).
+CONTEXT_WORDS = {"ctx", "context", "seq", "sequence", "positions"}
+LENGTH_WORDS = {"len", "length", "position"}
+
+
+def _context_key(config: dict) -> str | None:
+    """The one positive integer key of config.json whose name says it is the context length, else None."""
+    found = []
+    for key, value in config.items():
+        words = set(key.lower().split("_"))
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or "original" in words:
+            continue
+        if words & CONTEXT_WORDS or ("max" in words and words & LENGTH_WORDS):
+            found.append(key)
+    return found[0] if len(found) == 1 else None
+
+
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     sources = codekeys.code_sources(ckpt)
@@ -83,6 +101,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr))  # head_dim = hidden // H
     size("vocab_size")
     size("max_position", from_code.get("max_position"), default=2048)
+    if spec.source("max_position").kind == "default" and (named := _context_key(ckpt.config)):
+        spec.set("max_position", ckpt.config[named],
+                 Source("config", f"config.json {named} (the one integer key whose name says context length; "
+                                  "no code reads a maximum position)", f"config.{named}"))
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
