@@ -43,6 +43,20 @@ def quick_sample(values, *, every: int | None = None, ids=None, keep: tuple = ()
             for n, (v, i) in enumerate(zip(values, ids))]
 
 
+def engine_sample(values, *, keep, ids=None) -> list:
+    """pytest parameters for an engine test with many cases of the same kind (some 20 s apiece): those whose
+    id is in `keep` run in the full suite, chosen so that each template path and check stays covered; the
+    others are marked `extended` (`pytest -m extended` runs them, and the scripts that write documents from
+    them). A tuple value is one case of several arguments, its id the values joined by '-'. Every id in
+    `keep` must be a case: a sample that names a removed case fails at collection."""
+    values = list(values)
+    ids = list(ids) if ids is not None else ["-".join(v) if isinstance(v, tuple) else str(v) for v in values]
+    if missing := set(keep) - set(ids):
+        raise ValueError(f"engine_sample keeps cases that do not exist: {sorted(missing)}")
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=i,
+                         marks=() if i in keep else pytest.mark.extended) for v, i in zip(values, ids)]
+
+
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position
 
 

@@ -250,6 +250,7 @@ def test_backend_parity_and_fusions_for_compliant_example(tinymoe_package):
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # the full suite runs the backend's parity on the compliant example above
 def test_backend_parity_flags_gpt_neox(tiny, workdir):
     ckpt = tiny("gpt_neox", "GPTNeoXForCausalLM")
     out = workdir / "neox-backend"

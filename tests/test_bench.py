@@ -14,6 +14,7 @@ from helpers import scaffold
 
 @pytest.mark.engine
 @pytest.mark.slow
+@pytest.mark.extended  # ~55 s: four engines; what it measures is checked by the unit tests below
 def test_bench_quick_measures_port_native_and_backend(tiny, workdir):
     ckpt = tiny("qwen3", "MyQwen3ForCausalLM")
     port = workdir / "bench-port"

@@ -164,6 +164,7 @@ def test_eagle3_aux_hidden_states_match_vllms_llama(workdir):
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # the full suite checks the aux hidden states EAGLE-3 reads (above)
 def test_eagle3_speculative_decoding_serves_the_port_as_vllms_llama(workdir):
     from scaffold.tiny import build_tiny
 

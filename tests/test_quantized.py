@@ -17,7 +17,7 @@ import json
 
 import pytest
 from conftest import scaffold
-from helpers import quick_sample
+from helpers import engine_sample, quick_sample
 from engine_logprobs import logprobs, max_delta
 from quantized_ckpt import SCHEMES, SHAPES, build_awq, build_quantized
 
@@ -26,6 +26,11 @@ TOLERANCE = 1e-3
 CPU_SCHEMES = ("awq", "gptq", "w8a8-int8", "w4a16")
 # Every scheme the builder writes but act-order GPTQ, which vLLM 0.32 refuses and so scaffold does too.
 READ_SCHEMES = sorted(name for name, (_, config, _) in SCHEMES.items() if not config.get("desc_act"))
+# The schemes the CPU build serves, each on the shape it runs on; the full suite serves AWQ and W8A8 (Llama's
+# weight-only and activation-quantized layers) and runs GPTQ's generated weight-mapping tests.
+SERVED = [("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"), ("w4a16", "qwen3")]
+
+
 def class_prefix(scheme: str, shape: str) -> str:
     return "".join(part.capitalize() for part in f"{scheme}-{shape}".split("-"))
 
@@ -90,9 +95,7 @@ def test_a_quantized_module_with_tensors_missing_or_foreign_is_refused(scheme, c
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(("scheme", "shape"), [
-    ("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"), ("w4a16", "qwen3"),
-])
+@pytest.mark.parametrize(("scheme", "shape"), engine_sample(SERVED, keep=("awq-llama", "w8a8-int8-llama")))
 def test_quantized_port_matches_vllms_own_class(scheme, shape, float_ckpt, workdir):
     """Each scheme the CPU build serves, once, on a Llama- or a Qwen3-shaped port (both shapes covered);
     the W8A8 checkpoint also holds KV-cache scales (k_proj.k_scale, v_proj.v_scale)."""
@@ -114,8 +117,7 @@ def test_quantized_port_matches_vllms_own_class(scheme, shape, float_ckpt, workd
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(("scheme", "shape"), [("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"),
-                                               ("w4a16", "qwen3")])
+@pytest.mark.parametrize(("scheme", "shape"), engine_sample(SERVED, keep=("gptq-qwen3",)))
 def test_the_quantized_ports_own_weight_mapping_tests_pass(scheme, shape, float_ckpt, workdir):
     """The generated tests/test_weight_mapping.py on the quantized checkpoint: every tensor the quantization
     method keeps (qweight, qzeros, scales, weight_packed, weight_scale, KV-cache scales) lands in a parameter of

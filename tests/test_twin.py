@@ -198,6 +198,7 @@ def verify_twin(port: Path, *args: str) -> tuple[int, dict, int]:
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # the full suite verifies the twin of the 235B-shaped MoE, and a wrong port's twin
 def test_twin_verifies_a_checkpoint_without_reading_its_data(big):
     ckpt, shards, data, port = big
     rc, report, rchar = verify_twin(port)

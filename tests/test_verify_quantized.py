@@ -17,6 +17,7 @@ import json
 
 import pytest
 from conftest import scaffold
+from helpers import engine_sample
 from quantized_ckpt import GROUP, SCHEMES, build_quantized
 
 from scaffold.quantized import AWQ, FP8, FP8_BLOCK, GPTQ, INT8, PACKED
@@ -84,7 +85,7 @@ VERIFIED = [("awq", "llama"), ("gptq", "qwen3"), ("w8a8-int8", "llama"), ("w4a16
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(("scheme", "shape"), VERIFIED)
+@pytest.mark.parametrize(("scheme", "shape"), engine_sample(VERIFIED, keep=("awq-llama", "w8a8-int8-llama")))
 def test_verify_of_a_quantized_port_compares_with_the_dequantized_weights(scheme, shape, float_ckpt, workdir):
     prefix = "Verify" + scheme.title().replace("-", "") + shape.title()
     ckpt = build_quantized(float_ckpt(shape), workdir / f"ckpt-verify-{scheme}", f"{prefix}ForCausalLM", scheme,
