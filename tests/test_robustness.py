@@ -527,9 +527,9 @@ def test_source_comment_cannot_break_out_of_toml():
 UNEXPECTED = """
 import sys
 import scaffold.analysis
-def analyze(*args, **kwargs):
+def partial(*args, **kwargs):  # what `scaffold inspect` starts from
     return {}["a bug"]
-scaffold.analysis.analyze = analyze
+scaffold.analysis.partial = partial
 from scaffold.cli import main
 main(sys.argv[1:])
 """
