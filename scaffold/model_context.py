@@ -39,6 +39,13 @@ class Import:
         return "\n".join([f"from {self.module} import (", *(f"    {name}," for name in self.names), ")"])
 
 
+def rotated_dims(spec: Spec) -> str | None:
+    """The config key holding how many head dims rotate (GPT-J's `config.rotary_dim`), read by the port at run
+    time, when the code says the model rotates part of the head that way."""
+    source = spec.source("partial_rotary_factor")
+    return source.expr if source.kind == "code" and source.expr.startswith("config.") else None
+
+
 def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     """The flags the model template and its partials test, each derived once from the spec.
 
@@ -75,6 +82,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
         "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
         "literal_rope": literal_rope,
+        # No rotary parameters in config.json or the code (GPT-J's): the port falls back on those it assumed.
+        "assumed_rope": not literal_rope and spec.source("rope_parameters").kind == "default",
+        "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
         "literal_no_rope": literal_no_rope,
         "literal_tie": literal_tie,

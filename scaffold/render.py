@@ -34,7 +34,7 @@ from scaffold.detect.activations import gated_forms
 from scaffold.detect.codekeys import attribute_map
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
 from scaffold.mapping import split_modules, stacked_modules
-from scaffold.model_context import model_context
+from scaffold.model_context import model_context, rotated_dims
 from scaffold.proc import python_command, run_tool
 from scaffold.quantized import quantization_method
 from scaffold.spec import (
@@ -280,7 +280,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "weights_mapper": bool(renamed_prefixes(spec) or renamed_suffixes(spec)),
         # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
         "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
-                                                               if spec.partial_rotary_factor != 1.0 else {})},
+                                                               if spec.partial_rotary_factor != 1.0
+                                                               and not rotated_dims(spec) else {})},
         # The model template's flags, imports and norm(size) (scaffold.model_context).
         **model_context(spec, overridden, cfg, act_and_mul),
     }

@@ -206,6 +206,8 @@ class Spec:
     o_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="the output projection has a bias")
     qk_norm: str = spec_field("none", group="attention", probe="self_attn", choices=("none", "per_head", "full"),
                               doc="a norm on q and k: none, per head, or over all heads")
+    qk_norm_after_rope: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
+                                          doc="the q/k norms apply to the rotated queries and keys (HunYuan)")
     sliding_window: int | None = spec_field(None, group="attention", probe="self_attn",
                                             doc="the sliding window's length; None: every layer attends to all")
     sliding_window_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,

@@ -50,6 +50,8 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "dots1": ({"num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
               "its config leaves the expert counts None (the model cannot be made without them)"),
     "reformer": ({"is_decoder": True}, "its LM head is causal only as a decoder (the class refuses otherwise)"),
+    "gptj": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
+                                 "forward fails on it"),
 }
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 

@@ -89,6 +89,9 @@ ARCHITECTURES = {
     "gpt_bigcode": ("gpt_bigcode", {"multi_query": True}),
     # OPT: fc1, fc2 on the decoder layer (no MLP module), the position table looked up at position + 2.
     "opt": ("opt", {}),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", {}),
+    "persimmon": ("persimmon", {}),
+    "gptj": ("gptj", {"rotary_dim": 16}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -132,6 +135,10 @@ EXPECTED_SPEC = {
              "qkv_layout": "fused", "mlp_kind": "plain", "num_kv_heads": 4, "intermediate_size": 512},
     "gpt_bigcode": {"position_scheme": "learned", "qkv_layout": "fused", "num_kv_heads": 1},
     "opt": {"position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True, "hidden_act": "relu"},
+    "hunyuan_v1_dense": {"qk_norm": "per_head", "qk_norm_after_rope": True},
+    "persimmon": {"qkv_layout": "interleaved", "qk_norm": "per_head", "norm_kind": "layer", "norm_bias": True,
+                  "hidden_act": "relu2"},
+    "gptj": {"partial_rotary_factor": 0.5, "rope_neox_style": False, "block": "parallel"},
 }
 
 # (model_type, overrides, words the refusal must contain)

@@ -200,3 +200,27 @@ def test_the_mapping_loads_an_up_first_gate_up_in_order():
     assert targets == [("mlp.dense_h_to_4h.weight", 1, "rows 0:32"), ("mlp.dense_h_to_4h.weight", 0, "rows 32:64")]
     spec.gate_up_order = "gate_first"
     assert map_in_layer(spec, "mlp.dense_h_to_4h.weight", _Modules.of(spec))[0][1] == 0
+
+
+# model -> (q norm, k norm, after the rotary embedding), read from transformers' own modeling files
+QK_NORMS = {
+    "qwen3": ("q_norm", "k_norm", False),
+    "hunyuan_v1_dense": ("query_layernorm", "key_layernorm", True),  # norms the rotated q and k
+    "nanochat": ("q_norm", "k_norm", True),
+    "llama": (None, None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QK_NORMS))
+def test_q_k_norms_are_the_modules_applied_to_q_and_to_k_alone(name):
+    attention = dataflow.analyze_layer(transformers_code(name), {}).attention_flow
+    assert (attention.q_norm, attention.k_norm, attention.qk_norm_after_rope) == QK_NORMS[name]
+    if attention.q_norm:
+        assert attention.q_norm in attention.qk_norm_evidence
+
+
+def test_a_fused_projection_viewed_as_heads_by_3_by_head_dim_is_cut_per_head():
+    """Persimmon: query_key_value's output viewed (batch, seq, heads, 3, head_dim), then [..., 0, :] etc."""
+    attention = dataflow.analyze_layer(transformers_code("persimmon"), {"qk_layernorm": True}).attention_flow
+    assert (attention.layout, attention.q) == ("interleaved", "query_key_value")
+    assert (attention.q_norm, attention.k_norm, attention.qk_norm_after_rope) == ("q_layernorm", "k_layernorm", False)

@@ -43,3 +43,32 @@ def test_an_unknown_rope_type_is_refused(tmp_path):
     shape = Shape(extra={"rope_scaling": {"rope_type": "mystery", "factor": 2.0}})
     with pytest.raises(UnsupportedArchitecture, match="'mystery'"):
         detect_until(read(tmp_path, shape), rope)
+
+
+GPTJ_STYLE = '''
+import torch
+
+
+def rotate_every_two(x):
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.rotary_dim = config.rotary_dim
+'''
+
+
+def test_a_count_of_rotated_dims_under_a_key_the_code_keeps_and_gpt_j_pairing(tmp_path):
+    """GPT-J's code: `self.rotary_dim = config.rotary_dim` (a count of dims, not a fraction) and
+    rotate_every_two, which takes the even and the odd channels apart."""
+    shape = Shape(head_dim=32, extra={"rotary_dim": 16})
+    config = config_for(shape)
+    write_checkpoint(tmp_path, shape, config=config)
+    (tmp_path / "modeling_x.py").write_text(GPTJ_STYLE)
+    spec = detect_until(read_checkpoint(tmp_path), rope)
+    assert spec.partial_rotary_factor == 0.5 and spec.source("partial_rotary_factor").expr == "config.rotary_dim"
+    assert spec.rope_neox_style is False and "modeling_x.py:6" in str(spec.source("rope_neox_style"))

@@ -49,7 +49,7 @@ class Origin:
     src: str
     piece: int | None = None
     layout: str | None = None  # how the piece was cut: "fused" (one after another), "interleaved", "grouped"
-    stage: str = "flat"  # the shape the fused output was given: flat, per_head, grouped, stacked
+    stage: str = "flat"  # the shape the fused output was given: flat, per_head, grouped, stacked, per_head_stacked
     pending: str | None = None  # cut by split/chunk, not yet unpacked into pieces
     act: bool = False
     line: int = 0
@@ -96,6 +96,9 @@ class Events:
     matmuls: list = field(default_factory=list)  # (line, left origins, right origins)
     products: list = field(default_factory=list)  # (line, left origins, right origins)
     inputs: dict = field(default_factory=dict)  # producer -> (line, origins of its input)
+    # self.<module>(x) for a module of __init__ that is no producer, with one derived argument (a q/k norm):
+    # (attribute, line, origins of that argument)
+    modules: list = field(default_factory=list)
 
 
 class Interpreter:
@@ -290,6 +293,8 @@ class Interpreter:
             return _piece(o, number, o.pending, line)
         if o.stage == "stacked" and number is not None and number >= 0:
             return _piece(o, number, "fused", line)
+        if o.stage == "per_head_stacked" and number in (0, 1, 2):
+            return _piece(o, number, "interleaved", line)
         if o.stage == "grouped":
             if number in (-2, -1):
                 return _piece(o, number + 3, "grouped", line)
@@ -318,6 +323,8 @@ class Interpreter:
             self.events.inputs.setdefault(short, []).append(
                 (line, _flat(args[0]) if args else _flat(_join_all(list(kwargs.values())))))
             return frozenset({Origin(short, line=line)})
+        if name.startswith("self.") and name.count(".") == 1 and short in self.attr_values and len(derived) == 1:
+            self.events.modules.append((short, line, derived[0]))
         if len(derived) >= 2:
             self.events.calls.append((line, [_flat(a) for a in args]))
         if short in MATMULS and len(derived) >= 2:
@@ -366,6 +373,9 @@ class Interpreter:
         """What a view/reshape/unflatten does to a fused output: per head (…, heads, 3 * head_dim), grouped per KV
         head (…, kv_heads, groups + 2, head_dim) or stacked (3, …)."""
         exprs = [self.local_expr(a, env) for a in args]
+        dims = exprs[0].elts if len(exprs) == 1 and isinstance(exprs[0], (ast.Tuple, ast.List)) else exprs
+        if method in ("view", "reshape") and len(dims) >= 3 and _int(dims[-2]) == 3:
+            return "per_head_stacked"  # (…, heads, 3, head_dim): Persimmon's q, k, v per head
         if method == "unflatten" and len(exprs) >= 2 and isinstance(exprs[1], (ast.Tuple, ast.List)) and \
                 exprs[1].elts and _int(exprs[1].elts[0]) == 3:
             return "stacked"
@@ -559,6 +569,12 @@ class Attention:
     o: str | None
     evidence: str  # FILE:LINE: what decided it
     linears: dict
+    # The modules forward applies to the queries alone and to the keys alone (q/k norms, whatever their names),
+    # and whether it does so after the rotary embedding (None: no call took q and k together before them).
+    q_norm: str | None = None
+    k_norm: str | None = None
+    qk_norm_after_rope: bool | None = None
+    qk_norm_evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -660,7 +676,28 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     used = {q, k, v}
     after = [a for a, calls in interp.events.inputs.items() if a not in used and any(o for _, o in calls)]
     o_proj = after[0] if len(after) == 1 else None
-    return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found)
+    return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
+                     **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file))
+
+
+def _qk_norms(events: Events, keys: dict, file: str) -> dict:
+    """The one module applied to the queries alone and the one applied to the keys alone, if so; after the
+    rotary embedding when a call that took q and k together (apply_rotary_pos_emb(q, k, cos, sin)) came first."""
+    alone = {r: {(attr, line) for attr, line, origins in events.modules if {o.key for o in origins} == {keys[r]}}
+             for r in "qk"}
+    if not (len({a for a, _ in alone["q"]}) == 1 and len({a for a, _ in alone["k"]}) == 1):
+        return {}
+    (q_norm, q_line), (k_norm, _) = min(alone["q"], key=lambda x: x[1]), min(alone["k"], key=lambda x: x[1])
+    if q_norm == k_norm:
+        return {}
+    together = [line for line, args in events.calls
+                if {keys["q"], keys["k"]} <= {o.key for a in args for o in a}
+                and keys["v"] not in {o.key for a in args for o in a}]
+    after = None if not together else min(together) < q_line
+    where = (f"rotary embedding at line {min(together)}, then" if after else "before the rotary embedding:"
+             if together else "")
+    return {"q_norm": q_norm, "k_norm": k_norm, "qk_norm_after_rope": after,
+            "qk_norm_evidence": _where(file, q_line, f"{where} {q_norm} on the queries, {k_norm} on the keys".strip())}
 
 
 def _qkv_roles(events: Events) -> dict:

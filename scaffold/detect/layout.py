@@ -39,6 +39,8 @@ CANDIDATES = {
     "plain_up": ("c_fc", "dense_h_to_4h", "up_proj"),
     "down_proj": ("down_proj", "c_proj", "dense_4h_to_h"),
 }
+# The q/k norms' names where the attention's code does not name them (first pair present wins).
+QK_NORM_HINTS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 # An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj).
 NESTED_ATTENTION = re.compile(r"\w+\.\w+\.(q_proj|k_proj|v_proj|qkv_proj|c_attn|query_key_value)\.weight\Z")
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -262,17 +264,26 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
-    if has(f"{attn}.q_norm.weight"):
-        info = layer0[f"{attn}.q_norm.weight"]
-        if len(info.shape) != 1 or not has(f"{attn}.k_norm.weight"):
+    # The q/k norms: the modules the attention's code applies to the queries and to the keys alone, whatever
+    # their names (HunYuan's query_layernorm); where the code does not say, names common families use (hints).
+    q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
+    if code_attn is not None and code_attn.q_norm and has(f"{attn}.{code_attn.q_norm}.weight"):
+        q_norm, k_norm = code_attn.q_norm, code_attn.k_norm
+    if has(f"{attn}.{q_norm}.weight"):
+        info = layer0[f"{attn}.{q_norm}.weight"]
+        if len(info.shape) != 1 or not has(f"{attn}.{k_norm}.weight"):
             raise _unsupported(f"q/k norm weights of shape {list(info.shape)} (one norm per head)", where,
                                spec.model_type)
         kind = "per_head" if info.shape[0] == spec.head_dim else "full"
-        names.update(q_norm="q_norm", k_norm="k_norm")
-        spec.set("qk_norm", kind, Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.q_norm.weight has "
+        names.update(q_norm=q_norm, k_norm=k_norm)
+        spec.set("qk_norm", kind, Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.{q_norm}.weight has "
                                                    f"{info.shape[0]} rows"))
+        after = code_attn is not None and code_attn.q_norm == q_norm and code_attn.qk_norm_after_rope
+        spec.set("qk_norm_after_rope", bool(after),
+                 Source("code", code_attn.qk_norm_evidence) if code_attn is not None and code_attn.q_norm == q_norm
+                 else Source("default", "q/k norms before the rotary embedding (the code did not say)"))
     else:
-        spec.set("qk_norm", "none", src(f"{attn}.q_norm.weight (absent)"))
+        spec.set("qk_norm", "none", src(f"{attn}.{q_norm}.weight (absent)"))
 
     # The MLP: dense in layer 0, or a mixture of experts whose dense parts (the MLP of
     # the layers without experts, or the shared expert) are read like a dense MLP.

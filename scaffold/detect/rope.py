@@ -86,10 +86,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     spec.set("rope_parameters", params, source)
 
     stored = _stored_frequencies(ckpt, spec)
+    rotary_dim = _rotary_dim_key(ckpt, spec) if factor is None else None
     if factor is not None:
         if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise CheckpointError(f"partial_rotary_factor must be in (0, 1], not {factor!r}.", where)
         spec.set("partial_rotary_factor", float(factor), Source("config", "config.json partial_rotary_factor"))
+    elif rotary_dim is not None:
+        found, dims = rotary_dim
+        spec.set("partial_rotary_factor", dims / spec.head_dim,
+                 Source("code", f"{found}: {found.expr} = {dims} of {spec.head_dim} head dims rotate", found.expr))
     elif stored is not None:
         name, count = stored
         spec.set("partial_rotary_factor", 2 * count / spec.head_dim,
@@ -98,11 +103,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("partial_rotary_factor", 1.0, Source("default", "rotary embedding over the whole head"))
     gptj = rotate_half_style(modeling_sources(ckpt))
     pairs = _adjacent_pairs(ckpt.sources) if gptj is None else None
+    if pairs is None and gptj is None and not ckpt.sources and not _defines(modeling_sources(ckpt), "rotate_half"):
+        # transformers' own file: one with no rotate_half at all rotates its own way (GPT-J's rotate_every_two);
+        # one with both forms keeps the other behind a config flag (DeepSeek-V3's rope_interleave).
+        pairs = _adjacent_pairs(modeling_sources(ckpt))
     if gptj is not None:
         spec.set("rope_neox_style", False, Source("code", f"{gptj}: rotate_half pairs even and odd channels"))
     elif pairs is not None:
-        spec.set("rope_neox_style", False, Source("code", f"{pairs}: the rotary function pairs adjacent channels "
-                                                          "(x.reshape(..., 2)), GPT-J style"))
+        spec.set("rope_neox_style", False, Source("code", f"{pairs}: the rotary function pairs adjacent channels, "
+                                                          "GPT-J style"))
     else:
         spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
 
@@ -196,12 +205,38 @@ def _stored_frequencies(ckpt: Checkpoint, spec: Spec) -> tuple[str, int] | None:
 
 
 def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
-    """Where a rotary function (its name says rotary) views channels as adjacent pairs: `x.reshape(..., 2)`."""
+    """Where a rotary function (its name says rotary or rotate) pairs adjacent channels: `x.reshape(..., 2)`, or
+    the even and the odd channels taken apart (`x[..., ::2]`, GPT-J's rotate_every_two)."""
     for name, node in walk(sources):
-        if isinstance(node, ast.FunctionDef) and "rotary" in node.name.lower():
+        if isinstance(node, ast.FunctionDef) and re.search("rotary|rotate", node.name.lower()):
             for sub in subtree(node):
                 if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
                         and sub.func.attr in ("reshape", "view") and len(sub.args) > 1
                         and isinstance(sub.args[-1], ast.Constant) and sub.args[-1].value == 2):
                     return Found("gptj", name, sub.lineno)
+                if (isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Tuple) and sub.slice.elts
+                        and isinstance(last := sub.slice.elts[-1], ast.Slice) and last.upper is None
+                        and isinstance(last.step, ast.Constant) and last.step.value == 2):
+                    return Found("gptj", name, sub.lineno)
     return None
+
+
+def _defines(sources: dict[str, str], function: str) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == function for _, node in walk(sources))
+
+
+def _rotary_dim_key(ckpt: Checkpoint, spec: Spec) -> tuple[codekeys.CodeExpr, int] | None:
+    """A count of rotated head dims under a config key the code keeps on a module (GPT-J's
+    `self.rotary_dim = config.rotary_dim`), with its value, when it is less than the head."""
+    found = {}
+    for file, _cls, _func, attr, value in codekeys.self_assignments(modeling_sources(ckpt)):
+        key = value.attr if isinstance(value, ast.Attribute) and codekeys._is_config(value.value) else None
+        if key and re.search(r"rot\w*_(dim|ndims)$", attr) and re.search(r"rot\w*_(dim|ndims)$", key):
+            found.setdefault(key, codekeys.CodeExpr(f"config.{key}", (key,), file, value.lineno))
+    if len(found) != 1:
+        return None
+    key, expr = next(iter(found.items()))
+    dims = ckpt.config.get(key)
+    if isinstance(dims, bool) or not isinstance(dims, int) or not 0 < dims < spec.head_dim or dims % 2:
+        return None
+    return expr, dims

@@ -62,9 +62,10 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
         for kind in ("weight", "bias") if spec.o_bias else ("weight",):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
-        if spec.qk_norm != "none":
-            params[f"{p}{attn}.{n['q_norm']}.weight"] = (None,)
-            params[f"{p}{attn}.{n['k_norm']}.weight"] = (None,)
+        if spec.qk_norm != "none":  # built as the other norms are, so with their bias
+            for kind in kinds:
+                params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
+                params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
         if i in sparse:
             params.update(_expert_params(spec, p))
             continue
