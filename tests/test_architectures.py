@@ -92,6 +92,7 @@ ARCHITECTURES = {
     "hunyuan_v1_dense": ("hunyuan_v1_dense", {}),
     "persimmon": ("persimmon", {}),
     "gptj": ("gptj", {"rotary_dim": 16}),
+    "mpt": ("mpt", {}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -139,6 +140,7 @@ EXPECTED_SPEC = {
     "persimmon": {"qkv_layout": "interleaved", "qk_norm": "per_head", "norm_kind": "layer", "norm_bias": True,
                   "hidden_act": "relu2"},
     "gptj": {"partial_rotary_factor": 0.5, "rope_neox_style": False, "block": "parallel"},
+    "mpt": {"position_scheme": "alibi", "hidden_act": "gelu", "norm_bias": False},
 }
 
 # (model_type, overrides, words the refusal must contain)

@@ -78,3 +78,14 @@ def test_a_positional_argument_is_read_under_its_parameters_name():
     code = {"m.py": "class Block:\n    def __init__(self, config):\n        self.ln = nn.LayerNorm(config.width, "
                     "config.eps_ln)\n        self.other = Other(config.eps_ln)\n"}
     assert [f.expr for f in keyword_reads(code, "eps")] == ["config.eps_ln"]  # Other's parameters are unknown
+
+
+def test_the_activation_a_transformers_mlp_builds_when_the_config_names_none():
+    """MPT's MptMLP builds nn.GELU(approximate="none") in __init__; its config has no hidden_act."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
+    path = root / "models" / "mpt" / "modeling_mpt.py"
+    act, where = code_activation({path.name: path.read_text(encoding="utf-8")}, "ffn")
+    assert act == "gelu" and where.startswith("modeling_mpt.py:")

@@ -27,7 +27,8 @@ def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     keys = activation_keys(ckpt)
-    found = code_activation(codekeys.code_sources(ckpt), spec.names.get("mlp", "mlp"))
+    # The checkpoint's own code, else transformers' file (MPT builds nn.GELU with no config key naming it).
+    found = code_activation(modeling_sources(ckpt), spec.names.get("mlp", "mlp"))
     if config_value(ckpt, *keys)[0] is None and found is not None:
         # No activation in config.json: the one the MLP's code calls.
         act, where_found = found
