@@ -180,6 +180,8 @@ def norm_constructor(spec: Spec, cfg: Callable[[str], str]) -> Callable[[str], s
     """`norm(size)` for the templates: the code that builds one of the port's norms over `size`."""
     cls = norm_class(spec)
     bias = "" if spec.norm_kind == "rms" or spec.norm_bias else ", bias=False"
+    if spec.norm_weightless:  # no scale, no bias (OLMo's norms)
+        bias = ", has_weight=False" if spec.norm_kind == "rms" else ", elementwise_affine=False, bias=False"
 
     def norm(size: str) -> str:
         return f"{cls}({size}, eps={cfg('norm_eps')}{bias})"

@@ -294,6 +294,10 @@ class Spec:
     norm_offset: float = spec_field(
         0.0, group="norms", probe=NORMS, doc="the norms scale by (offset + weight): Gemma's RMSNorm, LayerNorm1P: 1")
     norm_bias: bool = spec_field(False, group="norms", probe=NORMS, doc="the norms have a bias")
+    norm_weightless: bool = spec_field(False, group="norms", probe=NORMS, omit_when_empty=True,
+                                       doc="the norms hold no parameter: no scale, no bias (OLMo's)")
+    embedding_norm: bool = spec_field(False, group="norms", probe="embed", omit_when_empty=True,
+                                      doc="the final norm also normalizes the embeddings before the first layer")
     norm_weight_name: str = spec_field(
         "weight", group="norms", probe=NORMS, identifier=True,
         doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "

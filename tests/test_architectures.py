@@ -93,6 +93,7 @@ ARCHITECTURES = {
     "persimmon": ("persimmon", {}),
     "gptj": ("gptj", {"rotary_dim": 16}),
     "mpt": ("mpt", {}),
+    "olmo": ("olmo", {}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -141,6 +142,7 @@ EXPECTED_SPEC = {
                   "hidden_act": "relu2"},
     "gptj": {"partial_rotary_factor": 0.5, "rope_neox_style": False, "block": "parallel"},
     "mpt": {"position_scheme": "alibi", "hidden_act": "gelu", "norm_bias": False},
+    "olmo": {"norm_weightless": True, "norm_kind": "layer", "norm_eps": 1e-5},
 }
 
 # (model_type, overrides, words the refusal must contain)

@@ -28,3 +28,58 @@ def test_no_epsilon_in_the_config_is_the_rms_default(tmp_path):
     write_checkpoint(tmp_path, Shape(), config=config)
     spec = detect_until(read_checkpoint(tmp_path), norms)
     assert spec.norm_eps == 1e-6 and spec.source("norm_eps").kind == "default"
+
+
+def test_norm_classes_without_parameters_are_read_from_their_code():
+    """OLMo's OlmoLayerNorm (F.layer_norm with no weight or bias) and NanoChat's RMS norm (x * rsqrt(mean(x^2) +
+    eps)) hold no parameter; Llama's RMSNorm holds a weight; a class that builds a submodule is no norm."""
+    import importlib.util
+    from pathlib import Path
+
+    from scaffold.detect.sourcecode import weightless_norms
+
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
+
+    def code(model: str) -> dict:
+        path = root / model / f"modeling_{model}.py"
+        return {path.name: path.read_text(encoding="utf-8")}
+
+    assert weightless_norms(code("olmo")) == {"OlmoLayerNorm"}
+    assert weightless_norms(code("nanochat")) == {"NanoChatRMSNorm"}
+    assert weightless_norms(code("llama")) == set()
+    assert weightless_norms(code("gpt_neox")) == set()
+
+
+def test_the_final_norm_applied_to_the_embeddings_too_is_read_from_the_base_models_forward():
+    """NanoChat's model forward: `hidden_states = self.norm(hidden_states)` before the layer loop, then again
+    after it; Llama's applies its norm after the loop only."""
+    import importlib.util
+    from pathlib import Path
+
+    from scaffold.detect.layout import _embedding_norm
+    from scaffold.spec import Spec
+
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
+    for model, expected in (("nanochat", True), ("llama", False)):
+        path = root / model / f"modeling_{model}.py"
+        spec = Spec()
+        _embedding_norm(spec, {path.name: path.read_text(encoding="utf-8")}, {"layers": "layers", "norm": "norm"},
+                        "config.json")
+        assert spec.embedding_norm is expected, model
+        assert (spec.source("embedding_norm").kind == "code") is expected
+
+
+def test_a_rotation_by_minus_theta_is_named():
+    import importlib.util
+    from pathlib import Path
+
+    from scaffold.detect.rope import _reversed_rotation
+
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
+
+    def code(model: str) -> dict:
+        path = root / model / f"modeling_{model}.py"
+        return {path.name: path.read_text(encoding="utf-8")}
+
+    assert str(_reversed_rotation(code("nanochat"))).startswith("modeling_nanochat.py:")
+    assert _reversed_rotation(code("llama")) is None

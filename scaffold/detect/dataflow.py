@@ -575,6 +575,7 @@ class Attention:
     k_norm: str | None = None
     qk_norm_after_rope: bool | None = None
     qk_norm_evidence: str = ""
+    qk_norm_per_head: bool = True  # the queries reach their norm viewed as heads, not as the flat projection
 
 
 @dataclass(frozen=True)
@@ -696,7 +697,9 @@ def _qk_norms(events: Events, keys: dict, file: str) -> dict:
     after = None if not together else min(together) < q_line
     where = (f"rotary embedding at line {min(together)}, then" if after else "before the rotary embedding:"
              if together else "")
-    return {"q_norm": q_norm, "k_norm": k_norm, "qk_norm_after_rope": after,
+    flat = all(o.stage == "flat" for attr, line, origins in events.modules if attr == q_norm and line == q_line
+               for o in origins)
+    return {"q_norm": q_norm, "k_norm": k_norm, "qk_norm_after_rope": after, "qk_norm_per_head": not flat,
             "qk_norm_evidence": _where(file, q_line, f"{where} {q_norm} on the queries, {k_norm} on the keys".strip())}
 
 

@@ -11,6 +11,7 @@ file, parsed as text) and confirmed by the tensors; the table of known names
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import replace
 
@@ -19,7 +20,8 @@ from scaffold.detect import codekeys, dataflow, moe, positions
 from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
-from scaffold.detect.sourcecode import added_to_call, interleaved_qkv, modeling_sources, norm_code
+from scaffold.detect.sourcecode import (added_to_call, interleaved_qkv, modeling_sources, norm_code, subtree,
+                                       weightless_norms)
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec, Undetermined, Unknown
 
@@ -123,6 +125,14 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
     if len(embeds) != 1:
         raise UnsupportedArchitecture(f"expected one embedding matrix {where_text}, found {embeds or 'none'}.",
                                       where)
+    if not norms:
+        # A final norm with no parameter (OLMo's): the one such norm the class holding the layer list builds.
+        source = code or modeling_sources(ckpt)
+        owners = {ll.owner for ll in codekeys.layer_lists(source)}
+        weightless = weightless_norms(source)
+        norms = sorted({attr for _f, cls, _fn, attr, value in codekeys.self_assignments(source)
+                        if cls.name in owners and isinstance(value, ast.Call)
+                        and codekeys.callee(value) in weightless})
     if len(norms) != 1:
         raise UnsupportedArchitecture(f"expected one final norm {where_text.split(' (')[0]}, found "
                                       f"{norms or 'none'}.", where)
@@ -269,7 +279,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
     if code_attn is not None and code_attn.q_norm and has(f"{attn}.{code_attn.q_norm}.weight"):
         q_norm, k_norm = code_attn.q_norm, code_attn.k_norm
-    if has(f"{attn}.{q_norm}.weight"):
+    weightless = weightless_norm_attributes(sources)
+    if (code_attn is not None and code_attn.q_norm and not has(f"{attn}.{code_attn.q_norm}.weight")
+            and {code_attn.q_norm, code_attn.k_norm} <= weightless):
+        # q/k norms that hold no parameter (NanoChat's): the code alone says they are there.
+        names.update(q_norm=code_attn.q_norm, k_norm=code_attn.k_norm)
+        kind = "per_head" if code_attn.qk_norm_per_head else "full"
+        spec.set("qk_norm", kind, Source("code", f"{code_attn.qk_norm_evidence} (norms without parameters, "
+                                                 f"{'per head' if kind == 'per_head' else 'over all heads'})"))
+        spec.set("qk_norm_after_rope", bool(code_attn.qk_norm_after_rope), Source("code", code_attn.qk_norm_evidence))
+    elif has(f"{attn}.{q_norm}.weight"):
         info = layer0[f"{attn}.{q_norm}.weight"]
         if len(info.shape) != 1 or not has(f"{attn}.{k_norm}.weight"):
             raise _unsupported(f"q/k norm weights of shape {list(info.shape)} (one norm per head)", where,
@@ -569,8 +588,17 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> d
             mlp = None
     elif mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
         mlp = None
-    norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0}
+    weightless = weightless_norm_attributes(sources)
+    norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0 or a in weightless}
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
+
+
+def weightless_norm_attributes(sources: dict) -> set[str]:
+    """The attributes the code builds with a norm class that holds no parameter (OLMo's OlmoLayerNorm), which
+    no tensor of the checkpoint can confirm."""
+    classes = weightless_norms(sources)
+    return {attr for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
+            if isinstance(value, ast.Call) and codekeys.callee(value) in classes}
 
 
 def _undecided(flow: dataflow.Layer | None) -> str:
@@ -685,6 +713,52 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     if has_bias and spec.norm_kind == "rms":
         raise _unsupported(f"{norm_attr} has a bias but its code is an RMS norm", where, spec.model_type)
     spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.bias"))
+    weightless = f"{norm_attr}.weight" not in layer0 and norm_attr in weightless_norm_attributes(sources)
+    spec.set("norm_weightless", weightless,
+             Source("code", f"{code.where}: {code.cls} holds no parameter") if weightless and code is not None
+             else Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.weight"))
+    if weightless and code is not None:
+        spec.set("norm_offset", 0.0, Source("code", f"{code.where}: {code.cls} has no scale"))
+    qk_weightless = spec.qk_norm != "none" and f"{names['self_attn']}.{names['q_norm']}.weight" not in layer0
+    if spec.qk_norm != "none" and qk_weightless != weightless:
+        raise _unsupported("q/k norms and layer norms that differ in holding parameters", where, spec.model_type)
     final_bias = f"{names['norm']}.bias" in inside
     if final_bias != has_bias:
         raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)
+    _embedding_norm(spec, sources, names, where)
+
+
+def _embedding_norm(spec: Spec, sources: dict, names: dict, where) -> None:
+    """Whether the base model's forward also applies its final norm to the embeddings, before the layers
+    (NanoChat's `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
+    found = None
+    for ll in codekeys.layer_lists(sources):
+        if ll.attribute != names["layers"].rsplit(".", 1)[-1]:
+            continue
+        for file, cls, func in codekeys.methods(sources):
+            if cls.name != ll.owner or func.name != "forward":
+                continue
+            loops = [n.lineno for n in subtree(func) if isinstance(n, ast.For)
+                     and f"self.{ll.attribute}" in ast.unparse(n.iter)]
+            if not loops:
+                continue
+            # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class
+            # whose name says norm: a hint, the call's place before the loop is what counts).
+            weightless = weightless_norms(sources)
+            norms = {names["norm"].rsplit(".", 1)[-1]} | {
+                a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
+                if c.name == ll.owner and isinstance(v, ast.Call)
+                and (codekeys.callee(v) in weightless or "norm" in codekeys.callee(v).lower())}
+            calls = [(n.lineno, n.func.attr) for n in subtree(func) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                     and n.func.value.id == "self" and n.func.attr in norms and n.lineno < min(loops)]
+            if calls:
+                found = (min(calls), file)
+    if found is None:
+        spec.set("embedding_norm", False, Source("default", "the embeddings reach the first layer as they are"))
+        return
+    (line, attr), file = found
+    if attr != names["norm"].rsplit(".", 1)[-1]:
+        raise _unsupported(f"a norm on the embeddings ({attr}) other than the final norm", where, spec.model_type)
+    spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr} normalizes the embeddings "
+                                                    "before the first layer"))

@@ -8,6 +8,7 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
+from scaffold.detect.common import unsupported
 from scaffold.detect.positions import alibi_code, computed_positions, learned_positions, rotary_code
 from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -114,6 +115,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                                           "GPT-J style"))
     else:
         spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
+    if (reversed_at := _reversed_rotation(modeling_sources(ckpt))) is not None:
+        raise unsupported(f"a rotary embedding that turns by -theta ({reversed_at}: rotate_half returns "
+                          "cat((x2, -x1))), which vLLM's get_rope does not compute", ckpt.config_file, spec.model_type)
 
     flags = cfg.get("no_rope_layers")
     if flags is None:
@@ -218,6 +222,19 @@ def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
                         and isinstance(last := sub.slice.elts[-1], ast.Slice) and last.upper is None
                         and isinstance(last.step, ast.Constant) and last.step.value == 2):
                     return Found("gptj", name, sub.lineno)
+    return None
+
+
+def _reversed_rotation(sources: dict[str, str]) -> Found | None:
+    """Where a rotate_half returns cat((x2, -x1)), a rotation by -theta (NanoChat's), not cat((-x2, x1))."""
+    for name, node in walk(sources):
+        if isinstance(node, ast.FunctionDef) and node.name == "rotate_half":
+            for sub in subtree(node):
+                if (isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call) and sub.value.args
+                        and isinstance(parts := sub.value.args[0], ast.Tuple) and len(parts.elts) == 2
+                        and not isinstance(parts.elts[0], ast.UnaryOp)
+                        and isinstance(parts.elts[1], ast.UnaryOp) and isinstance(parts.elts[1].op, ast.USub)):
+                    return Found("rotate_half", name, sub.lineno)
     return None
 
 

@@ -215,6 +215,34 @@ class NormCode:
     weight_offset: float  # 1.0 when it scales by (1 + weight)
 
 
+def _init_values(cls: ast.ClassDef) -> list[ast.AST]:
+    """The values `self.<name> = value` takes in the class's __init__."""
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    return [n.value for n in subtree(init) if isinstance(n, ast.Assign)] if init is not None else []
+
+
+def weightless_norms(sources: dict[str, str]) -> set[str]:
+    """The classes of the code that compute a norm and hold no parameter (OLMo's OlmoLayerNorm:
+    F.layer_norm(x, shape, None, None, eps=1e-5); NanoChat's F.rms_norm(x, shape, eps=...))."""
+    out = set()
+    for name, (_file, node) in _classes(sources).items():
+        forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        if forward is None:
+            continue
+        calls = [n for n in subtree(node) if isinstance(n, ast.Call)]
+        norms = [c for c in calls if not _dotted(c.func).startswith("self.")
+                 and _dotted(c.func).rsplit(".", 1)[-1] in ("layer_norm", "rms_norm", "rsqrt")]
+        # No parameter and no submodule (a class built in __init__: `self.x = Something(...)`).
+        params = [c for c in calls if _dotted(c.func).rsplit(".", 1)[-1] == "Parameter"]
+        params += [v for v in _init_values(node)
+                   if isinstance(v, ast.Call) and _dotted(v.func).rsplit(".", 1)[-1][:1].isupper()]
+        weights = [n for n in subtree(node) if isinstance(n, ast.Attribute) and n.attr in ("weight", "bias")
+                   and isinstance(n.value, ast.Name) and n.value.id == "self"]
+        if norms and not params and not weights:
+            out.add(name)
+    return out
+
+
 def norm_code(sources: dict[str, str], attribute: str, config: dict | None = None) -> NormCode | None:
     """How the norm at `self.<attribute>` computes, from its class's forward (or torch's nn.LayerNorm)."""
     found = module_class(sources, attribute, config)

@@ -35,7 +35,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     """
     n = port_names(spec.names)  # the port's module names (a nested top-level module keeps its last component)
     top, head = f"{n['model']}.", f"{n['lm_head']}."
-    params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,), f"{top}{n['norm']}.weight": (None,)}
+    params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,)}
+    if not spec.norm_weightless:
+        params[f"{top}{n['norm']}.weight"] = (None,)
     if spec.norm_bias:
         params[f"{top}{n['norm']}.bias"] = (None,)
     if spec.position_scheme == "learned":
@@ -51,7 +53,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     sparse = set(spec.sparse_layers)
     for i in range(spec.num_layers):
         p = f"{top}{n['layers']}.{i}."
-        kinds = ("weight", "bias") if spec.norm_bias else ("weight",)
+        kinds = () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",)
         for role in norms:
             if role not in n:  # a parallel block may share one norm
                 continue
