@@ -191,6 +191,10 @@ def decisions(spec) -> list[str]:
         norm = "GemmaRMSNorm (scales by 1 + weight)"
     elif spec.norm_kind == "layer":
         norm += " with bias" if spec.norm_bias else " without bias"
+    if spec.norm_weightless:
+        norm = {"rms": "RMSNorm", "layer": "LayerNorm"}[spec.norm_kind] + " without parameters (no scale, no bias)"
+    if spec.embedding_norm:
+        norm += f"; the final norm `{n['norm']}` also normalizes the embeddings before the first layer"
     block = {"pre_norm": "norm before attention and before the MLP",
              "sandwich": "norms before and after both attention and the MLP",
              "post_norm": "norm after attention and after the MLP, before each residual add",
