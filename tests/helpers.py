@@ -8,6 +8,7 @@ machine and clone. tests/test_golden.py diffs against them; scripts/update_golde
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -55,6 +56,13 @@ def engine_sample(values, *, keep, ids=None) -> list:
         raise ValueError(f"engine_sample keeps cases that do not exist: {sorted(missing)}")
     return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=i,
                          marks=() if i in keep else pytest.mark.extended) for v, i in zip(values, ids)]
+
+
+def transformers_code(model: str) -> dict[str, str]:
+    """The installed transformers' modeling file of `model`, as sources for the detectors (read, never imported)."""
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
+    path = root / "models" / model / f"modeling_{model}.py"
+    return {path.name: path.read_text(encoding="utf-8")}
 
 
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import EXAMPLES
+from helpers import EXAMPLES, transformers_code
 
 from scaffold.detect.mlp import code_activation
 from scaffold.detect.sizes import _divisor, _kv_keys
@@ -82,10 +82,5 @@ def test_a_positional_argument_is_read_under_its_parameters_name():
 
 def test_the_activation_a_transformers_mlp_builds_when_the_config_names_none():
     """MPT's MptMLP builds nn.GELU(approximate="none") in __init__; its config has no hidden_act."""
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    path = root / "models" / "mpt" / "modeling_mpt.py"
-    act, where = code_activation({path.name: path.read_text(encoding="utf-8")}, "ffn")
+    act, where = code_activation(transformers_code("mpt"), "ffn")
     assert act == "gelu" and where.startswith("modeling_mpt.py:")

@@ -6,13 +6,11 @@ place, never copied) and transformers' own modeling files of the installed versi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
-from helpers import REALMODELS
+from helpers import REALMODELS, transformers_code
 
 from scaffold.detect import dataflow
 
@@ -23,12 +21,6 @@ def realmodel_code(name: str) -> tuple[dict, dict]:
         pytest.fail(f"{folder} is missing: the real remote-code models live in ../shared/realmodels")
     sources = {p.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.py"))}
     return sources, json.loads((folder / "config.json").read_text(encoding="utf-8"))
-
-
-def transformers_code(model: str) -> dict:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    path = root / "models" / model / f"modeling_{model}.py"
-    return {path.name: path.read_text(encoding="utf-8")}
 
 
 # name -> (attention attr, layout, q, k, v, o), (mlp attr, kind, gate, up, down, fused), (attn_norm, mlp_norm)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ckpt_factory import Shape, config_for, write_checkpoint
-from helpers import detect_until, read
+from helpers import detect_until, read, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import norms
@@ -33,17 +33,9 @@ def test_no_epsilon_in_the_config_is_the_rms_default(tmp_path):
 def test_norm_classes_without_parameters_are_read_from_their_code():
     """OLMo's OlmoLayerNorm (F.layer_norm with no weight or bias) and NanoChat's RMS norm (x * rsqrt(mean(x^2) +
     eps)) hold no parameter; Llama's RMSNorm holds a weight; a class that builds a submodule is no norm."""
-    import importlib.util
-    from pathlib import Path
-
     from scaffold.detect.sourcecode import weightless_norms
 
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
-
-    def code(model: str) -> dict:
-        path = root / model / f"modeling_{model}.py"
-        return {path.name: path.read_text(encoding="utf-8")}
-
+    code = transformers_code
     assert weightless_norms(code("olmo")) == {"OlmoLayerNorm"}
     assert weightless_norms(code("nanochat")) == {"NanoChatRMSNorm"}
     assert weightless_norms(code("llama")) == set()
@@ -53,33 +45,20 @@ def test_norm_classes_without_parameters_are_read_from_their_code():
 def test_the_final_norm_applied_to_the_embeddings_too_is_read_from_the_base_models_forward():
     """NanoChat's model forward: `hidden_states = self.norm(hidden_states)` before the layer loop, then again
     after it; Llama's applies its norm after the loop only."""
-    import importlib.util
-    from pathlib import Path
-
-    from scaffold.detect.layout import _embedding_norm
+    from scaffold.detect.layout import _embedding_norm, weightless_norm_attributes
     from scaffold.spec import Spec
 
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
     for model, expected in (("nanochat", True), ("llama", False)):
-        path = root / model / f"modeling_{model}.py"
-        spec = Spec()
-        _embedding_norm(spec, {path.name: path.read_text(encoding="utf-8")}, {"layers": "layers", "norm": "norm"},
-                        "config.json")
+        sources, spec = transformers_code(model), Spec()
+        _embedding_norm(spec, sources, {"layers": "layers", "norm": "norm"}, "config.json",
+                        weightless_norm_attributes(sources))
         assert spec.embedding_norm is expected, model
         assert (spec.source("embedding_norm").kind == "code") is expected
 
 
 def test_a_rotation_by_minus_theta_is_named():
-    import importlib.util
-    from pathlib import Path
-
     from scaffold.detect.rope import _reversed_rotation
 
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
-
-    def code(model: str) -> dict:
-        path = root / model / f"modeling_{model}.py"
-        return {path.name: path.read_text(encoding="utf-8")}
-
+    code = transformers_code
     assert str(_reversed_rotation(code("nanochat"))).startswith("modeling_nanochat.py:")
     assert _reversed_rotation(code("llama")) is None

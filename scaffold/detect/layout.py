@@ -17,11 +17,17 @@ from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, dataflow, moe, positions
-from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
-from scaffold.detect.sourcecode import (added_to_call, interleaved_qkv, modeling_sources, norm_code, subtree,
-                                       weightless_norms)
+from scaffold.detect.linears import built_with, linear_classes
+from scaffold.detect.sourcecode import (
+    added_to_call,
+    interleaved_qkv,
+    modeling_sources,
+    norm_code,
+    subtree,
+    weightless_norms,
+)
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec, Undetermined, Unknown
 
@@ -226,7 +232,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # name table CANDIDATES is a hint for checkpoints without source, or where the code
     # does not decide.
     sources = modeling_sources(ckpt)
-    flow = _layer_flow(sources, ckpt, names["layers"], layer0)
+    weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
+    flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless)
     code_attn = flow.attention_flow if flow is not None else None
     attn = flow.attention if code_attn is not None else first("self_attn")
     if attn is None:
@@ -279,7 +286,6 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
     if code_attn is not None and code_attn.q_norm and has(f"{attn}.{code_attn.q_norm}.weight"):
         q_norm, k_norm = code_attn.q_norm, code_attn.k_norm
-    weightless = weightless_norm_attributes(sources)
     if (code_attn is not None and code_attn.q_norm and not has(f"{attn}.{code_attn.q_norm}.weight")
             and {code_attn.q_norm, code_attn.k_norm} <= weightless):
         # q/k norms that hold no parameter (NanoChat's): the code alone says they are there.
@@ -357,7 +363,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
-    _norms_and_block(ckpt, spec, names, layer0, sources, inside, flow)
+    _norms_and_block(ckpt, spec, names, layer0, sources, inside, weightless, flow)
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
@@ -564,7 +570,8 @@ def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:
     return None
 
 
-def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> dataflow.Layer | None:
+def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
+                weightless: set[str]) -> dataflow.Layer | None:
     """What the decoder layer's code computes, with every role it names confirmed by a tensor of layer 0; None
     without source. Roles the tensors do not confirm are dropped (the name table decides those)."""
     if not sources:
@@ -588,7 +595,6 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict) -> d
             mlp = None
     elif mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
         mlp = None
-    weightless = weightless_norm_attributes(sources)
     norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0 or a in weightless}
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
 
@@ -663,7 +669,7 @@ def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
 
 
 def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict,
-                     flow: dataflow.Layer | None = None) -> None:
+                     weightless_attributes: set[str], flow: dataflow.Layer | None = None) -> None:
     where = ckpt.config_file
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
@@ -713,7 +719,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     if has_bias and spec.norm_kind == "rms":
         raise _unsupported(f"{norm_attr} has a bias but its code is an RMS norm", where, spec.model_type)
     spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.bias"))
-    weightless = f"{norm_attr}.weight" not in layer0 and norm_attr in weightless_norm_attributes(sources)
+    weightless = f"{norm_attr}.weight" not in layer0 and norm_attr in weightless_attributes
     spec.set("norm_weightless", weightless,
              Source("code", f"{code.where}: {code.cls} holds no parameter") if weightless and code is not None
              else Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.weight"))
@@ -725,10 +731,10 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     final_bias = f"{names['norm']}.bias" in inside
     if final_bias != has_bias:
         raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)
-    _embedding_norm(spec, sources, names, where)
+    _embedding_norm(spec, sources, names, where, weightless_attributes)
 
 
-def _embedding_norm(spec: Spec, sources: dict, names: dict, where) -> None:
+def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str]) -> None:
     """Whether the base model's forward also applies its final norm to the embeddings, before the layers
     (NanoChat's `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
     found = None
@@ -744,11 +750,10 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where) -> None:
                 continue
             # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class
             # whose name says norm: a hint, the call's place before the loop is what counts).
-            weightless = weightless_norms(sources)
             norms = {names["norm"].rsplit(".", 1)[-1]} | {
                 a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
                 if c.name == ll.owner and isinstance(v, ast.Call)
-                and (codekeys.callee(v) in weightless or "norm" in codekeys.callee(v).lower())}
+                and (a in weightless or "norm" in codekeys.callee(v).lower())}
             calls = [(n.lineno, n.func.attr) for n in subtree(func) if isinstance(n, ast.Call)
                      and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
                      and n.func.value.id == "self" and n.func.attr in norms and n.lineno < min(loops)]
