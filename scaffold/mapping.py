@@ -59,9 +59,13 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
     """The (checkpoint module, fused module, shard id) entries this spec uses, inside a decoder layer."""
     n = spec.names
     rows = []
+    attn = n["self_attn"]
     if spec.qkv_layout == "separate":
-        attn = n["self_attn"]
         rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_proj", "k_proj", "v_proj"), QKV)]
+    elif spec.qkv_layout == "latent" and spec.q_lora_rank:
+        # Both down-projections of the hidden states, the query's and the latent's, in one matmul (vLLM's
+        # fused_qkv_a_proj, a MergedColumnParallelLinear that every rank holds whole).
+        rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_a_proj", "kv_a_proj"), GATE_UP)]
     mlp = n["mlp"]
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and spec.has_dense_mlp:
         rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
@@ -98,6 +102,9 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
     n = spec.names
     out = [f"{n['self_attn']}.{n['o_proj']}"]
+    if spec.qkv_layout == "latent":
+        latent = ("q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj", "kv_a_proj")
+        out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]
     if spec.has_dense_mlp:
         out.append(f"{n['mlp']}.{n['down_proj']}")
     if spec.qk_norm != "none":

@@ -76,6 +76,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "interfaces": interfaces(moe),
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
+        # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
+        "latent": spec.qkv_layout == "latent",
         "alibi": spec.position_scheme == "alibi",
         # GPT-2 layouts: a learned absolute position table added to the token embedding.
         "learned": spec.position_scheme == "learned",
@@ -107,7 +109,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich"),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
-        "split": spec.qkv_layout != "separate" or (gated and spec.gate_up_layout == "fused"),
+        "split": spec.qkv_layout not in ("separate", "latent") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
@@ -152,8 +154,11 @@ def packed_modules(spec: Spec, gate_up: bool) -> dict[str, list[str]]:
     A layout that already stores the packed module keeps its own name (packed from itself).
     """
     n = spec.names
-    packed = {n["qkv_proj"]: [n["q_proj"], n["k_proj"], n["v_proj"]] if spec.qkv_layout == "separate"
-              else [n["qkv_proj"]]}
+    if spec.qkv_layout == "latent":
+        packed = {n["qkv_proj"]: [n["q_a_proj"], n["kv_a_proj"]]} if spec.q_lora_rank else {}
+    else:
+        packed = {n["qkv_proj"]: [n["q_proj"], n["k_proj"], n["v_proj"]] if spec.qkv_layout == "separate"
+                  else [n["qkv_proj"]]}
     if gate_up:
         packed[n["gate_up_proj"]] = ([n["gate_proj"], n["up_proj"]] if spec.gate_up_layout == "separate"
                                      else [n["gate_up_proj"]])
@@ -194,7 +199,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
 
     The version fallbacks (Attention, FusedMoE) are code, in the header partial.
     """
-    moe, alibi, mlp_class = flags["moe"], flags["alibi"], flags["mlp_class"]
+    moe, alibi, mlp_class, latent = flags["moe"], flags["alibi"], flags["mlp_class"], flags["latent"]
+    low_rank_q = latent and bool(spec.q_lora_rank)
     full_qk_norm = spec.qk_norm == "full"
     gate_bias = bool(spec.gate_extra_bias)
     stdlib = [
@@ -228,15 +234,18 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         # LayerNorm1P is the port's own class.
         *([] if flags["layer_norm_1p"] else [Import("vllm.model_executor.layers.layernorm", (norm_class(spec),))]),
         Import("vllm.model_executor.layers.linear", _present(
-            ("ColumnParallelLinear", not flags["gated"]),
-            ("MergedColumnParallelLinear", flags["gated"] and mlp_class),
-            ("QKVParallelLinear", True),
-            ("ReplicatedLinear", flags["shared_gate"]),
+            ("ColumnParallelLinear", not flags["gated"] or latent),
+            ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q),
+            ("QKVParallelLinear", not latent),
+            ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q),
             ("RowParallelLinear", True),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
+        *([Import("vllm.model_executor.layers.mla", ("MLAModules", "MultiHeadLatentAttentionWrapper"))]
+          if latent else []),
         Import("vllm.model_executor.layers.quantization", ("QuantizationConfig",)),
         *([Import("vllm.model_executor.layers.rotary_embedding", ("get_rope",))] if flags["rotary"] else []),
+        *([Import("vllm.model_executor.layers.rotary_embedding.common", ("yarn_get_mscale",))] if latent else []),
         Import("vllm.model_executor.layers.vocab_parallel_embedding", ("ParallelLMHead", "VocabParallelEmbedding")),
         Import("vllm.model_executor.model_loader.weight_utils", _present(
             ("default_weight_loader", True),

@@ -145,6 +145,24 @@ def inspect_json(analysis: Analysis) -> dict:
     }
 
 
+def _latent(spec) -> str:
+    """What the port's multi-head latent attention computes, with the checkpoint's module names."""
+    n = spec.names
+    attn = n["self_attn"]
+    query = (f"the queries come from `{attn}.{n['q_a_proj']}` ({spec.q_lora_rank} wide), normed by "
+             f"`{n['q_a_norm']}`, and `{n['q_b_proj']}`; `{n['q_a_proj']}` and `{n['kv_a_proj']}` load as shards 0 "
+             f"and 1 of `{attn}.{n['qkv_proj']}` (one matmul, whole on every rank)" if spec.q_lora_rank
+             else f"the queries come from `{attn}.{n['q_proj']}`")
+    scale = ("(qk_nope_head_dim + qk_rope_head_dim) ** -0.5" if spec.attention_scale is None
+             else _md(spec.source("attention_scale").detail))
+    return (f"- attention: multi-head latent attention (vLLM's `MultiHeadLatentAttentionWrapper`): {query}; "
+            f"`{n['kv_a_proj']}` makes the {spec.kv_lora_rank}-wide latent (normed by `{n['kv_a_norm']}`) and one "
+            f"{spec.qk_rope_head_dim}-wide rotated key shared by the heads, which vLLM caches; `{n['kv_b_proj']}` "
+            f"expands the latent into each head's {spec.qk_nope_head_dim}-wide unrotated key and "
+            f"{spec.v_head_dim}-wide value; scale {scale}, times YaRN's mscale squared where the rotary embedding "
+            "is YaRN-scaled.")
+
+
 def decisions(spec) -> list[str]:
     """What the port computes, in the order a reader meets it in model.py."""
     n = spec.names
@@ -159,10 +177,13 @@ def decisions(spec) -> list[str]:
         "grouped": f"the checkpoint's `{qkv}` holds, per KV head, that group's query heads, then its key, then its "
                    "value ([kv_heads, heads / kv_heads + 2, head_dim] rows); load_weights regroups it into shards "
                    "q, k, v",
-    }[spec.qkv_layout]
-    out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
-           f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
-           + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    }.get(spec.qkv_layout)
+    if spec.qkv_layout == "latent":
+        out = [_latent(spec)]
+    else:
+        out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
+               f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
+               + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
     if spec.qk_norm != "none":
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
     out.append(f"- {_positions(spec)}.")

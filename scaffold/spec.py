@@ -96,6 +96,7 @@ DEFAULT_NAMES = {
 # router (the gating linear), experts (the list of experts), expert_gate_proj /
 # expert_up_proj / expert_down_proj (the projections inside one expert) and, where
 # the architecture has one, shared_expert and shared_expert_gate.
+LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
@@ -104,6 +105,10 @@ NAME_ROLES = (
     # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
     # where position_scheme is "learned".
     "embed_positions",
+    # Multi-head latent attention (qkv_layout "latent", DeepSeek-V2's): the low-rank query projection and its
+    # norm (q_a_proj, q_a_norm, q_b_proj; absent where the queries come from q_proj alone), the joint
+    # latent-KV-and-rotary-key projection, the latent's norm and its expansion into keys and values.
+    *LATENT_ROLES,
 )
 MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -200,8 +205,9 @@ class Spec:
 
     # Attention.
     qkv_layout: str = spec_field("separate", group="attention", probe="self_attn",
-                                 choices=("separate", "fused", "interleaved", "grouped"),
-                                 doc="q, k, v as three tensors, or one fused tensor and how it is cut")
+                                 choices=("separate", "fused", "interleaved", "grouped", "latent"),
+                                 doc="q, k, v as three tensors, or one fused tensor and how it is cut, or "
+                                     "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's)")
     qkv_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="q, k, v projections have a bias")
     o_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="the output projection has a bias")
     qk_norm: str = spec_field("none", group="attention", probe="self_attn", choices=("none", "per_head", "full"),
@@ -213,7 +219,20 @@ class Spec:
     sliding_window_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
                                                   doc="the layers with a sliding window")
     attention_scale: float | None = spec_field(None, group="attention", probe="self_attn",
-                                               doc="the score scale; None: head_dim ** -0.5")
+                                               doc="the score scale; None: head_dim ** -0.5 (latent attention: "
+                                                   "(qk_nope_head_dim + qk_rope_head_dim) ** -0.5)")
+    # Multi-head latent attention's sizes (qkv_layout "latent"); 0 elsewhere.
+    q_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
+                                  doc="the low-rank query's width; 0: the queries come from one projection")
+    kv_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
+                                   doc="the width of the compressed key/value latent the cache holds")
+    qk_nope_head_dim: int = spec_field(0, group="attention", probe="self_attn", config_key=True,
+                                       omit_when_empty=True, doc="the part of a query/key head not rotated")
+    qk_rope_head_dim: int = spec_field(0, group="attention", probe="self_attn", config_key=True,
+                                       omit_when_empty=True,
+                                       doc="the rotated part of a query/key head (one rotated key shared by the heads)")
+    v_head_dim: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
+                                 doc="a value head's width")
     attn_logit_softcap: float | None = spec_field(None, group="attention", probe="self_attn",
                                                   doc="scores capped at c * tanh(s / c); None: not capped")
 
@@ -637,6 +656,16 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
+    if spec.qkv_layout == "latent":
+        # Multi-head latent attention: the latent's projections and sizes, and the query's (low-rank or not).
+        query = ("q_a_proj", "q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj",)
+        for role in ("kv_a_proj", "kv_a_norm", "kv_b_proj", *query):
+            if role not in names:
+                raise SpecError(f"qkv_layout is \"latent\" but 'names' has no module name for role {role!r}.",
+                                origin)
+        for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(spec, size) <= 0:
+                raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:

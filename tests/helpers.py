@@ -133,6 +133,12 @@ GOLDEN_PORTS = {p.name: p for p in (
     GoldenPort("gemma2", model_type="gemma2", architecture="GoldenGemma2ForCausalLM",
                overrides={"sliding_window": 8, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 1.0,
                           "final_logit_softcapping": 1.0}),
+    # Multi-head latent attention with DeepSeek-V3's routing (sigmoid, correction bias, groups, shared expert).
+    GoldenPort("deepseek_v3", model_type="deepseek_v3", architecture="GoldenDeepseekV3ForCausalLM",
+               overrides={"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "q_lora_rank": 96,
+                          "qk_nope_head_dim": 32, "v_head_dim": 32, "num_key_value_heads": 4, "n_routed_experts": 4,
+                          "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1,
+                          "first_k_dense_replace": 1}),
 )}
 
 

@@ -12,11 +12,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     n = spec.names
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if spec.qkv_layout == "separate":
+    if spec.qkv_layout == "latent":
+        # scaffold.detect.latent checked layer 0's projections; the policy check holds every layer to layer 0's shapes.
+        expected = {}
+    elif spec.qkv_layout == "separate":
         expected = {"q_proj": q, "k_proj": kv, "v_proj": kv}
     else:  # fused or interleaved: one tensor
         expected = {"qkv_proj": q + 2 * kv}
-    expected["o_proj"] = spec.hidden_size
+    if expected:
+        expected["o_proj"] = spec.hidden_size
     for layer in range(spec.num_layers):
         for role, rows in expected.items():
             name = f"{n['model']}.{n['layers']}.{layer}.{n['self_attn']}.{n[role]}.weight"
@@ -32,7 +36,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                     where,
                 )
     _scale_and_softcap(ckpt, spec)
-    if spec.head_dim % 2:
+    if spec.qkv_layout != "latent" and spec.head_dim % 2:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
 
     key, window = config_value(ckpt, "sliding_window")

@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, moe, positions
+from scaffold.detect import codekeys, dataflow, latent, moe, positions
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -245,7 +245,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
     names["self_attn"] = attn
-    if code_attn is not None:
+    latent_modules: set[str] = set()
+    if latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
+        latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
+                                       code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn))
+    elif code_attn is not None:
         _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.{names['layers']}.0.{attn}", layer0)
     elif all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):
         names.update(q_proj="q_proj", k_proj="k_proj", v_proj="v_proj", qkv_proj="qkv_proj")
@@ -370,6 +374,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
                if r in names}
     claimed.add(f"{attn}.{names['qkv_proj']}")
+    claimed |= latent_modules
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}

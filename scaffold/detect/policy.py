@@ -121,6 +121,10 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
             continue
         if name == "model.norm.weight" or _LAYER_NORM.match(name):
             need(name, (hidden,), f"{hkey} {hidden}")
+        elif _O_PROJ.match(name) and heads and _is_int(config.get("kv_lora_rank")) and _is_int(config.get("v_head_dim")):
+            # Latent attention (DeepSeek-V2's): the output projection takes the heads' values.
+            value = config["v_head_dim"]
+            need(name, (hidden, heads * value), f"{heads} heads of values {value} wide (v_head_dim) and {hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
             need(name, (hidden, heads * head_dim), f"{heads} heads of size {head_dim} and {hkey} {hidden}")
         if heads and head_dim and _QK_NORM.match(name):

@@ -108,7 +108,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         # transformers' own file: one with no rotate_half at all rotates its own way (GPT-J's rotate_every_two);
         # one with both forms keeps the other behind a config flag (DeepSeek-V3's rope_interleave).
         pairs = _adjacent_pairs(modeling_sources(ckpt))
-    if gptj is not None:
+    interleave = cfg.get("rope_interleave")
+    if isinstance(interleave, bool):
+        # DeepSeek-V3's code keeps both forms and picks one by this flag.
+        spec.set("rope_neox_style", not interleave,
+                 Source("config", f"config.json rope_interleave = {str(interleave).lower()}: "
+                                  + ("adjacent channels paired, GPT-J style" if interleave else "rotate_half")))
+    elif gptj is not None:
         spec.set("rope_neox_style", False, Source("code", f"{gptj}: rotate_half pairs even and odd channels"))
     elif pairs is not None:
         spec.set("rope_neox_style", False, Source("code", f"{pairs}: the rotary function pairs adjacent channels, "

@@ -59,9 +59,26 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
-        qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
-        for kind in qkv_kinds:
-            params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
+        if spec.qkv_layout == "latent":
+            # The low-rank query's and the latent's down-projections fused in one parameter (shards 0, 1), or the
+            # queries' own projection beside the latent's; the latent's norm and expansion. The latent norms are
+            # built as the other norms are.
+            if spec.q_lora_rank:
+                params[f"{p}{attn}.{n['qkv_proj']}.weight"] = (0, 1)
+                params[f"{p}{attn}.{n['q_b_proj']}.weight"] = (None,)
+                latent_norms = ("q_a_norm", "kv_a_norm")
+            else:
+                params[f"{p}{attn}.{n['q_proj']}.weight"] = (None,)
+                params[f"{p}{attn}.{n['kv_a_proj']}.weight"] = (None,)
+                latent_norms = ("kv_a_norm",)
+            params[f"{p}{attn}.{n['kv_b_proj']}.weight"] = (None,)
+            for role in latent_norms:
+                for kind in kinds:
+                    params[f"{p}{attn}.{n[role]}.{kind}"] = (None,)
+        else:
+            qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
+            for kind in qkv_kinds:
+                params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
         for kind in ("weight", "bias") if spec.o_bias else ("weight",):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.qk_norm != "none":  # built as the other norms are, so with their bias
@@ -128,7 +145,16 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                             spec.intermediate_size, spec.hidden_size)
     attn, mlp = n["self_attn"], n["mlp"]
     want = {f"{attn}.{n['o_proj']}": hidden, f"{mlp}.{n['down_proj']}": hidden}
-    if spec.qkv_layout == "separate":
+    latent = spec.qkv_layout == "latent"
+    if latent:
+        heads, rope, nope, value = spec.num_heads, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
+        want.update({f"{attn}.{n['kv_a_proj']}": spec.kv_lora_rank + rope,
+                     f"{attn}.{n['kv_b_proj']}": heads * (nope + value)})
+        if spec.q_lora_rank:
+            want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank, f"{attn}.{n['q_b_proj']}": heads * (nope + rope)})
+        else:
+            want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
+    elif spec.qkv_layout == "separate":
         want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['k_proj']}": kv, f"{attn}.{n['v_proj']}": kv})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
@@ -165,9 +191,11 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
-    report.add("per-shard shapes", not problems, problems[0] if problems else
-               f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
-               f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''}); {mlp_detail}")
+    attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
+                 f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
+                 if latent else f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
+                 f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''})")
+    report.add("per-shard shapes", not problems, problems[0] if problems else f"{attention}; {mlp_detail}")
 
 
 def stacked_mapping_of(model_file) -> list[tuple]:

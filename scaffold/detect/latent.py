@@ -1,0 +1,134 @@
+"""Multi-head latent attention (DeepSeek-V2's MLA): its module names and sizes, read from the tensors.
+
+The queries come from the hidden states through a low-rank projection and its norm (q_a_proj,
+q_a_layernorm, q_b_proj), or through one projection (q_proj). Keys and values come from one joint
+projection (kv_a_proj_with_mqa) whose output is the compressed latent (kv_lora_rank wide, normed by
+kv_a_layernorm) followed by one rotated key part shared by every head (qk_rope_head_dim wide);
+kv_b_proj expands the latent into each head's unrotated key part (qk_nope_head_dim) and its value
+(v_head_dim). vLLM caches the latent and the rotated key, not per-head keys and values.
+
+Every size follows from the shapes, so a checkpoint without the config keys still ports; where
+config.json holds a key of the same value, the port reads that key at run time.
+"""
+
+from __future__ import annotations
+
+from scaffold.checkpoint import Checkpoint
+from scaffold.detect.common import unsupported
+from scaffold.errors import CheckpointError
+from scaffold.spec import Source, Spec
+
+# Module names each role goes by in the checkpoints the generator knows (DeepSeek-V2/V3 and the families built
+# on their code: GLM-4.7-Flash, MiniCPM3, Kimi, Youtu), first present wins.
+CANDIDATES = {
+    "kv_a_proj": ("kv_a_proj_with_mqa", "kv_a_proj"),
+    "kv_a_norm": ("kv_a_layernorm", "kv_a_norm"),
+    "kv_b_proj": ("kv_b_proj",),
+    "q_a_proj": ("q_a_proj",),
+    "q_a_norm": ("q_a_layernorm", "q_a_norm"),
+    "q_b_proj": ("q_b_proj",),
+    "q_proj": ("q_proj",),
+}
+SIZES = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _find(layer0: dict, attn: str, role: str) -> str | None:
+    return next((c for c in CANDIDATES[role] if f"{attn}.{c}.weight" in layer0), None)
+
+
+def present(layer0: dict, attn: str) -> bool:
+    """Whether layer 0's attention is a latent one: a joint latent projection and the latent's expansion."""
+    return _find(layer0, attn, "kv_a_proj") is not None and _find(layer0, attn, "kv_b_proj") is not None
+
+
+def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, path: str,
+           o_proj: str | None) -> set[str]:
+    """Name the latent roles and set the latent sizes; `path` is layer 0's attention in the checkpoint, `o_proj`
+    its output projection. Returns the attention's modules the port computes with (the layout's claimed ones)."""
+    where = ckpt.config_file
+    found = {role: _find(layer0, attn, role) for role in CANDIDATES}
+    indexer = sorted(r for r in layer0 if r.startswith(f"{attn}.indexer."))
+    if indexer:
+        raise unsupported(f"sparse latent attention: a top-k token indexer ({path.rsplit('.', 1)[0]}."
+                          f"{indexer[0]}, DeepSeek-V3.2's lightning indexer) chooses the keys each query sees",
+                          where, spec.model_type)
+    low_rank_q = found["q_a_proj"] is not None
+    needed = ("kv_a_proj", "kv_a_norm", "kv_b_proj") + (("q_a_proj", "q_a_norm", "q_b_proj") if low_rank_q
+                                                         else ("q_proj",))
+    missing = [role for role in needed if found[role] is None]
+    if missing:
+        raise unsupported(f"latent attention without {', '.join(missing)} "
+                          f"(looked for {', '.join(c for r in missing for c in CANDIDATES[r])} under {path})",
+                          where, spec.model_type)
+    biased = sorted(f"{found[r]}.bias" for r in needed if f"{attn}.{found[r]}.bias" in layer0)
+    if biased:
+        raise unsupported(f"latent attention projections with a bias ({path}.{biased[0]})", where, spec.model_type)
+
+    def shape(role: str) -> tuple[int, ...]:
+        return tuple(layer0[f"{attn}.{found[role]}.weight"].shape)
+
+    def tensor(role: str) -> str:
+        return f"{path}.{found[role]}.weight"
+
+    heads, hidden = spec.num_heads, spec.hidden_size
+    kv_rank = shape("kv_a_norm")[0]
+    rope = shape("kv_a_proj")[0] - kv_rank
+    q_rows, q_in = shape("q_b_proj" if low_rank_q else "q_proj")
+    q_rank = shape("q_a_norm")[0] if low_rank_q else 0
+    kv_rows, kv_in = shape("kv_b_proj")
+    if rope <= 0 or q_rows % heads or kv_rows % heads:
+        raise CheckpointError(f"{tensor('kv_a_proj')} has shape {list(shape('kv_a_proj'))}, {tensor('kv_b_proj')} "
+                              f"{list(shape('kv_b_proj'))}: not the latent attention of {heads} heads over a "
+                              f"{kv_rank}-wide latent ({tensor('kv_a_norm')}).", where)
+    nope = q_rows // heads - rope
+    value = kv_rows // heads - nope
+    sizes = {"q_lora_rank": q_rank, "kv_lora_rank": kv_rank, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+             "v_head_dim": value}
+    expected = {
+        "kv_a_proj": (kv_rank + rope, hidden),
+        "kv_b_proj": (heads * (nope + value), kv_rank),
+        "o_proj": (hidden, heads * value),
+        **({"q_a_proj": (q_rank, hidden), "q_b_proj": (heads * (nope + rope), q_rank)} if low_rank_q
+           else {"q_proj": (heads * (nope + rope), hidden)}),
+    }
+    if nope <= 0 or value <= 0 or kv_in != kv_rank:
+        raise CheckpointError(f"{tensor('kv_b_proj')} has shape {list(shape('kv_b_proj'))}, but {heads} heads "
+                              f"whose rotated part is {rope} wide (from {tensor('kv_a_proj')}) over a "
+                              f"{kv_rank}-wide latent cannot make it.", where)
+    names.update({role: found[role] for role in needed})
+    # The port's one module for both down-projections of the hidden states (vLLM's fused_qkv_a_proj), where the
+    # queries have one; else the role is unused.
+    names["qkv_proj"] = "fused_qkv_a_proj" if low_rank_q else "qkv_proj"
+    for role, want in expected.items():
+        module = o_proj if role == "o_proj" else found[role]
+        info = layer0.get(f"{attn}.{module}.weight")
+        if info is not None and tuple(info.shape) != want:
+            raise CheckpointError(f"tensor {path}.{module}.weight has shape {list(info.shape)}, but latent attention "
+                                  f"of {heads} heads (rotated part {rope}, unrotated {nope}, value {value}, latent "
+                                  f"{kv_rank}) over hidden size {hidden} needs {list(want)}.", where)
+    for field, size in sizes.items():
+        said = ckpt.config.get(field)
+        if said is not None and said != size and not (field == "q_lora_rank" and size == 0):
+            raise CheckpointError(f"config.json says {field} = {said!r}, but the tensors of layer 0's attention "
+                                  f"({path}) make it {size}.", where)
+        if said == size and size:
+            spec.set(field, size, Source("config", f"config.json {field} (matches the tensors)", f"config.{field}"))
+        else:
+            spec.set(field, size, Source("tensor", _why(field, found, path, low_rank_q)))
+    spec.set("qkv_layout", "latent", Source("tensor", f"{tensor('kv_a_proj')} and {tensor('kv_b_proj')}: a "
+                                                      "compressed key/value latent"))
+    spec.set("qkv_bias", False, Source("tensor", f"{path}: no bias on the latent projections"))
+    return {f"{attn}.{found[role]}" for role in needed}
+
+
+def _why(field: str, found: dict, path: str, low_rank_q: bool) -> str:
+    if field == "q_lora_rank":
+        return (f"{path}.{found['q_a_norm']}.weight's width" if low_rank_q
+                else f"no {path}.q_a_proj: the queries come from {found['q_proj']} alone")
+    return {
+        "kv_lora_rank": f"{path}.{found['kv_a_norm']}.weight's width",
+        "qk_rope_head_dim": f"{path}.{found['kv_a_proj']}.weight's rows beyond the latent",
+        "qk_nope_head_dim": f"{path}.{found['q_b_proj' if low_rank_q else 'q_proj']}.weight's rows per head beyond "
+                            "the rotated part",
+        "v_head_dim": f"{path}.{found['kv_b_proj']}.weight's rows per head beyond the unrotated key part",
+    }[field]
