@@ -42,8 +42,23 @@ MOE_SHRINK = {
     "n_group": 1, "topk_group": 1,
 }
 
+# Multi-head latent attention at the one size vLLM's CPU build runs: its MLA decode kernel takes a 576-wide cache
+# row only (kv_lora_rank 512 + qk_rope_head_dim 64, DeepSeek-V3's), transformers' rotary embedding is head_dim
+# wide (so head_dim = qk_rope_head_dim), and the code repeats keys and values per KV head (so KV heads = heads).
+LATENT_SIZES = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32,
+                "v_head_dim": 32, "num_key_value_heads": 4}
+LATENT = (LATENT_SIZES,
+          "latent attention at the size vLLM's CPU MLA kernel takes (a 576-wide cache row: kv_lora_rank 512 + "
+          "qk_rope_head_dim 64 = head_dim), KV heads = heads")
+LATENT_TYPES = ("axk1", "axk2", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
+                "minicpm3", "youtu")
+
 # Per-family additions to BASE, each with why the family needs it (kept small on purpose).
 FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
+    **dict.fromkeys(LATENT_TYPES, LATENT),
+    "deepseek_v2": ({**LATENT[0], "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
+                    LATENT[1] + "; its config leaves num_experts_per_tok None (the model cannot be made without it) "
+                                "and the expert groups None (one group: its greedy top-k)"),
     "gpt_neox": ({"num_key_value_heads": 4}, "no grouped-query attention: kv heads equal heads"),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8},
                 "attention_types must name one kind per layer (BASE's 3), and a window shorter than the prompts"),

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from catalogue import LATENT_SIZES as LATENT
 from coverage_doc import COVERAGE, recorded_results, render
 from engine_logprobs import logprobs, max_delta
 from helpers import engine_sample, quick_sample, scaffold
@@ -94,6 +95,19 @@ ARCHITECTURES = {
     "gptj": ("gptj", {"rotary_dim": 16}),
     "mpt": ("mpt", {}),
     "olmo": ("olmo", {}),
+    # Multi-head latent attention (vLLM's MLA layers) at the one size vLLM's CPU kernel takes (a 576-wide cache
+    # row), with DeepSeek-V3's routing; then without the low-rank query and with a YaRN-scaled rotary embedding
+    # (the scores scaled by its mscale squared).
+    "deepseek_v3": ("deepseek_v3", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1,
+                                    "first_k_dense_replace": 1}),
+    "deepseek_v2-lite": ("deepseek_v2", {**LATENT, "q_lora_rank": None, "n_routed_experts": 4,
+                                         "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_group": 1,
+                                         "topk_group": 1, "first_k_dense_replace": 1,
+                                         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                             "original_max_position_embeddings": 128,
+                                                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                                                             "mscale_all_dim": 0.707}}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -143,6 +157,13 @@ EXPECTED_SPEC = {
     "gptj": {"partial_rotary_factor": 0.5, "rope_neox_style": False, "block": "parallel"},
     "mpt": {"position_scheme": "alibi", "hidden_act": "gelu", "norm_bias": False},
     "olmo": {"norm_weightless": True, "norm_kind": "layer", "norm_eps": 1e-5},
+    "deepseek_v3": {"qkv_layout": "latent", "q_lora_rank": 96, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 32, "v_head_dim": 32, "rope_neox_style": False, "moe_sigmoid": True,
+                    "dense_layers": [0]},
+    "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
+                         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                             "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
+                                             "mscale": 0.707, "mscale_all_dim": 0.707}},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -227,8 +248,9 @@ SECOND_HALF = list(ARCHITECTURES)[len(FIRST_HALF):]
 # every template path: sandwich norms with per-head q/k norms, sliding windows and a local rotary base
 # (gemma3), an interleaved fused qkv with a parallel block and partial rotary (gpt_neox), fused qkv and
 # gate/up (phi3), grouped sigmoid routing with shared experts and a dense prefix (glm4_moe), Conv1D weights
-# with learned positions (gpt2), an MLP on the decoder layer with offset positions (opt).
-SUITE_ROWS = ("gemma3", "gpt_neox", "phi3", "glm4_moe", "gpt2", "opt")
+# with learned positions (gpt2), an MLP on the decoder layer with offset positions (opt), multi-head latent
+# attention (deepseek_v3).
+SUITE_ROWS = ("gemma3", "gpt_neox", "phi3", "glm4_moe", "gpt2", "opt", "deepseek_v3")
 
 
 @pytest.mark.engine
