@@ -4,6 +4,8 @@ A layer is sparse when it holds `MLP.experts.N.PROJ.weight` tensors. The expert
 projections are recognised by name: (gate_proj, up_proj, down_proj) as in Qwen-MoE
 or (w1, w3, w2) as in Mixtral; any other naming is refused rather than guessed,
 because which projection goes through the activation cannot be read off the shapes.
+The router is the block's `gate` or `router` linear, or the one linear directly inside a module so named
+(HunYuan-MoE's gate.wg, AfMoE's router.gate); the port keeps it one module up and maps the name on load.
 
 A shared expert is the block's one other module holding gate_proj/up_proj/down_proj (Qwen2-MoE's
 shared_expert, DeepSeek-V3's shared_experts), scaled by a sigmoid gate where the checkpoint has
@@ -77,13 +79,7 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     tensors = per_layer[first]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
     if router is None:
-        count = len({e for _, e, _ in sparse[first]})
-        # A router kept deeper (HunYuan-MoE's gate.wg): one row per expert, outside the experts.
-        deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
-                        and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
-        seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
-        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router (looked for "
-                                      f"{', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}{seen}).", where)
+        router = _deeper_router(tensors, mlp, len({e for _, e, _ in sparse[first]}), first, where)
     names.update(mlp=mlp, router=router, experts="experts", expert_gate_proj=roles[0], expert_up_proj=roles[1],
                  expert_down_proj=roles[2])
     claimed = {f"{mlp}.{router}"}
@@ -107,10 +103,31 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     return claimed
 
 
+def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
+    """The router of a block that keeps its linear one module deeper, inside a module named gate or router
+    (HunYuan-MoE's gate.wg, AfMoE's router.gate): the one 2-D weight MLP.R.X.weight with R in ROUTER_NAMES
+    and one row per expert. Refused when there is none, or several."""
+    nested = re.compile(rf"^{re.escape(mlp)}\.((?:{'|'.join(ROUTER_NAMES)})\.[A-Za-z_]\w*)\.weight$")
+    found = sorted(m.group(1) for rest, info in tensors.items()
+                   if (m := nested.match(rest)) and len(info.shape) == 2 and info.shape[0] == count)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UnsupportedArchitecture(f"layer {layer}'s {mlp} has several tensors shaped as its router "
+                                      f"({', '.join(f'{mlp}.{r}.weight' for r in found)}).", where)
+    # Any other tensor with a router's shape: one row per expert, outside the experts.
+    deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
+                    and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
+    seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
+    looked = [f"{mlp}.{r}.weight" for r in ROUTER_NAMES] + [f"{mlp}.{r}.NAME.weight" for r in ROUTER_NAMES]
+    raise UnsupportedArchitecture(f"layer {layer}'s {mlp} has experts but no router (looked for "
+                                  f"{', '.join(looked)}{seen}).", where)
+
+
 def _shared_expert(tensors: dict, mlp: str, router: str) -> str | None:
     """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts)."""
     inside = re.compile(rf"^{re.escape(mlp)}\.(\w+)\.({'|'.join(SHARED_PROJECTIONS)})\.weight$")
-    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router}
+    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router.split(".")[0]}
     found = sorted(n for n in found if all(f"{mlp}.{n}.{p}.weight" in tensors for p in SHARED_PROJECTIONS))
     return found[0] if len(found) == 1 else None
 
@@ -148,13 +165,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         return
     where = ckpt.config_file
     n = spec.names
-    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts",
-                                                "moe_num_experts"), int)
-    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k", "moe_k"), int)
+    counts = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    per_token = ("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k")
+    _one_for_every_layer(ckpt, spec, counts, "expert count")
+    _one_for_every_layer(ckpt, spec, per_token, "top-k")
+    set_from_config(spec, ckpt, "num_experts", counts, int)
+    set_from_config(spec, ckpt, "num_experts_per_tok", per_token, int)
     sources = sourcecode.modeling_sources(ckpt)
     key = expert_width_key(sources, n["experts"], ckpt.config)
     if key is None:
         key, _ = config_value(ckpt, "moe_intermediate_size")
+    _one_for_every_layer(ckpt, spec, (key or "intermediate_size",), "expert width")
     set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
     key, _ = config_value(ckpt, "norm_topk_prob")
     if key is not None:
@@ -211,6 +232,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
+
+
+def _one_for_every_layer(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], what: str) -> None:
+    """Refuse a config that gives an MoE size per layer (HunYuan-MoE's moe_topk may be a list, one per layer):
+    the port reads one value from the config for every sparse layer."""
+    key, value = config_value(ckpt, *keys)
+    if isinstance(value, list):
+        raise unsupported(f"a per-layer MoE {what} (config.json {key} is a list of {len(value)}, one per layer; "
+                          "the port reads one value for every layer)", ckpt.config_file, spec.model_type)
 
 
 def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
