@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, routing, sourcecode
+from scaffold.detect import codekeys, renamings, routing, sourcecode
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -93,7 +94,8 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
-    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed)
+    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
+                           code_names(ckpt, f"{prefix}.layers.{first}."))
     if bias is not None:
         spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
         claimed.add(f"{mlp}.{bias[0]}")
@@ -132,11 +134,23 @@ def _shared_expert(tensors: dict, mlp: str, router: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: set[str]) -> tuple[str, str] | None:
+def code_names(ckpt: Checkpoint, base: str) -> Callable[[str], str]:
+    """A layer's tensor name (`mlp.expert_bias`) -> the modeling code's name for it (`mlp.e_score_correction_bias`
+    for HY-V3), by the renamings transformers applies on load; `base` is the layer's prefix (`model.layers.1.`)."""
+    table = renamings.renamings(ckpt)
+
+    def code(rest: str) -> str:
+        renamed = renamings.code_name(table, base + rest)
+        return renamed[len(base):] if renamed.startswith(base) else rest
+    return code
+
+
+def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: set[str],
+                    code: Callable[[str], str] = str) -> tuple[str, str] | None:
     """The block's tensor the routing code reads beside the router's weight: the DeepSeek-V3 correction bias.
 
     (its name inside the block, why), or None. A tensor of the block other than a weight or a bias is that
-    correction bias when its last name is an attribute the routing path reads
+    correction bias when its last name, as the code calls it (`code`), is an attribute the routing path reads
     (`scores + self.e_score_correction_bias`); checkpoints keep it on the router (GLM-4-MoE), on the block
     (EXAONE-MoE) or on a module of its own (Ernie 4.5's moe_statics), and the port builds it where they do.
     """
@@ -146,10 +160,13 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
     experts = {c for c in claimed if ".experts." in c}
     read = sorted(rest[len(mlp) + 1:] for rest in tensors
                   if rest.startswith(f"{mlp}.") and rest.rsplit(".", 1)[0] not in experts
-                  and not rest.endswith((".weight", ".bias")) and rest.rsplit(".", 1)[-1] in path.attributes)
+                  and not rest.endswith((".weight", ".bias")) and code(rest).rsplit(".", 1)[-1] in path.attributes)
     if len(read) != 1:
         return None
-    return read[0], f"{path.block} ({path.where}) reads {read[0].rsplit('.', 1)[-1]} on its routing path"
+    attr = code(f"{mlp}.{read[0]}").rsplit(".", 1)[-1]
+    return read[0], f"{path.block} ({path.where}) reads {attr} on its routing path" + (
+        f" (the checkpoint's {read[0]}, renamed on load by transformers)" if attr != read[0].rsplit(".", 1)[-1]
+        else "")
 
 
 def shared_expert_tensors(tensors: dict, names: dict) -> dict:
@@ -184,7 +201,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("moe_renormalize", True, Source("default", "no norm_topk_prob in config.json: the top-k routing "
                                                             "weights are renormalized (Mixtral)"))
     if "shared_expert" in n:
-        _shared_width(spec, ckpt, sources, n["shared_expert"])
+        # Under the code's name for it (HY-V3's checkpoints keep shared_mlp for the code's shared_experts).
+        code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
+        shared = code(f"{n['mlp']}.{n['shared_expert']}.down_proj.weight").split(".")[1]
+        _shared_width(spec, ckpt, sources, shared)
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
