@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.spec import Spec, renamed_prefixes, renamed_suffixes
+from scaffold.spec import Spec, port_names, renamed_prefixes, renamed_suffixes
 
 # (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
@@ -111,8 +111,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
     if spec.mlp_kind == "plain":
         out.append(f"{n['mlp']}.{n['up_proj']}")
-    if spec.is_moe:
-        out.append(f"{n['mlp']}.{n['router']}")
+    if spec.is_moe:  # a router kept deeper (gate.wg) loads under the port's name for it (renamed_suffixes)
+        out.append(f"{n['mlp']}.{port_names(n)['router']}")
     if "shared_expert" in n:
         out.append(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}")
     if "shared_expert_gate" in n:

@@ -117,6 +117,10 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # relative to the base model (lm_head: from the root). The port keeps the last
 # component as its attribute and maps the checkpoint's names onto it on load.
 NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
+# Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
+# AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
+# attribute and maps the checkpoint's name onto it on load.
+BLOCK_NESTED_ROLES = ("router",)
 
 
 # ------------------------------------------------------------ field declarations
@@ -640,10 +644,11 @@ def validate_names(spec: Spec, origin: str) -> None:
         if role not in NAME_ROLES:
             raise SpecError(f"spec field 'names' has unknown role {role!r}; known roles: {', '.join(NAME_ROLES)}.",
                             origin)
-        pattern = MODULE_NAME if role in NESTED_ROLES else IDENTIFIER
+        nested = role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
+        pattern = MODULE_NAME if nested else IDENTIFIER
         if (not isinstance(value, str) or not pattern.match(value)
                 or any(keyword.iskeyword(part) for part in value.split("."))):
-            kind = "a dotted module path" if role in NESTED_ROLES else "a valid Python identifier"
+            kind = "a dotted module path" if nested else "a valid Python identifier"
             raise SpecError(f"spec field names.{role} = {value!r} is not {kind}.", origin)
     for role in ("model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "o_proj", "qkv_proj", "mlp",
                  "down_proj", "up_proj"):
@@ -673,6 +678,13 @@ def validate_names(spec: Spec, origin: str) -> None:
             if role not in names:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
+        # A router kept deeper keeps its last component in the port, beside the block's other modules.
+        router = names.get("router")
+        if isinstance(router, str) and "." in router:
+            taken = {names.get(r) for r in ("experts", "shared_expert", "shared_expert_gate")} - {None}
+            if {router.split(".")[0], router.rsplit(".", 1)[-1]} & taken:
+                raise SpecError(f"spec field names.router = {router!r} shares a module name with another module "
+                                "of the MoE block.", origin)
         bias = spec.moe_correction_bias
         # The port builds the bias where the checkpoint keeps it: on the block or on one module of it.
         if bias is not None and (not isinstance(bias, str) or not MODULE_NAME.match(bias) or bias.count(".") > 1
@@ -686,9 +698,11 @@ def validate_names(spec: Spec, origin: str) -> None:
 
 
 def port_names(names: dict[str, str]) -> dict[str, str]:
-    """The port's module names by role: a nested top-level role (NESTED_ROLES) keeps the last component of
-    its checkpoint path as its attribute; every other role is named as in the checkpoint."""
-    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES else value for role, value in names.items()}
+    """The port's module names by role: a nested top-level role (NESTED_ROLES) or a router kept deeper in its
+    block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; every other
+    role is named as in the checkpoint."""
+    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES else value
+            for role, value in names.items()}
 
 
 def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
@@ -712,13 +726,20 @@ NORM_ROLES = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_nor
 
 def renamed_suffixes(spec: Spec) -> dict[str, str]:
     """Checkpoint name suffixes -> the port's, for vLLM's WeightsMapper(orig_to_new_suffix=...): the norms'
-    scale kept under another parameter name (`.norm_final.scale` -> `.norm_final.weight`). Each suffix is a
-    whole module name and its parameter, so no other module's tensor matches it."""
-    if spec.norm_weight_name == "weight":
-        return {}
+    scale kept under another parameter name (`.norm_final.scale` -> `.norm_final.weight`), and a router kept
+    one module deeper in its block (`.mlp.gate.wg.weight` -> `.mlp.wg.weight`, as vLLM's AfMoE maps
+    `.router.gate.weight`). Each suffix is whole module names and a parameter, so no other module's tensor
+    matches it."""
     names = port_names(spec.names)
-    modules = sorted({names[role].rsplit(".", 1)[-1] for role in NORM_ROLES if role in names})
-    return {f".{m}.{spec.norm_weight_name}": f".{m}.weight" for m in modules}
+    out: dict[str, str] = {}
+    if spec.norm_weight_name != "weight":
+        modules = sorted({names[role].rsplit(".", 1)[-1] for role in NORM_ROLES if role in names})
+        out.update({f".{m}.{spec.norm_weight_name}": f".{m}.weight" for m in modules})
+    router = spec.names.get("router")
+    if router is not None and router != names["router"]:
+        mlp = spec.names["mlp"]
+        out[f".{mlp}.{router}.weight"] = f".{mlp}.{names['router']}.weight"
+    return out
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

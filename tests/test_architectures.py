@@ -108,6 +108,12 @@ ARCHITECTURES = {
                                                              "original_max_position_embeddings": 128,
                                                              "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
                                                              "mscale_all_dim": 0.707}}),
+    # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
+    # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
+    # switch off, which must not turn the renormalization off.
+    "hy_v3": ("hy_v3", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                        "enable_moe_fp32_combine": False}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -164,6 +170,10 @@ EXPECTED_SPEC = {
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
                                              "mscale": 0.707, "mscale_all_dim": 0.707}},
+    "hunyuan_v1_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_renormalize": True,
+                       "shared_expert_intermediate_size": 256, "qk_norm_after_rope": True},
+    "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
+              "moe_renormalize": True, "shared_expert_intermediate_size": 64, "dense_layers": [0]},
 }
 
 # (model_type, overrides, words the refusal must contain)

@@ -216,3 +216,18 @@ def test_a_fused_projection_viewed_as_heads_by_3_by_head_dim_is_cut_per_head():
     attention = dataflow.analyze_layer(transformers_code("persimmon"), {"qk_layernorm": True}).attention_flow
     assert (attention.layout, attention.q) == ("interleaved", "query_key_value")
     assert (attention.q_norm, attention.k_norm, attention.qk_norm_after_rope) == ("q_layernorm", "k_layernorm", False)
+
+
+# model -> the projection whose activation scales the attention output before o_proj (a gated attention)
+OUTPUT_GATES = {"afmoe": "gate_proj", "hy_v3": None, "qwen3": None, "olmo2": None}
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT_GATES))
+def test_a_gate_on_the_attention_output_is_the_projection_its_activation_multiplies(name):
+    """AfMoE: `output * torch.sigmoid(self.gate_proj(hidden_states))` before o_proj; refused by name (layout)."""
+    attention = dataflow.analyze_layer(transformers_code(name), {"num_dense_layers": 1}).attention_flow
+    assert attention.output_gate == OUTPUT_GATES[name] and attention.o == "o_proj"
+    if attention.output_gate:
+        line = next(i for i, text in enumerate(transformers_code(name)[f"modeling_{name}.py"].splitlines(), 1)
+                    if "output * torch.sigmoid(gate_states)" in text)
+        assert attention.output_gate_evidence == f"modeling_{name}.py:{line}"

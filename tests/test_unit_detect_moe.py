@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from scaffold.detect import moe
 
 # The installed transformers' folder, found without importing it (that costs each test worker ~4 s).
 TRANSFORMERS = Path(importlib.util.find_spec("transformers").submodule_search_locations[0])
-from scaffold.errors import CheckpointError
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 MOE_CONFIG = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False}
 
@@ -81,3 +82,59 @@ def test_expert_width_key_from_a_module_list_of_mlps():
            "            [Mlp(config, intermediate_size=config.expert_ffn) for _ in range(config.n_exp)])\n")
     assert moe.expert_width_key({"m.py": lab}, "experts", {"expert_ffn": 32, "intermediate_size": 64}) == "expert_ffn"
     assert moe.expert_width_key({"m.py": lab}, "experts", {"intermediate_size": 64}) is None  # key not in config.json
+
+
+def _router_at(tensors: dict, path: str) -> dict:
+    """The tensors with each layer's router (mlp.gate.weight) kept at mlp.<path>.weight instead."""
+    return {name.replace(".mlp.gate.weight", f".mlp.{path}.weight"): dims for name, dims in tensors.items()}
+
+
+@pytest.mark.parametrize("path, port", [("gate.wg", "wg"),  # HunYuan-MoE
+                                        ("router.gate", "gate")])  # AfMoE, HY-V3
+def test_a_router_kept_one_module_deeper_is_the_blocks_router(tmp_path, path, port):
+    from scaffold.spec import port_names, renamed_suffixes
+
+    shape = Shape(layers=2, extra=MOE_CONFIG)
+    spec = detect_until(read(tmp_path, shape, tensors=_router_at(moe_tensors(shape, experts=4, inter=32), path)),
+                        moe)
+    assert spec.names["router"] == path and port_names(spec.names)["router"] == port
+    # The port keeps the last component and maps the checkpoint's whole name onto it on load.
+    assert renamed_suffixes(spec) == {f".mlp.{path}.weight": f".mlp.{port}.weight"}
+
+
+@pytest.mark.parametrize("path", [
+    "scorer.wg",  # a module not named gate or router
+    "gates.wg",  # `gate` only as a substring of the module's name
+    "my_router.gate",
+    "gate.inner.wg",  # two modules deeper
+])
+def test_a_router_shaped_tensor_elsewhere_in_the_block_is_refused(tmp_path, path):
+    shape = Shape(layers=2, extra=MOE_CONFIG)
+    ckpt = read(tmp_path, shape, tensors=_router_at(moe_tensors(shape, experts=4, inter=32), path))
+    with pytest.raises(UnsupportedArchitecture, match=rf"has experts but no router .*mlp\.{re.escape(path)}\.weight "
+                                                      "has a router's shape"):
+        detect_until(ckpt, moe)
+
+
+def test_two_router_shaped_linears_inside_the_gate_are_refused(tmp_path):
+    shape = Shape(layers=2, extra=MOE_CONFIG)
+    tensors = _router_at(moe_tensors(shape, experts=4, inter=32), "gate.wg")
+    tensors.update({name.replace("gate.wg", "gate.wk"): dims for name, dims in tensors.items() if "gate.wg" in name})
+    with pytest.raises(UnsupportedArchitecture, match=r"several tensors shaped as its router \(mlp\.gate\.wg\.weight, "
+                                                      r"mlp\.gate\.wk\.weight\)"):
+        detect_until(read(tmp_path, shape, tensors=tensors), moe)
+
+
+def test_a_top_k_per_layer_is_refused_by_name(tmp_path):
+    """HunYuan-MoE's config may give moe_topk as a list, one per layer."""
+    config = {k: v for k, v in MOE_CONFIG.items() if k != "num_experts_per_tok"}
+    shape = Shape(layers=2, extra={**config, "moe_topk": [2, 1]})
+    with pytest.raises(UnsupportedArchitecture, match=r"a per-layer MoE top-k \(config.json moe_topk is a list of 2"):
+        detect_until(read(tmp_path, shape, tensors=moe_tensors(shape, experts=4, inter=32)), moe)
+
+
+def test_a_top_k_under_hunyuans_key_is_read(tmp_path):
+    config = {k: v for k, v in MOE_CONFIG.items() if k != "num_experts_per_tok"}
+    shape = Shape(layers=2, extra={**config, "moe_topk": 1})
+    spec = detect_until(read(tmp_path, shape, tensors=moe_tensors(shape, experts=4, inter=32)), moe)
+    assert spec.num_experts_per_tok == 1 and spec.source("num_experts_per_tok").expr == "config.moe_topk"

@@ -54,6 +54,21 @@ def test_each_expert_is_a_shard_of_fusedmoes_stacked_weights(tmp_path):
     assert stacked_modules(detect(ckpt))[-1] == ("self_attn.v_proj", "self_attn.qkv_proj", "v")  # no dense gate/up
 
 
+def test_a_router_kept_deeper_loads_into_the_ports_router(tmp_path):
+    """HunYuan-MoE's mlp.gate.wg: the port keeps the router as mlp.wg, the one parameter the static check expects."""
+    from scaffold.verify.static import expected_params
+
+    shape = Shape(layers=2, extra={"num_experts": 3, "num_experts_per_tok": 1, "moe_intermediate_size": 32})
+    tensors = {name.replace(".mlp.gate.weight", ".mlp.gate.wg.weight"): dims
+               for name, dims in moe_tensors(shape, experts=3, inter=32).items()}
+    ckpt = read(tmp_path, shape, tensors=tensors)
+    spec = detect(ckpt)
+    rows, homeless = table(ckpt, spec)
+    mlp = "model.layers.1.mlp."
+    assert rows[mlp + "gate.wg.weight"] == [(mlp + "wg.weight", None, "")] and homeless == []
+    assert mlp + "wg.weight" in expected_params(spec) and mlp + "gate.wg.weight" not in expected_params(spec)
+
+
 def test_tied_embeddings_have_no_head_tensor(tmp_path):
     ckpt = read(tmp_path, Shape(tie=True))
     spec = detect(ckpt)

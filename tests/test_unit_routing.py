@@ -229,3 +229,25 @@ def test_a_shared_expert_built_without_a_width_takes_the_key_its_class_reads():
     assert shared_width_expr(source, "shared_mlp") is None
     assert expert_width_key(source, "shared_mlp", {"intermediate_size": 256, "moe_intermediate_size": 64}) \
         == "intermediate_size"
+
+
+def test_a_switch_that_guards_no_division_is_not_the_renormalization():
+    """HY-V3 renormalizes always; its block's `if self.enable_moe_fp32_combine:` only casts the shared expert's
+    sum (it was read as the renormalization switch, and the port renormalized by that flag)."""
+    found = routing(transformers_source("hy_v3"), "experts")
+    assert found.problem() is None and found.scoring == "sigmoid"
+    assert found.config_keys(found.test_attrs) == []
+    assert found.config_keys(found.factor_attrs) == ["router_scaling_factor"]
+
+
+def test_a_correction_bias_the_checkpoint_keeps_under_another_name_is_found_by_transformers_renaming():
+    """HY-V3's checkpoints keep mlp.expert_bias; transformers loads it as mlp.e_score_correction_bias."""
+    tensors = {"mlp.expert_bias": None, "mlp.router.gate.weight": None, "mlp.experts.0.gate_proj.weight": None}
+    claimed = {"mlp.router.gate", "mlp.experts.0.gate_proj"}
+    source = transformers_source("hy_v3")
+    assert correction_bias(source, tensors, "mlp", claimed) is None  # under the checkpoint's name: not read
+
+    def code(rest):
+        return rest.replace("mlp.expert_bias", "mlp.e_score_correction_bias")
+    name, why = correction_bias(source, tensors, "mlp", claimed, code)
+    assert name == "expert_bias" and "reads e_score_correction_bias" in why and "checkpoint's expert_bias" in why

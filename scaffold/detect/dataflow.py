@@ -576,6 +576,10 @@ class Attention:
     qk_norm_after_rope: bool | None = None
     qk_norm_evidence: str = ""
     qk_norm_per_head: bool = True  # the queries reach their norm viewed as heads, not as the flat projection
+    # A projection of the layer's input whose activation multiplies the attention output (AfMoE's gate_proj:
+    # `output * torch.sigmoid(gate_states)` before o_proj), and FILE:LINE of the product; None when none.
+    output_gate: str | None = None
+    output_gate_evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -678,7 +682,21 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     after = [a for a, calls in interp.events.inputs.items() if a not in used and any(o for _, o in calls)]
     o_proj = after[0] if len(after) == 1 else None
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
-                     **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file))
+                     **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
+                     **_output_gate(interp.events, keys["v"], used | {o_proj}, file))
+
+
+def _output_gate(events: Events, v: tuple, used: set, file: str) -> dict:
+    """The projection, other than q, k, v and o, whose activated output multiplies a value computed from the
+    values (the attention output): a gated attention."""
+    for line, left, right in events.products:
+        for out, gate in ((left, right), (right, left)):
+            srcs = {o.src for o in gate}
+            if (v in {o.key for o in out} and len(srcs) == 1 and all(o.act for o in gate)
+                    and not srcs & used):
+                (src,) = srcs
+                return {"output_gate": src, "output_gate_evidence": f"{file}:{line}"}
+    return {}
 
 
 def _qk_norms(events: Events, keys: dict, file: str) -> dict:

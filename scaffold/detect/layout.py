@@ -385,6 +385,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
         checked[layer] = claimed | (expert_modules if layer in sparse_layers else dense)
     stack = f"{prefix}.{names['layers']}"
+    gate = code_attn.output_gate if code_attn is not None else None
+    if gate is not None and any(r.startswith(f"{attn}.{gate}.") for r in layer0):
+        # AfMoE's gate_proj: named before it would be refused below as a tensor nothing computes with.
+        raise _unsupported(f"gated attention: an activation of {attn}.{gate}(x) scales the attention output "
+                           f"before {names['o_proj']} ({code_attn.output_gate_evidence})", where, spec.model_type)
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)

@@ -4,6 +4,8 @@ A layer is sparse when it holds `MLP.experts.N.PROJ.weight` tensors. The expert
 projections are recognised by name: (gate_proj, up_proj, down_proj) as in Qwen-MoE
 or (w1, w3, w2) as in Mixtral; any other naming is refused rather than guessed,
 because which projection goes through the activation cannot be read off the shapes.
+The router is the block's `gate` or `router` linear, or the one linear directly inside a module so named
+(HunYuan-MoE's gate.wg, AfMoE's router.gate); the port keeps it one module up and maps the name on load.
 
 A shared expert is the block's one other module holding gate_proj/up_proj/down_proj (Qwen2-MoE's
 shared_expert, DeepSeek-V3's shared_experts), scaled by a sigmoid gate where the checkpoint has
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, routing, sourcecode
+from scaffold.detect import codekeys, renamings, routing, sourcecode
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -77,13 +80,7 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     tensors = per_layer[first]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
     if router is None:
-        count = len({e for _, e, _ in sparse[first]})
-        # A router kept deeper (HunYuan-MoE's gate.wg): one row per expert, outside the experts.
-        deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
-                        and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
-        seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
-        raise UnsupportedArchitecture(f"layer {first}'s {mlp} has experts but no router (looked for "
-                                      f"{', '.join(f'{mlp}.{r}.weight' for r in ROUTER_NAMES)}{seen}).", where)
+        router = _deeper_router(tensors, mlp, len({e for _, e, _ in sparse[first]}), first, where)
     names.update(mlp=mlp, router=router, experts="experts", expert_gate_proj=roles[0], expert_up_proj=roles[1],
                  expert_down_proj=roles[2])
     claimed = {f"{mlp}.{router}"}
@@ -97,7 +94,8 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
-    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed)
+    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
+                           code_names(ckpt, f"{prefix}.layers.{first}."))
     if bias is not None:
         spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
         claimed.add(f"{mlp}.{bias[0]}")
@@ -107,19 +105,52 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     return claimed
 
 
+def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
+    """The router of a block that keeps its linear one module deeper, inside a module named gate or router
+    (HunYuan-MoE's gate.wg, AfMoE's router.gate): the one 2-D weight MLP.R.X.weight with R in ROUTER_NAMES
+    and one row per expert. Refused when there is none, or several."""
+    nested = re.compile(rf"^{re.escape(mlp)}\.((?:{'|'.join(ROUTER_NAMES)})\.[A-Za-z_]\w*)\.weight$")
+    found = sorted(m.group(1) for rest, info in tensors.items()
+                   if (m := nested.match(rest)) and len(info.shape) == 2 and info.shape[0] == count)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UnsupportedArchitecture(f"layer {layer}'s {mlp} has several tensors shaped as its router "
+                                      f"({', '.join(f'{mlp}.{r}.weight' for r in found)}).", where)
+    # Any other tensor with a router's shape: one row per expert, outside the experts.
+    deeper = sorted(rest for rest, info in tensors.items() if rest.startswith(f"{mlp}.") and ".experts." not in rest
+                    and rest.endswith(".weight") and len(info.shape) == 2 and info.shape[0] == count)
+    seen = f"; {deeper[0]} has a router's shape, under a module path the generator does not map" if deeper else ""
+    looked = [f"{mlp}.{r}.weight" for r in ROUTER_NAMES] + [f"{mlp}.{r}.NAME.weight" for r in ROUTER_NAMES]
+    raise UnsupportedArchitecture(f"layer {layer}'s {mlp} has experts but no router (looked for "
+                                  f"{', '.join(looked)}{seen}).", where)
+
+
 def _shared_expert(tensors: dict, mlp: str, router: str) -> str | None:
     """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts)."""
     inside = re.compile(rf"^{re.escape(mlp)}\.(\w+)\.({'|'.join(SHARED_PROJECTIONS)})\.weight$")
-    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router}
+    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router.split(".")[0]}
     found = sorted(n for n in found if all(f"{mlp}.{n}.{p}.weight" in tensors for p in SHARED_PROJECTIONS))
     return found[0] if len(found) == 1 else None
 
 
-def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: set[str]) -> tuple[str, str] | None:
+def code_names(ckpt: Checkpoint, base: str) -> Callable[[str], str]:
+    """A layer's tensor name (`mlp.expert_bias`) -> the modeling code's name for it (`mlp.e_score_correction_bias`
+    for HY-V3), by the renamings transformers applies on load; `base` is the layer's prefix (`model.layers.1.`)."""
+    table = renamings.renamings(ckpt)
+
+    def code(rest: str) -> str:
+        renamed = renamings.code_name(table, base + rest)
+        return renamed[len(base):] if renamed.startswith(base) else rest
+    return code
+
+
+def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: set[str],
+                    code: Callable[[str], str] = str) -> tuple[str, str] | None:
     """The block's tensor the routing code reads beside the router's weight: the DeepSeek-V3 correction bias.
 
     (its name inside the block, why), or None. A tensor of the block other than a weight or a bias is that
-    correction bias when its last name is an attribute the routing path reads
+    correction bias when its last name, as the code calls it (`code`), is an attribute the routing path reads
     (`scores + self.e_score_correction_bias`); checkpoints keep it on the router (GLM-4-MoE), on the block
     (EXAONE-MoE) or on a module of its own (Ernie 4.5's moe_statics), and the port builds it where they do.
     """
@@ -129,10 +160,13 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
     experts = {c for c in claimed if ".experts." in c}
     read = sorted(rest[len(mlp) + 1:] for rest in tensors
                   if rest.startswith(f"{mlp}.") and rest.rsplit(".", 1)[0] not in experts
-                  and not rest.endswith((".weight", ".bias")) and rest.rsplit(".", 1)[-1] in path.attributes)
+                  and not rest.endswith((".weight", ".bias")) and code(rest).rsplit(".", 1)[-1] in path.attributes)
     if len(read) != 1:
         return None
-    return read[0], f"{path.block} ({path.where}) reads {read[0].rsplit('.', 1)[-1]} on its routing path"
+    attr = code(f"{mlp}.{read[0]}").rsplit(".", 1)[-1]
+    return read[0], f"{path.block} ({path.where}) reads {attr} on its routing path" + (
+        f" (the checkpoint's {read[0]}, renamed on load by transformers)" if attr != read[0].rsplit(".", 1)[-1]
+        else "")
 
 
 def shared_expert_tensors(tensors: dict, names: dict) -> dict:
@@ -148,13 +182,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         return
     where = ckpt.config_file
     n = spec.names
-    set_from_config(spec, ckpt, "num_experts", ("num_local_experts", "num_experts", "n_routed_experts",
-                                                "moe_num_experts"), int)
-    set_from_config(spec, ckpt, "num_experts_per_tok", ("num_experts_per_tok", "moe_top_k", "top_k", "moe_k"), int)
+    counts = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    per_token = ("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k")
+    _one_for_every_layer(ckpt, spec, counts, "expert count")
+    _one_for_every_layer(ckpt, spec, per_token, "top-k")
+    set_from_config(spec, ckpt, "num_experts", counts, int)
+    set_from_config(spec, ckpt, "num_experts_per_tok", per_token, int)
     sources = sourcecode.modeling_sources(ckpt)
     key = expert_width_key(sources, n["experts"], ckpt.config)
     if key is None:
         key, _ = config_value(ckpt, "moe_intermediate_size")
+    _one_for_every_layer(ckpt, spec, (key or "intermediate_size",), "expert width")
     set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
     key, _ = config_value(ckpt, "norm_topk_prob")
     if key is not None:
@@ -163,7 +201,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("moe_renormalize", True, Source("default", "no norm_topk_prob in config.json: the top-k routing "
                                                             "weights are renormalized (Mixtral)"))
     if "shared_expert" in n:
-        _shared_width(spec, ckpt, sources, n["shared_expert"])
+        # Under the code's name for it (HY-V3's checkpoints keep shared_mlp for the code's shared_experts).
+        code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
+        shared = code(f"{n['mlp']}.{n['shared_expert']}.down_proj.weight").split(".")[1]
+        _shared_width(spec, ckpt, sources, shared)
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
@@ -211,6 +252,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
+
+
+def _one_for_every_layer(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], what: str) -> None:
+    """Refuse a config that gives an MoE size per layer (HunYuan-MoE's moe_topk may be a list, one per layer):
+    the port reads one value from the config for every sparse layer."""
+    key, value = config_value(ckpt, *keys)
+    if isinstance(value, list):
+        raise unsupported(f"a per-layer MoE {what} (config.json {key} is a list of {len(value)}, one per layer; "
+                          "the port reads one value for every layer)", ckpt.config_file, spec.model_type)
 
 
 def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:

@@ -10,7 +10,7 @@ refused, naming the code that computes it.
 Which config keys the path reads for the DeepSeek-V3 parts is read from the code too: the router's __init__
 keeps `self.A = config.KEY`, and the forward uses `self.A` as a top-k's k (the group top-k), as the divisor
 of a floor division (the expert groups: `num_experts // self.num_group`), as a factor (the routed scaling), as
-an `if` test (the renormalization), or reads an attribute the checkpoint holds a tensor for (the correction bias).
+an `if` test around a division (the renormalization), or reads an attribute the checkpoint holds a tensor for (the correction bias).
 
 The routing path is the forward of the block that owns the experts and the router, the forward of the router's
 own class, and the module-level functions they call (followed a few calls deep), all read with `ast`.
@@ -40,7 +40,7 @@ class Routing:
     topk_attrs: frozenset[str] = frozenset()  # `self.A` given as a top-k's k
     divisor_attrs: frozenset[str] = frozenset()  # `self.G` in `... // self.G`
     factor_attrs: frozenset[str] = frozenset()  # `self.S` in `... * self.S` or `*= self.S`
-    test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:`
+    test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:` guarding a division
 
     @property
     def scoring(self) -> str | None:
@@ -134,8 +134,16 @@ class _Uses:
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult):
                 operands = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.value,)
                 self.factor |= {a for a in map(_self_attr, operands) if a is not None}
-            if isinstance(node, ast.If) and (attr := _self_attr(node.test)) is not None:
+            if isinstance(node, ast.If) and (attr := _self_attr(node.test)) is not None and _divides(node.body):
                 self.test.add(attr)
+
+
+def _divides(body: list[ast.stmt]) -> bool:
+    """Whether a branch divides (the renormalization `weights /= weights.sum(...)`); a switch that guards
+    something else, HY-V3's `if self.enable_moe_fp32_combine:` around the shared expert's sum, is no
+    renormalization switch."""
+    return any(isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div)
+               for stmt in body for node in subtree(stmt))
 
 
 def routing(sources: dict[str, str], experts: str) -> Routing | None:

@@ -103,7 +103,8 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
     """The parameters of one mixture-of-experts block (p: the layer's prefix) and the shards each needs."""
     n = spec.names
     mlp, experts = f"{p}{n['mlp']}", range(spec.num_experts)
-    params: dict[str, tuple] = {f"{mlp}.{n['router']}.weight": (None,)}
+    # The router under the port's name for it (a router kept deeper, gate.wg, keeps its last component).
+    params: dict[str, tuple] = {f"{mlp}.{port_names(n)['router']}.weight": (None,)}
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w1']}"] = tuple((e, w) for e in experts for w in ("w1", "w3"))
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w2']}"] = tuple((e, "w2") for e in experts)
     if "shared_expert" in n:
