@@ -142,7 +142,7 @@ def expected_pieces(name: str) -> list[tuple]:
 
 def quantized(name: str) -> bool:
     """A tensor of the checkpoint's quantization method (qweight, scales, ...), not a float weight or bias."""
-    return not name.endswith((".weight", ".bias"))
+    return not name.endswith((".weight", ".bias", ".e_score_correction_bias"))
 
 
 def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int, int]:
