@@ -28,6 +28,13 @@ BASE = dict(
 )
 
 
+def tiny_sizes(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """BASE with `overrides`; an override of None removes a BASE key the family's config cannot take
+    (Falcon's head_dim is a read-only property)."""
+    merged = {**BASE, **(overrides or {})}
+    return {k: v for k, v in merged.items() if not (v is None and k in BASE and k in (overrides or {}))}
+
+
 def randomize(model, std: float) -> None:
     """Deterministic-under-the-seed random weights that make every part matter: norm weights
     1 + noise (never the identity), non-zero biases (routing correction biases too), other weights N(0, std)."""
@@ -63,7 +70,7 @@ def build_tiny(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     out = Path(out)
-    config = AutoConfig.for_model(model_type, **{**BASE, **(overrides or {})})
+    config = AutoConfig.for_model(model_type, **tiny_sizes(overrides))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize(model, std)

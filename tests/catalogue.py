@@ -64,6 +64,7 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
                 "attention_types must name one kind per layer (BASE's 3), and a window shorter than the prompts"),
     "dots1": ({"num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
               "its config leaves the expert counts None (the model cannot be made without them)"),
+    "falcon": ({"head_dim": None}, "its head_dim is a read-only property (hidden_size / heads)"),
     "reformer": ({"is_decoder": True}, "its LM head is causal only as a decoder (the class refuses otherwise)"),
     "gptj": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
                                  "forward fails on it"),
@@ -147,10 +148,10 @@ def overrides_for(model_type: str) -> dict:
     """BASE additions for this type: MoE sizes shrunk where the config has them, then the family's own."""
     from transformers import AutoConfig
 
-    from scaffold.tiny import BASE
+    from scaffold.tiny import BASE, tiny_sizes
 
     family = FAMILY_OVERRIDES.get(model_type, ({}, ""))[0]
-    config = AutoConfig.for_model(model_type, **{**BASE, **family})
+    config = AutoConfig.for_model(model_type, **tiny_sizes(family))
     shrink = {k: v for k, v in MOE_SHRINK.items() if isinstance(getattr(config, k, None), int)}
     # Default token ids index the family's real vocabulary; in the tiny one they would lie outside the embedding.
     tokens = {k: v for k, v in TOKENS.items()
