@@ -86,6 +86,22 @@ def expert_modules(spec: Spec) -> dict[str, tuple[str, tuple[int, str]]]:
             for e in range(spec.num_experts) for role, shard in EXPERT_SHARDS}
 
 
+def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
+    """Tensors holding one projection of every expert ([experts, rows, columns], experts_layout "stacked"), by
+    their name inside a decoder layer -> every (vLLM parameter, (expert, shard id), note) they fill: the gate and
+    up halves of each expert's rows go to w1 and w3 of w13_weight, the down tensor's to w2_weight."""
+    if not spec.is_moe or spec.experts_layout != "stacked":
+        return {}
+    n = spec.names
+    mlp, inter = n["mlp"], spec.moe_intermediate_size
+    experts = f"{mlp}.{n['experts']}"
+    halves = (("w1", 0), ("w3", inter)) if spec.expert_gate_up_order == "gate_first" else (("w3", 0), ("w1", inter))
+    gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard), f"expert {e}, {shard}: rows {a}:{a + inter} of [{e}]")
+               for e in range(spec.num_experts) for shard, a in halves]
+    down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]") for e in range(spec.num_experts)]
+    return {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
+
+
 def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
     """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
     n = spec.names
@@ -164,6 +180,7 @@ class _Modules:
     split: dict[str, tuple]
     plain: frozenset[str]
     top: frozenset[str]  # tensors outside the decoder layers
+    stacked_experts: dict[str, Targets]  # 3-D expert tensors, by name inside a layer
     transposed: frozenset[str]  # modules whose weight is stored [in, out]
 
     @classmethod
@@ -175,7 +192,7 @@ class _Modules:
             top.add(f"{n['model']}.{n['embed_positions']}.weight")
         return cls({m: (fused, shard) for m, fused, shard in stacked_modules(spec)}, expert_modules(spec),
                    dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top),
-                   transposed_modules(spec))
+                   stacked_expert_tensors(spec), transposed_modules(spec))
 
 
 Targets = list[tuple[str | None, str | int | tuple | None, str]]
@@ -224,6 +241,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
     rest = port_rest(spec, renamed_name(spec, rest))
+    if rest in modules.stacked_experts:
+        return list(modules.stacked_experts[rest])
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":

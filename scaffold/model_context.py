@@ -69,6 +69,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "A": port_names(spec.names),
         "gated": gated,
         "moe": moe,
+        # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.
+        "stacked_experts": moe and spec.experts_layout == "stacked",
+        "stacked_projections": ({spec.names["stacked_gate_up"]: ("gate_proj", "up_proj")
+                                 if spec.expert_gate_up_order == "gate_first" else ("up_proj", "gate_proj"),
+                                 spec.names["stacked_down"]: ("down_proj",)}
+                                if moe and spec.experts_layout == "stacked" else {}),
         "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.

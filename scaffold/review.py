@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from scaffold import tomlio
+
 import json
 import re
 
@@ -56,7 +58,8 @@ def warnings(analysis: Analysis) -> list[str]:
 def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
     spec = analysis.spec
     return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS
-            if getattr(spec, name) or name not in OMITTED_WHEN_EMPTY]
+            if name not in OMITTED_WHEN_EMPTY or getattr(spec, name) not in (None, False, 0, "", [], {},
+                                                                             tomlio.DEFAULTS.get(name))]
 
 
 _md = markdown_text  # checkpoint-derived text for a REVIEW.md line or table cell

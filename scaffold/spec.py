@@ -95,13 +95,18 @@ DEFAULT_NAMES = {
 # A mixture-of-experts layer keeps its block under the `mlp` role, with the roles
 # router (the gating linear), experts (the list of experts), expert_gate_proj /
 # expert_up_proj / expert_down_proj (the projections inside one expert) and, where
-# the architecture has one, shared_expert and shared_expert_gate.
+# the architecture has one, shared_expert and shared_expert_gate. Experts stored as
+# one 3-D tensor per projection (experts_layout "stacked", GraniteMoE's input_linear)
+# name those tensors by their path inside the block, stacked_gate_up ([experts,
+# 2 x width, hidden]: gate and up, in expert_gate_up_order) and stacked_down
+# ([experts, hidden, width]); expert_gate_proj / expert_up_proj / expert_down_proj
+# then name the per-expert pieces the port cuts them into (vLLM's expert mapping).
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
-    "expert_down_proj", "shared_expert", "shared_expert_gate",
+    "expert_down_proj", "shared_expert", "shared_expert_gate", "stacked_gate_up", "stacked_down",
     # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
     # where position_scheme is "learned".
     "embed_positions",
@@ -120,7 +125,8 @@ NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
 # Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
-BLOCK_NESTED_ROLES = ("router",)
+BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down")
+STACKED_ROLES = ("stacked_gate_up", "stacked_down")
 
 
 # ------------------------------------------------------------ field declarations
@@ -304,6 +310,13 @@ class Spec:
     moe_routed_scaling_factor: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the routing weights are scaled by this after the top k; None: not scaled")
+    experts_layout: str = spec_field(
+        "per_expert", group="moe", probe="mlp", choices=("per_expert", "stacked"), omit_when_empty=True,
+        doc="per_expert: one tensor per expert and projection (MLP.experts.N.PROJ.weight); stacked: one 3-D "
+            "tensor per projection holding every expert (names.stacked_gate_up, names.stacked_down)")
+    expert_gate_up_order: str = spec_field(
+        "gate_first", group="moe", probe="mlp", choices=("gate_first", "up_first"), omit_when_empty=True,
+        doc="stacked experts: which half of each expert's rows in names.stacked_gate_up is the gate")
     dense_layers: list[int] = spec_field([], group="moe", probe="mlp", layer_list=True,
                                          doc="layers with a dense MLP in an MoE model")
 
@@ -678,6 +691,11 @@ def validate_names(spec: Spec, origin: str) -> None:
             if role not in names:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
+        if spec.experts_layout == "stacked":
+            for role in STACKED_ROLES:
+                if role not in names:
+                    raise SpecError(f"experts_layout is \"stacked\" but 'names' has no tensor name for role {role!r}.",
+                                    origin)
         # A router kept deeper keeps its last component in the port, beside the block's other modules.
         router = names.get("router")
         if isinstance(router, str) and "." in router:
@@ -702,7 +720,7 @@ def port_names(names: dict[str, str]) -> dict[str, str]:
     block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; every other
     role is named as in the checkpoint."""
     return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES else value
-            for role, value in names.items()}
+            for role, value in names.items() if role not in STACKED_ROLES}
 
 
 def renamed_prefixes(spec: Spec) -> dict[str, str | None]:

@@ -138,3 +138,109 @@ def test_a_top_k_under_hunyuans_key_is_read(tmp_path):
     shape = Shape(layers=2, extra={**config, "moe_topk": 1})
     spec = detect_until(read(tmp_path, shape, tensors=moe_tensors(shape, experts=4, inter=32)), moe)
     assert spec.num_experts_per_tok == 1 and spec.source("num_experts_per_tok").expr == "config.moe_topk"
+
+
+def stacked_tensors(shape, *, experts: int, bias: bool = False) -> dict[str, list[int]]:
+    """A Mixtral (transformers 5) layout of a ckpt_factory Shape: each layer's experts as one 3-D tensor per
+    projection, mlp.experts.gate_up_proj [experts, 2 x width, hidden] and mlp.experts.down_proj."""
+    from ckpt_factory import tensors_for
+
+    h, inter = shape.hidden, shape.intermediate
+    out = {}
+    for name, dims in tensors_for(shape).items():
+        if ".mlp." not in name:
+            out[name] = dims
+        elif name.endswith("mlp.gate_proj.weight"):
+            mlp = name.removesuffix(".gate_proj.weight")
+            out[f"{mlp}.gate.weight"] = [experts, h]
+            out[f"{mlp}.experts.gate_up_proj"] = [experts, 2 * inter, h]
+            out[f"{mlp}.experts.down_proj"] = [experts, h, inter]
+            if bias:
+                out[f"{mlp}.experts.gate_up_proj_bias"] = [experts, 2 * inter]
+    return out
+
+
+STACKED_CONFIG = {"num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_experts_stored_3d_are_read_with_the_gate_half_the_code_activates(tmp_path):
+    from scaffold import mapping
+
+    shape = Shape(layers=2, model_type="mixtral", extra=STACKED_CONFIG)
+    ckpt = read(tmp_path, shape, tensors=stacked_tensors(shape, experts=4))
+    spec = detect_until(ckpt, moe)
+    assert spec.experts_layout == "stacked" and spec.expert_gate_up_order == "gate_first"
+    assert spec.source("expert_gate_up_order").kind == "code"
+    assert (spec.names["stacked_gate_up"], spec.names["stacked_down"], spec.names["router"]) == (
+        "experts.gate_up_proj", "experts.down_proj", "gate")
+    assert spec.num_experts == 4 and spec.moe_intermediate_size == shape.intermediate
+    rows, homeless = mapping.weight_table(spec, ckpt)
+    assert homeless == []
+    got = [(r.param, r.shard) for r in rows if r.checkpoint == "model.layers.1.mlp.experts.gate_up_proj"]
+    w13 = "model.layers.1.mlp.experts.routed_experts.w13_weight"
+    assert got == [(w13, (e, s)) for e in range(4) for s in ("w1", "w3")]
+    got = [(r.param, r.shard) for r in rows if r.checkpoint == "model.layers.0.mlp.experts.down_proj"]
+    assert got == [("model.layers.0.mlp.experts.routed_experts.w2_weight", (e, "w2")) for e in range(4)]
+
+
+def test_a_3d_expert_tensor_of_the_wrong_shape_is_refused(tmp_path):
+    shape = Shape(layers=2, model_type="mixtral", extra=STACKED_CONFIG)
+    tensors = stacked_tensors(shape, experts=4)
+    tensors["model.layers.1.mlp.experts.down_proj"] = [4, shape.hidden, shape.intermediate + 1]
+    with pytest.raises(CheckpointError, match=rf"experts.down_proj has shape \[4, 64, {shape.intermediate + 1}\]"):
+        detect_until(read(tmp_path, shape, tensors=tensors), moe)
+
+
+def test_biased_3d_experts_are_refused_by_name(tmp_path):
+    shape = Shape(layers=2, model_type="mixtral", extra=STACKED_CONFIG)
+    with pytest.raises(UnsupportedArchitecture, match=r"biased experts \(model.layers.0.mlp.experts.gate_up_proj_bias"):
+        detect_until(read(tmp_path, shape, tensors=stacked_tensors(shape, experts=4, bias=True)), moe)
+
+
+@pytest.mark.parametrize("model_type, gate_up, problem", [
+    ("granitemoe", "gate_up_proj", None),
+    ("mixtral", "gate_up_proj", None),
+    ("gpt_oss", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved column by column"),
+    ("minimax_m3_vl", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved"),
+    ("llama4", "gate_up_proj", r"experts stored \[in, out\] \(self.(gate_up|down)_proj multiplied as the right"),
+])
+def test_the_experts_code_says_which_half_is_the_gate_or_what_the_port_lacks(model_type, gate_up, problem):
+    from scaffold.detect import stacked
+
+    read_code = stacked.experts_code(_transformers_source(model_type), ("down_proj", "gate_up_proj"))
+    assert read_code is not None
+    if problem is None:
+        assert read_code.gate_up == gate_up and read_code.problem is None and read_code.up_first is False and ".chunk(2)" in read_code.evidence
+    else:
+        assert re.search(problem, read_code.problem)
+
+
+LAB_EXPERTS = '''import torch.nn as nn
+import torch.nn.functional as F
+
+class Experts(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.empty(4, 8, 4))
+        self.w_out = nn.Parameter(torch.empty(4, 4, 4))
+
+    def forward(self, x, idx):
+        up, gate = F.linear(x, self.w_in[idx]).chunk(2, dim=-1)
+        return F.linear(PRODUCT, self.w_out[idx])
+'''
+
+
+@pytest.mark.parametrize("product, up_first", [("self.act(gate) * up", True), ("up * self.act(gate)", True),
+                                                ("self.act(up) * gate", False)])
+def test_the_gate_is_the_half_the_activation_takes(product, up_first):
+    from scaffold.detect import stacked
+
+    read_code = stacked.experts_code({"m.py": LAB_EXPERTS.replace("PRODUCT", product)}, ("w_in", "w_out"))
+    assert (read_code.gate_up, read_code.down, read_code.up_first) == ("w_in", "w_out", up_first)
+
+
+def test_halves_no_product_tells_apart_are_not_guessed():
+    from scaffold.detect import stacked
+
+    with pytest.raises(ValueError, match="no one product act\\(gate\\) \\* up"):
+        stacked.experts_code({"m.py": LAB_EXPERTS.replace("PRODUCT", "up + gate")}, ("w_in", "w_out"))

@@ -20,14 +20,13 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, renamings, routing, sourcecode
+from scaffold.detect import codekeys, renamings, routing, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
-STACKED_EXPERTS = re.compile(r"^\w+\.experts\.[A-Za-z_]\w*$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
 EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROUTER_NAMES = ("gate", "router")
@@ -43,13 +42,9 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     None when no layer has experts.
     """
     where = ckpt.config_file
-    for layer, tensors in per_layer.items():
-        stacked = sorted(rest for rest, info in tensors.items()
-                         if ".experts." in rest and STACKED_EXPERTS.match(rest) and len(info.shape) == 3)
-        if stacked:
-            raise unsupported(f"mixture-of-experts blocks whose experts are stored as one 3-D tensor per projection "
-                              f"({prefix}.layers.{layer}.{stacked[0]}); the generator expresses experts stored one "
-                              "tensor per expert (MLP.experts.N.PROJ.weight)", where, spec.model_type)
+    stacked = _stacked_layout(ckpt, spec, names, prefix, per_layer)
+    if stacked is not None:
+        return stacked
     sparse: dict[int, dict] = {}
     groups: dict[str, tuple | None] = {}  # each name inside a layer matched once, not once per layer
     for layer, tensors in per_layer.items():
@@ -102,6 +97,83 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     dense = sorted(set(per_layer) - set(sparse))
     spec.set("dense_layers", dense, Source("tensor", f"layers without {prefix}.layers.N.{mlp}.experts tensors"
                                            if dense else f"every layer has {mlp}.experts tensors"))
+    return claimed
+
+
+CODE_STACKED = re.compile(r"^(\w+)\.experts\.([A-Za-z_]\w*)$")
+
+
+def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
+                    per_layer: dict[int, dict]) -> set[str] | None:
+    """find_layout for experts stored as one 3-D tensor per projection: the tensors the code calls
+    MLP.experts.ATTR (GraniteMoE's checkpoints keep them as MLP.input_linear.weight, renamed on load), which half
+    of the gate-and-up tensor is the gate (scaffold.detect.stacked). None when no layer has such tensors."""
+    where = ckpt.config_file
+    sparse: dict[int, dict[str, str]] = {}  # layer -> the code's attribute -> the tensor's name in the layer
+    containers = set()
+    for layer, tensors in per_layer.items():
+        code = code_names(ckpt, f"{prefix}.layers.{layer}.")
+        for rest, info in tensors.items():
+            if len(info.shape) == 3 and (m := CODE_STACKED.match(code(rest))):
+                containers.add(m.group(1))
+                sparse.setdefault(layer, {})[m.group(2)] = rest
+    if not sparse:
+        return None
+    if len(containers) != 1:
+        raise UnsupportedArchitecture(f"experts sit under several modules in one model ({sorted(containers)}).", where)
+    mlp = containers.pop()
+    first = min(sparse)
+    found = sparse[first]
+    if len(found) != 2:
+        raise unsupported(f"stacked experts with the 3-D tensors {sorted(found.values())} (a gate-and-up tensor and "
+                          "a down tensor expected)", where, spec.model_type)
+    tensors = per_layer[first]
+    biases = sorted(rest for rest in tensors if any(rest == f"{t}_bias" or t.endswith(".weight")
+                                                    and rest == f"{t.removesuffix('.weight')}.bias"
+                                                    for t in found.values()))
+    if biases:
+        raise unsupported(f"biased experts ({prefix}.layers.{first}.{biases[0]}; the port's FusedMoE experts have "
+                          "no bias)", where, spec.model_type)
+    try:
+        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)))
+    except ValueError as exc:
+        raise unsupported(f"stacked experts whose gate half the code does not tell: {exc}", where,
+                          spec.model_type) from None
+    if read is None:
+        raise unsupported(f"stacked experts ({', '.join(sorted(found.values()))}) without a modeling class holding "
+                          f"{' and '.join(sorted(found))} as parameters", where, spec.model_type)
+    if read.problem:
+        raise unsupported(f"{read.problem}, in {read.cls}", where, spec.model_type)
+    gate_up, down = found[read.gate_up][len(mlp) + 1:], found[read.down][len(mlp) + 1:]
+    count = tensors[found[read.gate_up]].shape[0]
+    router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
+    if router is None:
+        router = _deeper_router(tensors, mlp, count, first, where)
+    names.update(mlp=mlp, router=router, experts="experts", expert_gate_proj="gate_proj", expert_up_proj="up_proj",
+                 expert_down_proj="down_proj", stacked_gate_up=gate_up, stacked_down=down)
+    layer_name = f"{prefix}.layers.{first}.{mlp}"
+    spec.set("experts_layout", "stacked", Source("tensor", f"{layer_name}.{gate_up} is "
+                                                           f"{list(tensors[found[read.gate_up]].shape)}: every "
+                                                           "expert's gate and up in one tensor"))
+    spec.set("expert_gate_up_order", "up_first" if read.up_first else "gate_first", Source("code", read.evidence))
+    claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
+    # A 3-D tensor without a .weight suffix is claimed as itself (its `module` is the whole name).
+    claimed |= {f"{mlp}.{t}".removesuffix(".weight") for t in (gate_up, down)}
+    shared = _shared_expert(tensors, mlp, router)
+    if shared is not None:
+        names.update(shared_expert=shared)
+        claimed |= {f"{mlp}.{shared}.{p}" for p in SHARED_PROJECTIONS}
+        if f"{mlp}.{shared}_gate.weight" in tensors:
+            names.update(shared_expert_gate=f"{shared}_gate")
+            claimed.add(f"{mlp}.{shared}_gate")
+    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
+                           code_names(ckpt, f"{prefix}.layers.{first}."))
+    if bias is not None:
+        spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
+        claimed.add(f"{mlp}.{bias[0]}")
+    dense = sorted(set(per_layer) - set(sparse))
+    spec.set("dense_layers", dense, Source("tensor", f"layers without the 3-D expert tensors of {mlp}"
+                                           if dense else f"every layer has {mlp}'s 3-D expert tensors"))
     return claimed
 
 
@@ -220,10 +292,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
     shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
-    for e in range(experts):
-        for role, shape in (("expert_gate_proj", (inter, hidden)), ("expert_up_proj", (inter, hidden)),
-                            ("expert_down_proj", (hidden, inter))):
-            shapes[f"{mlp}.{n['experts']}.{e}.{n[role]}.weight"] = shape
+    if spec.experts_layout == "stacked":
+        shapes[f"{mlp}.{n['stacked_gate_up']}"] = (experts, 2 * inter, hidden)
+        shapes[f"{mlp}.{n['stacked_down']}"] = (experts, hidden, inter)
+    else:
+        for e in range(experts):
+            for role, shape in (("expert_gate_proj", (inter, hidden)), ("expert_up_proj", (inter, hidden)),
+                                ("expert_down_proj", (hidden, inter))):
+                shapes[f"{mlp}.{n['experts']}.{e}.{n[role]}.weight"] = shape
     if "shared_expert" in n:
         shared = spec.shared_expert_intermediate_size
         for proj, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),

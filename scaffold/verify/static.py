@@ -169,6 +169,12 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want[f"{mlp}.{n['gate_up_proj']}"] = 2 * inter
     if spec.is_moe:
         want[f"{mlp}.{n['router']}"] = spec.num_experts
+    stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
+    if spec.is_moe and spec.experts_layout == "stacked":
+        experts, width = spec.num_experts, spec.moe_intermediate_size
+        stacked = {f"{mlp}.{n['stacked_gate_up']}": (experts, 2 * width, hidden),
+                   f"{mlp}.{n['stacked_down']}": (experts, hidden, width)}
+    elif spec.is_moe:
         for e in range(spec.num_experts):
             experts = f"{mlp}.{n['experts']}.{e}"
             want.update({f"{experts}.{n['expert_gate_proj']}": spec.moe_intermediate_size,
@@ -178,6 +184,13 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     transposed = transposed_modules(spec)
     problems, seen = [], set()
     for name, info in ckpt.tensors.items():
+        rest = name[len(prefix):].split(".", 1)[-1]
+        if name.startswith(prefix) and rest in stacked:
+            seen.add(rest)
+            if tuple(info.shape) != stacked[rest]:
+                problems.append(f"{name} has shape {list(info.shape)}, the spec needs {list(stacked[rest])} "
+                                "(experts, rows, columns)")
+            continue
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
         module = port_rest(spec, name[len(prefix):].split(".", 1)[1]).rsplit(".", 1)[0]
@@ -187,10 +200,11 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             rows = info.shape[-1] if module in transposed else info.shape[0]
             if rows != want[module]:
                 problems.append(f"{name} has {rows} rows, the spec needs {want[module]}")
-    problems += [f"no checkpoint tensor for {m}" for m in sorted(set(want) - seen)]
+    problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
+                      + (" (3-D tensors, cut per expert)" if stacked else "")
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
@@ -236,9 +250,19 @@ def check_expert_roles(report: Report, spec: Spec, model_file) -> None:
     if got.get("ckpt_gate_proj_name") == want["ckpt_up_proj_name"] and got.get("ckpt_up_proj_name") == \
             want["ckpt_gate_proj_name"]:
         wrong.insert(0, "the experts' gate and up projections are swapped")
+    stacked = ""
+    if spec.experts_layout == "stacked":
+        # The 3-D tensors: which per-expert projections each one's rows hold, in row order.
+        halves = (n["expert_gate_proj"], n["expert_up_proj"])
+        expect = {n["stacked_gate_up"]: halves if spec.expert_gate_up_order == "gate_first" else halves[::-1],
+                  n["stacked_down"]: (n["expert_down_proj"],)}
+        table = module_constant(model_file, "STACKED_EXPERTS")
+        if not isinstance(table, dict) or {k: tuple(v) for k, v in table.items()} != expect:
+            wrong.insert(0, f"STACKED_EXPERTS is {table!r}, the checkpoint's 3-D expert tensors hold {expect!r}")
+        stacked = f" ({n['stacked_gate_up']}: {' rows, then '.join(expect[n['stacked_gate_up']])} rows)"
     report.add("expert projections", not wrong, wrong[0] if wrong else
                f"{spec.num_experts} experts: gate {want['ckpt_gate_proj_name']} -> w1, up {want['ckpt_up_proj_name']}"
-               f" -> w3, down {want['ckpt_down_proj_name']} -> w2; top-{spec.num_experts_per_tok} routing"
+               f" -> w3, down {want['ckpt_down_proj_name']} -> w2{stacked}; top-{spec.num_experts_per_tok} routing"
                f"{', renormalized' if spec.moe_renormalize else ''}")
 
 
