@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from scaffold import tomlio
-
 import json
 import re
 
@@ -14,7 +12,7 @@ from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
 from scaffold.detect.activations import gated_forms
 from scaffold.mapping import embedding_tensor, head_tensor
-from scaffold.spec import FIELDS, OMITTED_WHEN_EMPTY, group_heading
+from scaffold.spec import FIELDS, group_heading, omitted
 from scaffold.text import markdown_text
 
 VERIFY_MARKER = "<!-- scaffold verify results -->"
@@ -58,8 +56,7 @@ def warnings(analysis: Analysis) -> list[str]:
 def spec_rows(analysis: Analysis) -> list[tuple[str, str, str]]:
     spec = analysis.spec
     return [(name, json.dumps(getattr(spec, name)), str(spec.source(name))) for name in FIELDS
-            if name not in OMITTED_WHEN_EMPTY or getattr(spec, name) not in (None, False, 0, "", [], {},
-                                                                             tomlio.DEFAULTS.get(name))]
+            if not omitted(name, getattr(spec, name))]
 
 
 _md = markdown_text  # checkpoint-derived text for a REVIEW.md line or table cell

@@ -488,6 +488,13 @@ MAX_LAYERS = FIELD_INFO["num_layers"].limit
 IDENTIFIER_FIELDS = tuple(name for name, info in FIELD_INFO.items() if info.identifier)
 # Fields written into scaffold_spec.toml only when set.
 OMITTED_WHEN_EMPTY = tuple(name for name, info in FIELD_INFO.items() if info.omit_when_empty)
+FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.default is not dataclasses.MISSING}
+
+
+def omitted(name: str, value: Any) -> bool:
+    """Whether scaffold_spec.toml and REVIEW.md leave the field out: one declared omit_when_empty, when it is
+    empty or at its default (experts_layout "per_expert")."""
+    return name in OMITTED_WHEN_EMPTY and (not value or value == FIELD_DEFAULTS.get(name))
 
 
 def group_heading(name: str, previous: str | None) -> str | None:

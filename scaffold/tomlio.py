@@ -10,8 +10,6 @@ keeps on one line: a line break in a comment would end it, and what followed wou
 
 from __future__ import annotations
 
-import dataclasses
-
 import re
 from typing import Any
 
@@ -19,7 +17,7 @@ import tomlkit
 from tomlkit.items import AoT, Comment, Item, Table
 
 from scaffold.errors import SpecError
-from scaffold.spec import CONFIG_KEY_FIELDS, FIELD_INFO, FIELDS, Spec, Unknown, group_heading
+from scaffold.spec import CONFIG_KEY_FIELDS, FIELDS, Spec, Unknown, group_heading, omitted
 
 SPEC_TABLE = "spec"
 
@@ -102,17 +100,13 @@ SPEC_HEADER = [
 ]
 
 
-# A field left out when empty is also left out at its default (experts_layout "per_expert").
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.default is not dataclasses.MISSING}
-
-
 def spec_toml(spec: Spec, port: dict[str, Any] | None = None) -> str:
     """A port's scaffold_spec.toml: the spec, each value after a comment saying where it came from, and the
     [port] table (where the port came from) when given."""
     body = tomlkit.table()
     for name in FIELDS:
         v = getattr(spec, name)
-        if FIELD_INFO[name].omit_when_empty and (not v or v == DEFAULTS.get(name)):
+        if omitted(name, v):
             continue
         body.add(comment(spec.source(name)))
         if v is None:

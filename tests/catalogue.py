@@ -65,6 +65,8 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "dots1": ({"num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
               "its config leaves the expert counts None (the model cannot be made without them)"),
     "falcon": ({"head_dim": None}, "its head_dim is a read-only property (hidden_size / heads)"),
+    "granitemoeshared": ({"shared_intermediate_size": 64}, "its config's shared expert width defaults to 0: "
+                                                            "without it the checkpoint has no shared expert"),
     "reformer": ({"is_decoder": True}, "its LM head is causal only as a decoder (the class refuses otherwise)"),
     "gptj": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
                                  "forward fails on it"),

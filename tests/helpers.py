@@ -123,7 +123,10 @@ class GoldenPort:
 
 GOLDEN_PORTS = {p.name: p for p in (
     GoldenPort("demolm", example="demolm"),  # remote-code Llama variant: gating bias, sliding window, rope default
-    GoldenPort("tinymoe", example="tinymoe", new_args=("--trust-remote-code",)),  # served by the transformers backend
+    # Served by the transformers backend (asked for: the native generator ports its 3-D experts too).
+    GoldenPort("tinymoe", example="tinymoe", new_args=("--trust-remote-code", "--impl", "transformers")),
+    # The same remote code ported natively: experts stored as one 3-D tensor per projection.
+    GoldenPort("tinymoe_native", example="tinymoe", new_args=("--impl", "native")),
     GoldenPort("llama", model_type="llama", architecture="GoldenLlamaForCausalLM"),
     # The fused-layout family: the checkpoint stores qkv_proj and gate_up_proj already fused.
     GoldenPort("phi3", model_type="phi3", architecture="GoldenPhi3ForCausalLM", overrides=TOKENS),

@@ -114,6 +114,10 @@ ARCHITECTURES = {
     # switch off, which must not turn the renormalization off.
     "hy_v3": ("hy_v3", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                         "enable_moe_fp32_combine": False}),
+    # Experts stored as one 3-D tensor per projection (input_linear [experts, 2 x width, hidden], gate first),
+    # a router one module deeper (router.layer), with Granite's multipliers.
+    "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
+                                  "residual_multiplier": 0.22, "attention_multiplier": 0.05, "logits_scaling": 4.0}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -172,6 +176,8 @@ EXPECTED_SPEC = {
                                              "mscale": 0.707, "mscale_all_dim": 0.707}},
     "hunyuan_v1_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_renormalize": True,
                        "shared_expert_intermediate_size": 256, "qk_norm_after_rope": True},
+    "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
+                   "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
               "moe_renormalize": True, "shared_expert_intermediate_size": 64, "dense_layers": [0]},
 }

@@ -8,6 +8,7 @@ vLLM engines (CPU build) through `scaffold verify`, the generated package's own 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,42 +134,57 @@ def test_census_against_logged_lines():
 
 # ------------------------------------------------------------------ scaffold new --impl, no engine
 def test_auto_refuses_noncompliant_moe_naming_both_paths(workdir):
+    # The native generator ports tinymoe_sdpa's 3-D experts; with an activation vLLM's registry lacks
+    # (transformers' laplace) neither path can take it.
+    ckpt = workdir / "tinymoe_sdpa-laplace"
+    shutil.copytree(EXAMPLES / "tinymoe_sdpa", ckpt, dirs_exist_ok=True)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "hidden_act": "laplace"}))
     out = workdir / "never-written"
-    proc = scaffold("new", EXAMPLES / "tinymoe_sdpa", "-o", out, "--trust-remote-code", check=False)
+    proc = scaffold("new", ckpt, "-o", out, "--trust-remote-code", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     message = proc.stderr
-    assert "Native port:" in message and "mixture-of-experts" in message
+    assert "Native port:" in message and "'laplace' is not in vLLM's activation registry" in message
     assert "Transformers backend:" in message and "modeling_tinymoe_sdpa.py:" in message
     assert "ALL_ATTENTION_FUNCTIONS" in message and "top_k_index" in message
     assert not out.exists()
 
 
 def test_backend_needs_trust_remote_code_for_remote_code(workdir):
-    proc = scaffold("new", EXAMPLES / "tinymoe", "-o", workdir / "never", check=False)
+    proc = scaffold("new", EXAMPLES / "tinymoe", "--impl", "transformers", "-o", workdir / "never", check=False)
     assert proc.returncode == 2 and "--trust-remote-code" in proc.stderr
-    proc = scaffold("new", EXAMPLES / "tinymoe", "--impl", "native", "-o", workdir / "never", "--trust-remote-code",
-                    check=False)
-    assert proc.returncode == 2 and "mixture-of-experts" in proc.stderr
     assert not (workdir / "never").exists()
+
+
+def test_auto_ports_the_compliant_moe_natively_without_running_its_code(workdir):
+    """The native generator reads the remote code as text: its 3-D experts port without --trust-remote-code,
+    and auto prefers the native port to the backend."""
+    out = workdir / "tinymoe-native"
+    proc = scaffold("new", EXAMPLES / "tinymoe", "-o", out, "--force")
+    assert "through vLLM's transformers backend" not in proc.stdout
+    import tomllib
+
+    spec = tomllib.loads((out / "scaffold_spec.toml").read_text())["spec"]
+    assert spec["experts_layout"] == "stacked" and "backend" not in spec
 
 
 @pytest.fixture(scope="session")
 def tinymoe_package(workdir) -> Path:
     out = workdir / "tinymoe-backend"
-    proc = scaffold("new", EXAMPLES / "tinymoe", "-o", out, "--trust-remote-code")
+    proc = scaffold("new", EXAMPLES / "tinymoe", "-o", out, "--trust-remote-code", "--impl", "transformers")
     assert "through vLLM's transformers backend" in proc.stdout
     return out
 
 
 @pytest.mark.slow  # ~12 s on 2 cores: builds tinymoe and its backend package
-def test_auto_emits_backend_package_for_compliant_moe(tinymoe_package):
+def test_backend_package_for_compliant_moe(tinymoe_package):
     out = tinymoe_package
     import tomllib
 
     spec = tomllib.loads((out / "scaffold_spec.toml").read_text())
     assert spec["backend"]["model_impl"] == "transformers" and spec["backend"]["trust_remote_code"] is True
-    assert "mixture-of-experts" in spec["backend"]["reason"]
+    assert spec["backend"]["reason"] == "asked for with --impl transformers"
     assert len(spec["backend"]["fusion"]) == 5
     package = out / spec["spec"]["package"]
     import ast

@@ -167,8 +167,11 @@ def test_tied_and_per_expert_checkpoints_pass(tiny, tmp_path):
 
 def renamed_head(dst: Path) -> Path:
     """examples/tinymoe with its head named `output` (code and checkpoint): transformers loads it, but vLLM's
-    backend builds `lm_head` and has no module named `output`."""
+    backend builds `lm_head` and has no module named `output`. Its activation is transformers' laplace, which
+    vLLM's registry lacks, so that the native generator (which ports tinymoe) refuses it too."""
     shutil.copytree(EXAMPLES / "tinymoe", dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "hidden_act": "laplace"}))
     code = dst / "modeling_tinymoe.py"
     code.write_text(code.read_text().replace("self.lm_head", "self.output"))
     entries, _ = read_header(dst / "model.safetensors")

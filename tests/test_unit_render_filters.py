@@ -15,7 +15,7 @@ import tomllib
 from scaffold.errors import ScaffoldError
 from scaffold.model_context import IMPORT_LINE_LENGTH, Import, choices, imports, logits_processor_arguments
 from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, environment, is_partial, py_literal, templates_dir
-from scaffold.spec import OMITTED_WHEN_EMPTY, Source, Spec
+from scaffold.spec import Source, Spec, omitted
 from scaffold.tomlio import comment_text as toml_comment
 from scaffold.tomlio import spec_toml as to_toml
 from scaffold.tomlio import string as toml_string
@@ -94,7 +94,7 @@ def test_to_toml_round_trips_every_field_it_writes():
     written = tomllib.loads(to_toml(spec))["spec"]
     assert "sliding_window" not in written  # None is left out: TOML has no null
     expected = {name: value for name, value in spec.to_dict().items()
-                if value is not None and (value or name not in OMITTED_WHEN_EMPTY)}
+                if value is not None and not omitted(name, value)}
     assert written == expected
 
 

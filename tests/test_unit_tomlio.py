@@ -13,7 +13,7 @@ from scaffold import tomlio
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import understand
 from scaffold.errors import SpecError
-from scaffold.spec import FIELDS, OMITTED_WHEN_EMPTY, Source, Spec, Unknown
+from scaffold.spec import FIELDS, Source, Spec, Unknown, omitted
 
 STRINGS = ["", "plain", 'q"uote', "it's", "back\\slash", "new\nline", "cr\r\ntab\t", "nul\x00 esc\x1b del\x7f",
            "caf\u00e9 \u2028 \U0001f600 \u4e2d\u6587", "\\u0041 not an escape", "'''", '"""', "# not a comment",
@@ -62,7 +62,7 @@ def test_spec_toml_round_trips_every_field_with_hostile_sources():
     port = {"checkpoint": "/tmp/ck\"pt\n", "scaffold_version": "0.1.0", "trust_remote_code": False}
     data = tomllib.loads(tomlio.spec_toml(spec, port=port))
     written, expected = data["spec"], {n: v for n, v in spec.to_dict().items()
-                                       if v is not None and (v or n not in OMITTED_WHEN_EMPTY)}
+                                       if v is not None and not omitted(n, v)}
     assert math.isnan(written["rope_parameters"].pop("nan")) and math.isnan(expected["rope_parameters"].pop("nan"))
     assert written == expected and data["port"] == port
     assert set(written) <= set(FIELDS)

@@ -73,7 +73,7 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     heads, hidden = spec.num_heads, spec.hidden_size
     kv_rank = shape("kv_a_norm")[0]
     rope = shape("kv_a_proj")[0] - kv_rank
-    q_rows, q_in = shape("q_b_proj" if low_rank_q else "q_proj")
+    q_rows = shape("q_b_proj" if low_rank_q else "q_proj")[0]
     q_rank = shape("q_a_norm")[0] if low_rank_q else 0
     kv_rows, kv_in = shape("kv_b_proj")
     if rope <= 0 or q_rows % heads or kv_rows % heads:

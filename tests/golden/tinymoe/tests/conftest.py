@@ -1,6 +1,8 @@
-"""Shared fixtures: the checkpoint this port was generated from and one vLLM engine."""
+"""The checkpoint this package serves, and one engine start through the transformers backend."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,7 +10,23 @@ import pytest
 CHECKPOINT = Path(
     os.environ.get("SCAFFOLD_CHECKPOINT", "<CHECKPOINT>")
 )
-PORT_DIR = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+# Runs in its own process: building the backend rewrites transformers' classes in the
+# process that builds it, and vLLM logs its `Fused:` lines to stdout.
+ENGINE_SCRIPT = """
+import sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+sys.path.insert(0, sys.argv[2])
+from tiny_mo_e_vllm import engine_kwargs
+
+llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+          max_model_len=128, seed=0, **engine_kwargs())
+out = llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3, 4])], SamplingParams(max_tokens=2, detokenize=False),
+                   use_tqdm=False)
+print("generated", list(out[0].outputs[0].token_ids))
+"""
 
 
 @pytest.fixture(scope="session")
@@ -19,46 +37,24 @@ def checkpoint() -> Path:
 
 
 @pytest.fixture(scope="session")
-def llm(checkpoint):
-    """The port inside a real vLLM engine, loaded through the plugin entry point."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    return LLM(
-        model=str(checkpoint),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=256,
-        seed=0,
+def engine_log(checkpoint) -> str:
+    """Everything the engine printed while loading the checkpoint and generating two tokens."""
+    pytest.importorskip("vllm")
+    env = dict(
+        os.environ,
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_PLUGINS="",
+        VLLM_LOGGING_LEVEL="INFO",
     )
-
-
-@pytest.fixture(scope="session")
-def on_fresh_model(llm):
-    """on_fresh_model(fn) runs fn(model) in the engine's worker on a new, unloaded port instance.
-
-    The engine's own model has been through vLLM's post-load processing, which may
-    repack weights for the platform; the mapping tests load a fresh instance with the
-    port's load_weights and look at the parameters exactly as the loaders left them.
-    """
-    import itertools
-
-    from vllm.config import set_current_vllm_config
-
-    vllm_config = llm.llm_engine.vllm_config
-    counter = itertools.count()
-
-    def run(fn):
-        def build(model):
-            with set_current_vllm_config(vllm_config):
-                fresh = type(model)(
-                    vllm_config=vllm_config, prefix=f"mapping_check_{next(counter)}"
-                )
-            return fn(fresh)
-
-        (result,) = llm.apply_model(build)
-        return result
-
-    return run
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    proc = subprocess.run(
+        [sys.executable, "-c", ENGINE_SCRIPT, str(checkpoint), str(PACKAGE_DIR)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    return log
