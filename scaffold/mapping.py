@@ -247,6 +247,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
             return [(rest, None, "")]
+        if spec.attention_sinks and rest == f"{n['self_attn']}.{spec.attention_sinks}":
+            return [(rest, None, "attention sinks, one per head")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
         return None

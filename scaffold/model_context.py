@@ -209,6 +209,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     low_rank_q = latent and bool(spec.q_lora_rank)
     full_qk_norm = spec.qk_norm == "full"
     gate_bias = bool(spec.gate_extra_bias)
+    # Parameters the port loads with a per-rank slice of their own (the gate bias, the attention sinks).
+    sliced = gate_bias or bool(spec.attention_sinks)
     stdlib = [
         *([Import("math")] if alibi else []),
         Import("re"),
@@ -256,7 +258,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.model_executor.model_loader.weight_utils", _present(
             ("default_weight_loader", True),
             ("maybe_remap_kv_scale_name", True),
-            ("sharded_weight_loader", gate_bias),
+            ("sharded_weight_loader", sliced),
         ), one_per_line=True),
         Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
         Import("vllm.model_executor.models.utils", (
@@ -264,7 +266,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),
-        *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if gate_bias else []),
+        *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced else []),
     ]
     return stdlib, third_party
 

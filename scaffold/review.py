@@ -184,6 +184,10 @@ def decisions(spec) -> list[str]:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    if spec.attention_sinks:
+        out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
+                   "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "
+                   "rank loads its heads' slice.")
     if spec.qk_norm != "none":
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
     out.append(f"- {_positions(spec)}.")

@@ -231,6 +231,10 @@ class Spec:
     attention_scale: float | None = spec_field(None, group="attention", probe="self_attn",
                                                doc="the score scale; None: head_dim ** -0.5 (latent attention: "
                                                    "(qk_nope_head_dim + qk_rope_head_dim) ** -0.5)")
+    attention_sinks: str | None = spec_field(
+        None, group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="a learned logit per head added to each softmax's denominator (gpt-oss's and Granite-SWA's `sinks`), "
+            "by its parameter's name in the attention module; None: none")
     # Multi-head latent attention's sizes (qkv_layout "latent"); 0 elsewhere.
     q_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
                                   doc="the low-rank query's width; 0: the queries come from one projection")

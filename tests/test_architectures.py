@@ -116,6 +116,9 @@ ARCHITECTURES = {
                         "enable_moe_fp32_combine": False}),
     # Experts stored as one 3-D tensor per projection (input_linear [experts, 2 x width, hidden], gate first),
     # a router one module deeper (router.layer), with Granite's multipliers.
+    # Attention sinks (a learned logit per head in each softmax's denominator) with a window shorter than the
+    # prompts on the sliding layers.
+    "granite_swa": ("granite_swa", {"sliding_window": 8}),
     "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
                                   "residual_multiplier": 0.22, "attention_multiplier": 0.05, "logits_scaling": 4.0}),
 }
@@ -176,6 +179,7 @@ EXPECTED_SPEC = {
                                              "mscale": 0.707, "mscale_all_dim": 0.707}},
     "hunyuan_v1_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_renormalize": True,
                        "shared_expert_intermediate_size": 256, "qk_norm_after_rope": True},
+    "granite_swa": {"attention_sinks": "sinks", "sliding_window": 8, "sliding_window_layers": [1, 2]},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

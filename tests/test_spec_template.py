@@ -198,10 +198,11 @@ def test_each_stopping_detector_names_the_fields_it_decides():
     from scaffold.detect import DECIDES, DETECTORS
     from scaffold.spec import Spec
 
-    # Features a spec file leaves out when the model has none (weightless norms, a norm on the embeddings too).
+    # Features a spec file leaves out when the model has none (weightless norms, a norm on the embeddings too,
+    # attention sinks).
     optional = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_renormalize",
                 "shared_expert_intermediate_size", "dense_layers", "gate_extra_bias", "norm_weightless",
-                "embedding_norm"}
+                "embedding_norm", "attention_sinks"}
     ckpt, spec = read_checkpoint(EXAMPLES / "demolm"), Spec()
     for detector in DETECTORS:
         before = set(spec.provenance)

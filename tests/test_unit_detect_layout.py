@@ -34,3 +34,30 @@ def test_biases_and_per_head_qk_norm_are_seen_in_the_tensors(tmp_path):
 def test_no_lm_head_tensor_means_tied_embeddings(tmp_path):
     spec = detect_until(read(tmp_path, Shape(tie=True)), layout)
     assert spec.tie_word_embeddings is True
+
+
+def _with_sinks(shape):
+    from ckpt_factory import tensors_for
+
+    tensors = tensors_for(shape)
+    for i in range(shape.layers):
+        tensors[f"model.layers.{i}.self_attn.sinks"] = [shape.heads]
+    return tensors
+
+
+def test_attention_sinks_are_the_per_head_tensor_the_code_hands_the_attention_as_s_aux(tmp_path):
+    # transformers' granite_swa code passes s_aux=self.sinks to its attention function.
+    shape = Shape(model_type="granite_swa", architecture="SinkForCausalLM")
+    spec = detect_until(read(tmp_path, shape, tensors=_with_sinks(shape)), layout)
+    assert spec.attention_sinks == "sinks"
+    assert "s_aux=self.sinks" in spec.source("attention_sinks").detail
+
+
+def test_a_per_head_tensor_the_code_does_not_use_as_sinks_is_refused(tmp_path):
+    import pytest
+
+    from scaffold.errors import UnsupportedArchitecture
+
+    shape = Shape(architecture="SinkForCausalLM")  # Llama's code has no sinks
+    with pytest.raises(UnsupportedArchitecture, match=r"self_attn\.sinks"):
+        detect_until(read(tmp_path, shape, tensors=_with_sinks(shape)), layout)

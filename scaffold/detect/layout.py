@@ -26,6 +26,7 @@ from scaffold.detect.sourcecode import (
     modeling_sources,
     norm_code,
     subtree,
+    walk,
     weightless_norms,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -285,6 +286,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
+    sinks = _attention_sinks(sources, layer0, attn, spec.num_heads)
+    spec.set("attention_sinks", sinks[0] if sinks else None,
+             Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
     # The q/k norms: the modules the attention's code applies to the queries and to the keys alone, whatever
     # their names (HunYuan's query_layernorm); where the code does not say, names common families use (hints).
     q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
@@ -375,6 +379,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                if r in names}
     claimed.add(f"{attn}.{names['qkv_proj']}")
     claimed |= latent_modules
+    if spec.attention_sinks:
+        claimed.add(f"{attn}.{spec.attention_sinks}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
@@ -421,6 +427,25 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _attention_sinks(sources: dict, layer0: dict, attn: str, heads: int) -> tuple[str, str] | None:
+    """(parameter, evidence) of the attention sinks: a tensor of one value per head kept on the attention module
+    itself, which the code hands the attention function as its sinks (`s_aux=self.sinks`, transformers'
+    convention for a logit added to each softmax's denominator)."""
+    held = {rest.split(".", 1)[1] for rest, info in layer0.items()
+            if rest.startswith(f"{attn}.") and rest.count(".") == 1 and tuple(info.shape) == (heads,)}
+    if not held:
+        return None
+    for file, node in walk(sources):
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                value = keyword.value
+                if (keyword.arg in ("s_aux", "sinks") and isinstance(value, ast.Attribute)
+                        and isinstance(value.value, ast.Name) and value.value.id == "self" and value.attr in held):
+                    return value.attr, f"{file}:{node.lineno}: {keyword.arg}=self.{value.attr} (a logit per head " \
+                                       "added to the softmax's denominator)"
+    return None
 
 
 def _position_table(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict) -> str | None:
