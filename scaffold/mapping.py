@@ -190,6 +190,8 @@ class _Modules:
                f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
         if spec.position_scheme == "learned" and "embed_positions" in n:
             top.add(f"{n['model']}.{n['embed_positions']}.weight")
+        if "embed_norm" in n:
+            top |= {f"{n['model']}.{n['embed_norm']}.weight", f"{n['model']}.{n['embed_norm']}.bias"}
         return cls({m: (fused, shard) for m, fused, shard in stacked_modules(spec)}, expert_modules(spec),
                    dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top),
                    stacked_expert_tensors(spec), transposed_modules(spec))

@@ -110,6 +110,9 @@ NAME_ROLES = (
     # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
     # where position_scheme is "learned".
     "embed_positions",
+    # A norm of its own on the embeddings, before the first layer (BLOOM's word_embeddings_layernorm); present
+    # only where embedding_norm is true and the final norm is not the one applied there.
+    "embed_norm",
     # Multi-head latent attention (qkv_layout "latent", DeepSeek-V2's): the low-rank query projection and its
     # norm (q_a_proj, q_a_norm, q_b_proj; absent where the queries come from q_proj alone), the joint
     # latent-KV-and-rotary-key projection, the latent's norm and its expansion into keys and values.
@@ -121,7 +124,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # transformer.encoder.layers, transformer.embedding.word_embeddings): a dotted path,
 # relative to the base model (lm_head: from the root). The port keeps the last
 # component as its attribute and maps the checkpoint's names onto it on load.
-NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions")
+NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", "embed_norm")
 # Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
@@ -337,7 +340,8 @@ class Spec:
     norm_weightless: bool = spec_field(False, group="norms", probe=NORMS, omit_when_empty=True,
                                        doc="the norms hold no parameter: no scale, no bias (OLMo's)")
     embedding_norm: bool = spec_field(False, group="norms", probe="embed", omit_when_empty=True,
-                                      doc="the final norm also normalizes the embeddings before the first layer")
+                                      doc="the embeddings are normalized before the first layer: by names.embed_norm "
+                                          "where the names have it, else by the final norm")
     norm_weight_name: str = spec_field(
         "weight", group="norms", probe=NORMS, identifier=True,
         doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "
@@ -685,6 +689,8 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
+    if "embed_norm" in names and not spec.embedding_norm:
+        raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":
         # Multi-head latent attention: the latent's projections and sizes, and the query's (low-rank or not).
         query = ("q_a_proj", "q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj",)
@@ -741,7 +747,7 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
     names, port = spec.names, port_names(spec.names)
     model = names["model"]
     out: dict[str, str | None] = {}
-    for role in ("embed_tokens", "layers", "norm", "embed_positions"):
+    for role in ("embed_tokens", "layers", "norm", "embed_positions", "embed_norm"):
         if role in names and names[role] != port[role]:
             out[f"{model}.{names[role]}."] = f"{model}.{port[role]}."
     if names["lm_head"] != port["lm_head"]:

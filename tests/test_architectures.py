@@ -116,6 +116,9 @@ ARCHITECTURES = {
                         "enable_moe_fp32_combine": False}),
     # Experts stored as one 3-D tensor per projection (input_linear [experts, 2 x width, hidden], gate first),
     # a router one module deeper (router.layer), with Granite's multipliers.
+    # BLOOM: a LayerNorm of its own on the embeddings, q/k/v per head in one tensor (viewed in a helper method),
+    # ALiBi, and a tanh GELU reached through an autograd Function.
+    "bloom": ("bloom", {}),
     # Attention sinks (a learned logit per head in each softmax's denominator) with a window shorter than the
     # prompts on the sliding layers.
     "granite_swa": ("granite_swa", {"sliding_window": 8}),
@@ -179,6 +182,8 @@ EXPECTED_SPEC = {
                                              "mscale": 0.707, "mscale_all_dim": 0.707}},
     "hunyuan_v1_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_renormalize": True,
                        "shared_expert_intermediate_size": 256, "qk_norm_after_rope": True},
+    "bloom": {"embedding_norm": True, "qkv_layout": "interleaved", "position_scheme": "alibi", "hidden_act": "gelu_new",
+              "norm_kind": "layer"},
     "granite_swa": {"attention_sinks": "sinks", "sliding_window": 8, "sliding_window_layers": [1, 2]},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},

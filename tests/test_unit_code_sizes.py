@@ -84,3 +84,18 @@ def test_the_activation_a_transformers_mlp_builds_when_the_config_names_none():
     """MPT's MptMLP builds nn.GELU(approximate="none") in __init__; its config has no hidden_act."""
     act, where = code_activation(transformers_code("mpt"), "ffn")
     assert act == "gelu" and where.startswith("modeling_mpt.py:")
+
+
+def test_an_activation_module_reaching_its_formula_through_an_autograd_function():
+    # BLOOM: BloomMLP builds BloomGelu(), whose forward is GeLUFunction.apply(x), whose forward calls
+    # bloom_gelu_forward: x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), the tanh GELU.
+    act, where = code_activation(transformers_code("bloom"), "mlp")
+    assert act == "gelu_new" and where.startswith("modeling_bloom.py:")
+
+
+def test_a_fused_qkv_viewed_per_head_in_a_helper_method_is_interleaved():
+    # BLOOM's forward hands query_key_value's output to self._reshape, which views it (..., heads, 3, head_dim).
+    from scaffold.detect.sourcecode import interleaved_qkv
+
+    assert interleaved_qkv(transformers_code("bloom"), "query_key_value") is not None
+    assert interleaved_qkv(transformers_code("gpt2"), "c_attn") is None  # q, k, v one after another

@@ -140,6 +140,14 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         norms = sorted({attr for _f, cls, _fn, attr, value in codekeys.self_assignments(source)
                         if cls.name in owners and isinstance(value, ast.Call)
                         and codekeys.callee(value) in weightless})
+    embed_norm = None
+    if len(norms) == 2:
+        # A norm of its own on the embeddings (BLOOM's word_embeddings_layernorm): the one the base model's
+        # forward applies before its layers; the other is the final norm.
+        before = _norms_before_layers(code or modeling_sources(ckpt), {n.rsplit(".", 1)[-1] for n in norms})
+        if len(before) == 1:
+            embed_norm = next(n for n in norms if n.rsplit(".", 1)[-1] == before[0][0])
+            norms = [n for n in norms if n != embed_norm]
     if len(norms) != 1:
         raise UnsupportedArchitecture(f"expected one final norm {where_text.split(' (')[0]}, found "
                                       f"{norms or 'none'}.", where)
@@ -151,7 +159,25 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         raise UnsupportedArchitecture(f"the embedding {embeds[0]!r}, final norm {norms[0]!r} and head {head!r} "
                                       "end in the same name; the port names its modules after their last "
                                       "component.", where)
-    return embeds[0], norms[0], head
+    return embeds[0], norms[0], head, embed_norm
+
+
+def _norms_before_layers(sources: dict, candidates: set[str]) -> list[tuple[str, str, int]]:
+    """(attribute, file, line) of each of `candidates` that the forward of the class holding the layer list
+    calls on self before its loop over the layers: a norm applied to the embeddings."""
+    found = []
+    for ll in codekeys.layer_lists(sources):
+        for file, cls, func in codekeys.methods(sources):
+            if cls.name != ll.owner or func.name != "forward":
+                continue
+            loops = [n.lineno for n in subtree(func) if isinstance(n, ast.For)
+                     and f"self.{ll.attribute}" in ast.unparse(n.iter)]
+            if not loops:
+                continue
+            found += [(n.func.attr, file, n.lineno) for n in subtree(func) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                      and n.func.value.id == "self" and n.func.attr in candidates and n.lineno < min(loops)]
+    return sorted(set(found))
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -200,11 +226,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         del top[f"{prefix}.{positions_table}.weight"]
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
     try:
-        embed, norm, head = top_modules(ckpt, spec, prefix, top, inside, code)
+        embed, norm, head, embed_norm = top_modules(ckpt, spec, prefix, top, inside, code)
     except UnsupportedArchitecture as exc:
         raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
                              for role in ("embed_tokens", "norm", "lm_head"))) from None
     names["embed_tokens"], names["norm"], names["lm_head"] = embed, norm, head
+    if embed_norm is not None:
+        names["embed_norm"] = embed_norm
     spec.set("skipped_tensors", skipped,
              Source("code", "buffers the code registers (register_buffer), recomputed by the port") if skipped
              else Source("default", "the checkpoint stores no buffers"))
@@ -772,6 +800,12 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
 def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str]) -> None:
     """Whether the base model's forward also applies its final norm to the embeddings, before the layers
     (NanoChat's `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
+    if "embed_norm" in names:
+        attr = names["embed_norm"].rsplit(".", 1)[-1]
+        (_, file, line), = _norms_before_layers(sources, {attr})
+        spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr}, a norm of its own, normalizes "
+                                                        "the embeddings before the first layer"))
+        return
     found = None
     for ll in codekeys.layer_lists(sources):
         if ll.attribute != names["layers"].rsplit(".", 1)[-1]:

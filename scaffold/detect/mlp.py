@@ -110,12 +110,32 @@ def _activation_functions(sources: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _activation_classes(sources: dict[str, str], formulas: dict[str, str]) -> dict[str, str]:
+    """Module classes of the code whose forward computes a known activation, itself or through a function of
+    `formulas` (BLOOM's BloomGelu calls bloom_gelu_forward), by class name."""
+    out: dict[str, str] = {}
+    forwards = [(cls.name, func) for _file, cls, func in codekeys.methods(sources) if func.name == "forward"]
+    for _ in range(3):  # a class may reach the formula through another (BloomGelu -> GeLUFunction.apply)
+        for name, func in forwards:
+            called = {formulas[n.func.id] for n in subtree(func) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Name) and n.func.id in formulas}
+            called |= {out[n.func.value.id] for n in subtree(func) if isinstance(n, ast.Call)
+                       and isinstance(n.func, ast.Attribute) and n.func.attr == "apply"
+                       and isinstance(n.func.value, ast.Name) and n.func.value.id in out}
+            if (formula := _formula(func)) is not None:
+                called.add(formula)
+            if len(called) == 1:
+                out[name] = called.pop()
+    return out
+
+
 def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
     """(registry name, "FILE:LINE") of the one activation the MLP module's class applies (a torch function in
     its forward, or a torch activation module built in its __init__); squared ReLU reads as relu2."""
     classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
                if attr == mlp_attr and isinstance(value, ast.Call)}
     formulas = _activation_functions(sources)
+    modules = _activation_classes(sources, formulas)
     found: dict[str, str] = {}
     for file, cls, func in codekeys.methods(sources):
         if cls.name not in classes or func.name not in ("__init__", "forward"):
@@ -125,6 +145,8 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
                 found.setdefault(name, f"{file}:{node.lineno}")
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in formulas:
                 found.setdefault(formulas[node.func.id], f"{file}:{node.lineno}")
+            elif isinstance(node, ast.Call) and codekeys.callee(node) in modules:
+                found.setdefault(modules[codekeys.callee(node)], f"{file}:{node.lineno}")
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Call)
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):

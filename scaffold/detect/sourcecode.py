@@ -290,7 +290,9 @@ def rotate_half_style(sources: dict[str, str]) -> Found | None:
 
 
 def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
-    """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] (per-head q, k, v)."""
+    """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] or [..., heads, 3,
+    head_size] (per-head q, k, v): in the function that calls it, or in a method of the same class (BLOOM's
+    forward hands it to self._reshape)."""
     for name, tree in _parsed(sources):
         for func in subtree(tree):
             if not isinstance(func, ast.FunctionDef):
@@ -303,7 +305,24 @@ def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
                         and any(isinstance(s, ast.Constant) and s.value == 3 for s in (sub.left, sub.right))
                         and any("head" in ast.unparse(s) for s in (sub.left, sub.right))):
                     return Found("interleaved", name, sub.lineno)
+        for cls in subtree(tree):
+            if not isinstance(cls, ast.ClassDef) or not any(
+                    isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}" for n in subtree(cls)):
+                continue
+            for sub in subtree(cls):
+                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                        and sub.func.attr in ("view", "reshape") and _heads_three_dim(sub.args)):
+                    return Found("interleaved", name, sub.lineno)
     return None
+
+
+def _heads_three_dim(args: list[ast.expr]) -> bool:
+    """Whether a view's trailing sizes are (heads, 3, head_dim): per-head q, k, v stacked."""
+    if len(args) < 3:
+        return False
+    heads, three, dim = args[-3:]
+    return (isinstance(three, ast.Constant) and three.value == 3 and "head" in ast.unparse(heads)
+            and "dim" in ast.unparse(dim))
 
 
 def sqrt_hidden_scale(sources: dict[str, str]) -> Found | None:

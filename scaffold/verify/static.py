@@ -40,6 +40,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         params[f"{top}{n['norm']}.weight"] = (None,)
     if spec.norm_bias:
         params[f"{top}{n['norm']}.bias"] = (None,)
+    if "embed_norm" in n:  # built as the final norm is
+        for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
+            params[f"{top}{n['embed_norm']}.{kind}"] = (None,)
     if spec.position_scheme == "learned":
         params[f"{top}{n['embed_positions']}.weight"] = (None,)
     if not spec.tie_word_embeddings:
