@@ -116,6 +116,12 @@ ARCHITECTURES = {
                         "enable_moe_fp32_combine": False}),
     # Experts stored as one 3-D tensor per projection (input_linear [experts, 2 x width, hidden], gate first),
     # a router one module deeper (router.layer), with Granite's multipliers.
+    # muP multipliers read from the code: HyperCLOVAX multiplies its logits by config.logits_scaling (Granite,
+    # with the same key, divides); MiniCPM3 scales its embeddings by embed_scale=config.scale_emb, each residual
+    # branch by scale_depth / sqrt(layers) and the hidden states before its head by a config property.
+    "hyperclovax-mup": ("hyperclovax", {**TOKENS, "logits_scaling": 4.0, "residual_multiplier": 0.5,
+                                        "embedding_multiplier": 2.0, "attention_multiplier": 0.1}),
+    "minicpm3": ("minicpm3", {**TOKENS, **LATENT, "scale_emb": 6.0, "scale_depth": 1.4, "dim_model_base": 64}),
     # BLOOM: a LayerNorm of its own on the embeddings, q/k/v per head in one tensor (viewed in a helper method),
     # ALiBi, and a tanh GELU reached through an autograd Function.
     "bloom": ("bloom", {}),
@@ -182,6 +188,10 @@ EXPECTED_SPEC = {
                                              "mscale": 0.707, "mscale_all_dim": 0.707}},
     "hunyuan_v1_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_renormalize": True,
                        "shared_expert_intermediate_size": 256, "qk_norm_after_rope": True},
+    "hyperclovax-mup": {"logits_scale": 4.0, "residual_multiplier": 0.5, "embedding_multiplier": 2.0,
+                        "attention_scale": 0.1},
+    "minicpm3": {"qkv_layout": "latent", "embedding_multiplier": 6.0, "residual_multiplier": 1.4 / 3**0.5,
+                 "logits_scale": 0.5},
     "bloom": {"embedding_norm": True, "qkv_layout": "interleaved", "position_scheme": "alibi", "hidden_act": "gelu_new",
               "norm_kind": "layer"},
     "granite_swa": {"attention_sinks": "sinks", "sliding_window": 8, "sliding_window_layers": [1, 2]},
