@@ -62,3 +62,17 @@ def test_a_rotation_by_minus_theta_is_named():
     code = transformers_code
     assert str(_reversed_rotation(code("nanochat"))).startswith("modeling_nanochat.py:")
     assert _reversed_rotation(code("llama")) is None
+
+
+def test_a_norm_of_its_own_on_the_embeddings_is_the_one_called_before_the_layer_loop():
+    # BLOOM: word_embeddings_layernorm before the loop over self.h, ln_f after it.
+    from scaffold.detect.layout import _embedding_norm, _norms_before_layers
+    from scaffold.spec import Spec
+
+    sources = transformers_code("bloom")
+    found = _norms_before_layers(sources, {"ln_f", "word_embeddings_layernorm"})
+    assert [attr for attr, _file, _line in found] == ["word_embeddings_layernorm"]
+    spec = Spec()
+    _embedding_norm(spec, sources, {"layers": "h", "norm": "ln_f", "embed_norm": "word_embeddings_layernorm"},
+                    "config.json", set())
+    assert spec.embedding_norm is True and spec.source("embedding_norm").kind == "code"

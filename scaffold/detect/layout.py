@@ -162,11 +162,15 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
     return embeds[0], norms[0], head, embed_norm
 
 
-def _norms_before_layers(sources: dict, candidates: set[str]) -> list[tuple[str, str, int]]:
-    """(attribute, file, line) of each of `candidates` that the forward of the class holding the layer list
-    calls on self before its loop over the layers: a norm applied to the embeddings."""
+def _norms_before_layers(sources: dict, candidates, layers: str | None = None) -> list[tuple[str, str, int]]:
+    """(attribute, file, line) of each norm the forward of the class holding the layer list (`layers`, any when
+    None) calls on self before its loop over the layers: a norm applied to the embeddings. `candidates`: the
+    attributes to look for, or a function of the class holding the layer list that gives them."""
     found = []
     for ll in codekeys.layer_lists(sources):
+        if layers is not None and ll.attribute != layers:
+            continue
+        wanted = candidates(ll) if callable(candidates) else candidates
         for file, cls, func in codekeys.methods(sources):
             if cls.name != ll.owner or func.name != "forward":
                 continue
@@ -176,8 +180,8 @@ def _norms_before_layers(sources: dict, candidates: set[str]) -> list[tuple[str,
                 continue
             found += [(n.func.attr, file, n.lineno) for n in subtree(func) if isinstance(n, ast.Call)
                       and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                      and n.func.value.id == "self" and n.func.attr in candidates and n.lineno < min(loops)]
-    return sorted(set(found))
+                      and n.func.value.id == "self" and n.func.attr in wanted and n.lineno < min(loops)]
+    return sorted(set(found), key=lambda f: (f[2], f[0], f[1]))
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -798,41 +802,32 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
 
 
 def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str]) -> None:
-    """Whether the base model's forward also applies its final norm to the embeddings, before the layers
-    (NanoChat's `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
+    """Whether the base model's forward normalizes the embeddings before the layers: with a norm of its own
+    (names.embed_norm, BLOOM's word_embeddings_layernorm) or with its final norm (NanoChat's
+    `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
     if "embed_norm" in names:
         attr = names["embed_norm"].rsplit(".", 1)[-1]
-        (_, file, line), = _norms_before_layers(sources, {attr})
-        spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr}, a norm of its own, normalizes "
-                                                        "the embeddings before the first layer"))
+        found = _norms_before_layers(sources, {attr})
+        said = f"{found[0][1]}:{found[0][2]}: self.{attr}" if found else f"names.embed_norm ({attr})"
+        spec.set("embedding_norm", True, Source("code" if found else "default",
+                                                f"{said}, a norm of its own, normalizes the embeddings before the "
+                                                "first layer"))
         return
-    found = None
-    for ll in codekeys.layer_lists(sources):
-        if ll.attribute != names["layers"].rsplit(".", 1)[-1]:
-            continue
-        for file, cls, func in codekeys.methods(sources):
-            if cls.name != ll.owner or func.name != "forward":
-                continue
-            loops = [n.lineno for n in subtree(func) if isinstance(n, ast.For)
-                     and f"self.{ll.attribute}" in ast.unparse(n.iter)]
-            if not loops:
-                continue
-            # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class
-            # whose name says norm: a hint, the call's place before the loop is what counts).
-            norms = {names["norm"].rsplit(".", 1)[-1]} | {
-                a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
-                if c.name == ll.owner and isinstance(v, ast.Call)
-                and (a in weightless or "norm" in codekeys.callee(v).lower())}
-            calls = [(n.lineno, n.func.attr) for n in subtree(func) if isinstance(n, ast.Call)
-                     and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                     and n.func.value.id == "self" and n.func.attr in norms and n.lineno < min(loops)]
-            if calls:
-                found = (min(calls), file)
-    if found is None:
+    final = names["norm"].rsplit(".", 1)[-1]
+
+    def norms(ll) -> set[str]:
+        # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class whose
+        # name says norm: a hint, the call's place before the loop is what counts).
+        return {final} | {a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
+                          if c.name == ll.owner and isinstance(v, ast.Call)
+                          and (a in weightless or "norm" in codekeys.callee(v).lower())}
+
+    found = _norms_before_layers(sources, norms, names["layers"].rsplit(".", 1)[-1])
+    if not found:
         spec.set("embedding_norm", False, Source("default", "the embeddings reach the first layer as they are"))
         return
-    (line, attr), file = found
-    if attr != names["norm"].rsplit(".", 1)[-1]:
+    attr, file, line = found[0]
+    if attr != final:
         raise _unsupported(f"a norm on the embeddings ({attr}) other than the final norm", where, spec.model_type)
     spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr} normalizes the embeddings "
                                                     "before the first layer"))
