@@ -81,6 +81,16 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     claimed = {f"{mlp}.{router}"}
     experts = sorted({int(e) for _, e, _ in sparse[first]})
     claimed |= {f"{mlp}.experts.{e}.{p}" for e in experts for p in roles}
+    dense = sorted(set(per_layer) - set(sparse))
+    return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
+                         f"layers without {prefix}.layers.N.{mlp}.experts tensors" if dense
+                         else f"every layer has {mlp}.experts tensors")
+
+
+def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensors: dict, mlp: str, router: str,
+                  first: int, claimed: set[str], dense: list[int], dense_why: str) -> set[str]:
+    """What a MoE block holds besides its router and experts, whatever their layout: the shared expert (and its
+    gate), the routing correction bias, and the layers that keep a dense MLP. Returns `claimed` with them."""
     shared = _shared_expert(tensors, mlp, router)
     if shared is not None:
         names.update(shared_expert=shared)
@@ -94,9 +104,7 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     if bias is not None:
         spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
         claimed.add(f"{mlp}.{bias[0]}")
-    dense = sorted(set(per_layer) - set(sparse))
-    spec.set("dense_layers", dense, Source("tensor", f"layers without {prefix}.layers.N.{mlp}.experts tensors"
-                                           if dense else f"every layer has {mlp}.experts tensors"))
+    spec.set("dense_layers", dense, Source("tensor", dense_why))
     return claimed
 
 
@@ -159,22 +167,10 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
     # A 3-D tensor without a .weight suffix is claimed as itself (its `module` is the whole name).
     claimed |= {f"{mlp}.{t}".removesuffix(".weight") for t in (gate_up, down)}
-    shared = _shared_expert(tensors, mlp, router)
-    if shared is not None:
-        names.update(shared_expert=shared)
-        claimed |= {f"{mlp}.{shared}.{p}" for p in SHARED_PROJECTIONS}
-        if f"{mlp}.{shared}_gate.weight" in tensors:
-            names.update(shared_expert_gate=f"{shared}_gate")
-            claimed.add(f"{mlp}.{shared}_gate")
-    bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
-                           code_names(ckpt, f"{prefix}.layers.{first}."))
-    if bias is not None:
-        spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
-        claimed.add(f"{mlp}.{bias[0]}")
     dense = sorted(set(per_layer) - set(sparse))
-    spec.set("dense_layers", dense, Source("tensor", f"layers without the 3-D expert tensors of {mlp}"
-                                           if dense else f"every layer has {mlp}'s 3-D expert tensors"))
-    return claimed
+    return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
+                         f"layers without the 3-D expert tensors of {mlp}" if dense
+                         else f"every layer has {mlp}'s 3-D expert tensors")
 
 
 def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
