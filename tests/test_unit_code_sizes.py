@@ -99,3 +99,42 @@ def test_a_fused_qkv_viewed_per_head_in_a_helper_method_is_interleaved():
 
     assert interleaved_qkv(transformers_code("bloom"), "query_key_value") is not None
     assert interleaved_qkv(transformers_code("gpt2"), "c_attn") is None  # q, k, v one after another
+
+
+LAB_MLP = '''
+import torch
+from torch import nn
+
+
+class Wiggle(nn.Module):
+    def forward(self, x):
+        return x * torch.erf(x) * 0.7
+
+
+class LabMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.drop = nn.Dropout(0.1)
+        self.wiggle = Wiggle()
+
+    def forward(self, x):
+        return self.drop(self.down(self.wiggle(self.up(x))))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ffn = LabMLP(config)
+'''
+
+
+def test_an_activation_module_the_reader_does_not_know_is_reported_not_defaulted():
+    from scaffold.detect.mlp import _unread_activation
+
+    sources = {"modeling_lab.py": LAB_MLP}
+    assert code_activation(sources, "ffn") is None
+    assert _unread_activation(sources, "ffn", {"up", "down"}) == "modeling_lab.py:20: self.wiggle"
+    known = {"modeling_lab.py": LAB_MLP.replace("self.wiggle = Wiggle()", "self.wiggle = nn.GELU()")}
+    assert code_activation(known, "ffn")[0] == "gelu"

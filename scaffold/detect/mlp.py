@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
@@ -29,13 +30,21 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     keys = activation_keys(ckpt)
     # The checkpoint's own code, else transformers' file (MPT builds nn.GELU with no config key naming it).
     found = code_activation(modeling_sources(ckpt), spec.names.get("mlp", "mlp"))
+    unread = None
     if config_value(ckpt, *keys)[0] is None and found is not None:
         # No activation in config.json: the one the MLP's code calls.
         act, where_found = found
         spec.set("hidden_act", act, Source("code", f"{where_found}: the MLP's forward applies {act}"))
+    elif config_value(ckpt, *keys)[0] is None and (unread := _unread_activation(
+            modeling_sources(ckpt), spec.names.get("mlp", "mlp"), set(spec.names.values()))) is not None:
+        # The code applies an activation module the reader does not know: not silu by default, but unknown.
+        spec.unknown("hidden_act", f"{unread}: the MLP applies a module whose activation the generator does not "
+                                   "read, and config.json names none; set hidden_act (vLLM's name) in a spec file")
+        act = None
     else:
         act = set_from_config(spec, ckpt, "hidden_act", keys, str, default="silu", runtime=False)
-    _check_activation(act, spec, where)
+    if act is not None:
+        _check_activation(act, spec, where)
     n = spec.names
     base = f"{n['model']}.{n['layers']}"
     inter, hidden = spec.intermediate_size, spec.hidden_size
@@ -127,6 +136,39 @@ def _activation_classes(sources: dict[str, str], formulas: dict[str, str]) -> di
             if len(called) == 1:
                 out[name] = called.pop()
     return out
+
+
+NOT_ACTIVATIONS = ("Linear", "Dropout", "Norm", "Conv1D", "Identity", "Embedding")
+ACTIVATION_WORDS = re.compile(r"act|gelu|silu|swish|relu|glu|sigmoid|tanh", re.IGNORECASE)
+
+
+def _defined_or_named(sources: dict[str, str], name: str) -> bool:
+    """A module class the code defines (without modules of its own: see the caller), or one whose name says it
+    is an activation (an import the code does not define)."""
+    defined = {cls.name for _f, cls, _fn in codekeys.methods(sources)}
+    return name in defined or bool(ACTIVATION_WORDS.search(name))
+
+
+def _unread_activation(sources: dict[str, str], mlp_attr: str, projections: set[str]) -> str | None:
+    """"FILE:LINE: self.X" for a module the MLP's class builds and its forward applies that is neither one of
+    its projections nor a linear, dropout or norm layer: an activation the reader did not recognise."""
+    classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
+               if attr == mlp_attr and isinstance(value, ast.Call)}
+    holding = {cls.name for _f, cls, _fn, _attr, value in codekeys.self_assignments(sources)
+               if isinstance(value, ast.Call)}  # classes that build modules or parameters of their own
+    built = {attr: value for _f, cls, _fn, attr, value in codekeys.self_assignments(sources)
+             if cls.name in classes and isinstance(value, ast.Call) and attr not in projections
+             and not any(word in codekeys.callee(value) for word in NOT_ACTIVATIONS)
+             and (codekeys.callee(value) not in holding or ACTIVATION_WORDS.search(codekeys.callee(value)))
+             and _defined_or_named(sources, codekeys.callee(value))}
+    for file, cls, func in codekeys.methods(sources):
+        if cls.name in classes and func.name == "forward":
+            for node in subtree(func):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+                        and node.func.attr in built):
+                    return f"{file}:{node.lineno}: self.{node.func.attr}"
+    return None
 
 
 def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
