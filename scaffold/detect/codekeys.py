@@ -262,10 +262,7 @@ def config_reads(sources: dict[str, str]) -> set[str]:
 def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
     """The config class's `attribute_map` (standard name -> the key it is stored under, e.g. GPT-2's
     hidden_size -> n_embd): from the checkpoint's own configuration source, else transformers' file."""
-    sources = dict(ckpt.sources)
-    if not sources:
-        sources = _transformers_configuration(ckpt.config.get("model_type"))
-    for text in sources.values():
+    for text in configuration_sources(ckpt).values():
         tree = parse(text)
         for node in subtree(tree) if tree is not None else ():
             if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
@@ -278,6 +275,12 @@ def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
                 if isinstance(table, dict):
                     return {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, str)}
     return {}
+
+
+def configuration_sources(ckpt: Checkpoint) -> dict[str, str]:
+    """The code that defines the config class: the checkpoint's own files, else transformers' configuration
+    file for its model type."""
+    return dict(ckpt.sources) or _transformers_configuration(ckpt.config.get("model_type"))
 
 
 def _transformers_configuration(model_type) -> dict[str, str]:

@@ -142,13 +142,6 @@ NOT_ACTIVATIONS = ("Linear", "Dropout", "Norm", "Conv1D", "Identity", "Embedding
 ACTIVATION_WORDS = re.compile(r"act|gelu|silu|swish|relu|glu|sigmoid|tanh", re.IGNORECASE)
 
 
-def _defined_or_named(sources: dict[str, str], name: str) -> bool:
-    """A module class the code defines (without modules of its own: see the caller), or one whose name says it
-    is an activation (an import the code does not define)."""
-    defined = {cls.name for _f, cls, _fn in codekeys.methods(sources)}
-    return name in defined or bool(ACTIVATION_WORDS.search(name))
-
-
 def _unread_activation(sources: dict[str, str], mlp_attr: str, projections: set[str]) -> str | None:
     """"FILE:LINE: self.X" for a module the MLP's class builds and its forward applies that is neither one of
     its projections nor a linear, dropout or norm layer: an activation the reader did not recognise."""
@@ -156,11 +149,14 @@ def _unread_activation(sources: dict[str, str], mlp_attr: str, projections: set[
                if attr == mlp_attr and isinstance(value, ast.Call)}
     holding = {cls.name for _f, cls, _fn, _attr, value in codekeys.self_assignments(sources)
                if isinstance(value, ast.Call)}  # classes that build modules or parameters of their own
+    defined = {cls.name for _f, cls, _fn in codekeys.methods(sources)}
+    # A module class the code defines without modules of its own, or one whose name says it is an activation
+    # (an import the code does not define).
     built = {attr: value for _f, cls, _fn, attr, value in codekeys.self_assignments(sources)
              if cls.name in classes and isinstance(value, ast.Call) and attr not in projections
              and not any(word in codekeys.callee(value) for word in NOT_ACTIVATIONS)
-             and (codekeys.callee(value) not in holding or ACTIVATION_WORDS.search(codekeys.callee(value)))
-             and _defined_or_named(sources, codekeys.callee(value))}
+             and ((codekeys.callee(value) in defined and codekeys.callee(value) not in holding)
+                  or ACTIVATION_WORDS.search(codekeys.callee(value)))}
     for file, cls, func in codekeys.methods(sources):
         if cls.name in classes and func.name == "forward":
             for node in subtree(func):

@@ -99,7 +99,7 @@ def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
     """(config expression, divides, "FILE:LINE") of each `X * E` / `X / E` whose X satisfies `operand(X, func)`,
     func being the method the product is in."""
     out = []
-    props = configexpr.properties(_configuration_sources(ckpt))
+    props = configexpr.properties(codekeys.configuration_sources(ckpt))
     for name, text in modeling_sources(ckpt).items():
         tree = codekeys.parse(text)
         for cls in subtree(tree) if tree is not None else ():
@@ -118,10 +118,6 @@ def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
                         if operand(x, func) and (expr := configexpr.expression(k, kept, props)) is not None:
                             out.append((expr, isinstance(node.op, ast.Div), f"{name}:{node.lineno}"))
     return out
-
-
-def _configuration_sources(ckpt: Checkpoint) -> dict[str, str]:
-    return dict(ckpt.sources) or codekeys._transformers_configuration(ckpt.config.get("model_type"))
 
 
 def _calls(*modules: str | None):
