@@ -67,7 +67,22 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "falcon": ({"head_dim": None}, "its head_dim is a read-only property (hidden_size / heads)"),
     "granitemoeshared": ({"shared_intermediate_size": 64}, "its config's shared expert width defaults to 0: "
                                                             "without it the checkpoint has no shared expert"),
-    "reformer": ({"is_decoder": True}, "its LM head is causal only as a decoder (the class refuses otherwise)"),
+    "reformer": ({"is_decoder": True, "axial_pos_embds_dim": [64, 64], "axial_pos_shape": [16, 32]},
+                 "its LM head is causal only as a decoder (the class refuses otherwise), and its axial position "
+                 "embedding must add up to BASE's hidden size and cover its positions"),
+    "dbrx": ({"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
+             "its attention and expert sizes live in sub-configs (attn_config without rope_theta cannot be built)"),
+    "cohere_compass_text": ({"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0,
+                                                        "mrope_section": [6, 6, 4]}
+                                                 for kind in ("full_attention", "sliding_attention")}},
+                            "rope parameters per layer type, and rotary sections that fit BASE's head_dim"),
+    "gemma3n_text": ({"layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                      "num_kv_shared_layers": 0, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 32},
+                     "layer types with a full-attention layer among BASE's 3, no KV sharing across them, and a "
+                     "per-layer embedding the size of BASE's vocabulary (its default is 262144 rows)"),
+    "xlnet": ({"max_position_embeddings": None, "d_head": 32},
+              "it has no position limit (the config refuses one) and d_head must be hidden / heads"),
     "gptj": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
                                  "forward fails on it"),
 }
@@ -119,18 +134,23 @@ def modeling_source(model_type: str) -> str:
 
 def out_of_scope(model_type: str) -> str | None:
     """Why this type is not a decoder-only attention model, read from its config and modeling code; else None."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     try:
         config = AutoConfig.for_model(model_type)
-    except Exception:  # noqa: BLE001 - a config that cannot be made is a build failure, reported by measure()
-        return None
+    except Exception:  # noqa: BLE001 - the class still names its parts; a config that cannot be made at all is a
+        config = None  # build failure, reported by measure()
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder: config.is_encoder_decoder"
-    media = sorted(k for k in (getattr(config, "sub_configs", None) or {})
-                   if re.search(r"vision|audio|vq|image|speech", k))
+    parts = getattr(config if config is not None else CONFIG_MAPPING[model_type], "sub_configs", None) or {}
+    media = sorted(k for k in parts if re.search(r"vision|audio|vq|image|speech", k))
     if media:
         return f"multimodal: sub-configs {', '.join(media)}"
+    coders = sorted(k for k in parts if re.search(r"encoder|decoder", k))
+    if any("encoder" in k for k in coders) and any("decoder" in k for k in coders):
+        return f"encoder-decoder: sub-configs {', '.join(coders)}"
+    if config is None:
+        return None
     layer_types = getattr(config, "layer_types", None)
     if isinstance(layer_types, (list, tuple)):
         other = sorted({t for t in layer_types if isinstance(t, str) and not ATTENTION_LAYER_TYPES.match(t)})
@@ -139,6 +159,8 @@ def out_of_scope(model_type: str) -> str | None:
     source = modeling_source(model_type)
     if re.search(r"as a standalone, add `is_decoder=True", source):
         return "encoder: the causal-LM head is a decoder mode (is_decoder=True) of a bidirectional encoder"
+    if re.search(r"generate\([^)]*\bassistant_model=", source):
+        return "draft model: it proposes tokens for another model's assisted generation (generate(assistant_model=...))"
     for kind, pattern in NON_ATTENTION_MIXERS.items():
         found = re.search(pattern, source)
         if found:

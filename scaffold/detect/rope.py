@@ -67,6 +67,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if local is not None:
             sliding = _checked({"rope_type": "default", "rope_theta": local}, where)
             sliding_source = Source("config", "config.json rope_local_base_freq")
+    sections = next((f"{key}.mrope_section = {kind['mrope_section']}" for key, kind in (("rope_parameters", params),
+                                                                    ("sliding rope_parameters", sliding))
+                     if "mrope_section" in kind), None)
+    if sections is not None:
+        # get_rope would build vLLM's MRotaryEmbedding, which runs only in a multimodal model's 3-D positions.
+        raise unsupported(f"multimodal rotary sections ({sections}): vLLM's M-RoPE needs the 3-D positions "
+                          "of a multimodal model", where, spec.model_type)
     if sliding == params or not spec.layers_with_window:
         sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
     spec.set("sliding_rope_parameters", sliding, sliding_source)
