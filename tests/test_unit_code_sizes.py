@@ -138,3 +138,56 @@ def test_an_activation_module_the_reader_does_not_know_is_reported_not_defaulted
     assert _unread_activation(sources, "ffn", {"up", "down"}) == "modeling_lab.py:20: self.wiggle"
     known = {"modeling_lab.py": LAB_MLP.replace("self.wiggle = Wiggle()", "self.wiggle = nn.GELU()")}
     assert code_activation(known, "ffn")[0] == "gelu"
+
+
+# A lab's attention that keeps three q/k/v layouts behind its config flags, as Falcon's _split_heads does, under
+# names of its own: the layout is the one the checkpoint's config selects.
+FLAGGED_LAYOUTS = '''
+class WrenAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv = config.n_kv
+        self.dim_head = config.width // config.n_head
+        self.grouped_kv = config.grouped_kv
+        self.shared_kv = config.shared_kv
+        self.wqkv = nn.Linear(config.width, 3 * config.width)
+
+    def _heads(self, fused):
+        b, s, _ = fused.shape
+        if self.grouped_kv:
+            qkv = fused.reshape(b, s, -1, self.n_head // self.n_kv + 2, self.dim_head)
+            return qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
+        elif not self.shared_kv:
+            qkv = fused.reshape(b, s, self.n_head, 3, self.dim_head)
+            return qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+        qkv = fused.reshape(b, s, self.n_head + 2, self.dim_head)
+        return qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
+
+    def forward(self, x):
+        q, k, v = self._heads(self.wqkv(x))
+'''
+
+
+def test_the_qkv_layout_is_the_branch_the_config_selects():
+    from scaffold.detect.sourcecode import interleaved_qkv
+
+    code = {"modeling_wren.py": FLAGGED_LAYOUTS}
+    grouped = interleaved_qkv(code, "wqkv", {"grouped_kv": True, "shared_kv": False})
+    assert grouped is not None and grouped.value == "grouped" and grouped.line == 15
+    per_head = interleaved_qkv(code, "wqkv", {"grouped_kv": False, "shared_kv": False})
+    assert per_head is not None and per_head.value == "interleaved" and per_head.line == 18
+    assert interleaved_qkv(code, "wqkv", {"grouped_kv": False, "shared_kv": True}) is None  # q, k, v one after another
+    # Flags config.json does not hold rule nothing out: the first view the class holds counts, as before.
+    assert interleaved_qkv(code, "wqkv", {}).value == "grouped"
+
+
+def test_falcons_multi_query_branch_is_fused_and_its_activation_key_is_read():
+    from scaffold.detect.sourcecode import interleaved_qkv
+
+    falcon = transformers_code("falcon")
+    assert interleaved_qkv(falcon, "query_key_value", {"new_decoder_architecture": False, "multi_query": True}) is None
+    assert interleaved_qkv(falcon, "query_key_value",
+                           {"new_decoder_architecture": True, "multi_query": True}).value == "grouped"
+    assert interleaved_qkv(falcon, "query_key_value",
+                           {"new_decoder_architecture": False, "multi_query": False}).value == "interleaved"

@@ -291,14 +291,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("qkv_bias", qkv_bias, src(f"{attn}.q_proj.bias"))
     elif (fused := first("qkv_proj", attn)) is not None:
         names["qkv_proj"] = fused
-        found = interleaved_qkv(sources, fused)
+        found = interleaved_qkv(sources, fused, ckpt.config)
         rows = layer0[f"{attn}.{fused}.weight"].shape[0] if has(f"{attn}.{fused}.weight") else None
-        if (found is not None and spec.num_kv_heads != spec.num_heads
+        if (found is not None and found.value == "interleaved" and spec.num_kv_heads != spec.num_heads
                 and rows == (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim):
             # Grouped KV heads cannot be stored per head; the per-head view is the code's other branch
             # (chatglm views per head only without multi_query_attention).
             found = None
-        if found is not None:
+        if found is not None and found.value == "grouped":
+            spec.set("qkv_layout", "grouped",
+                     Source("code", f"{found}: {fused} output viewed as [KV groups, heads // KV heads + 2, "
+                                    "head_size]"))
+            _grouped_rows(ckpt, spec, f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight")
+        elif found is not None:
             spec.set("qkv_layout", "interleaved",
                      Source("code", f"{found}: {fused} output viewed as [heads, 3 * head_size]"))
             _one_kv_head_per_head(ckpt, spec, f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight")
@@ -307,6 +312,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 "" if sources else " (no modeling source to say otherwise)")
             spec.set("qkv_layout", "fused",
                      Source("tensor", f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight: {detail}"))
+            _fused_kv_heads(ckpt, spec, f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight")
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
         raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "

@@ -17,11 +17,18 @@ ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 
 
 def activation_keys(ckpt: Checkpoint) -> tuple[str, ...]:
-    """The config keys to read the activation from: the one the code indexes ACT2FN with, first."""
+    """The config keys to read the activation from: the one the code looks up in transformers' activation table
+    (`ACT2FN[config.K]`, `get_activation(config.K)`, whatever K is called: Falcon's `activation`), first."""
     for _, node in walk(modeling_sources(ckpt)):
-        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "ACT2FN"
-                and isinstance(node.slice, ast.Attribute) and node.slice.attr in ACT_KEYS):
-            return (node.slice.attr,) + tuple(k for k in ACT_KEYS if k != node.slice.attr)
+        read = None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "ACT2FN":
+            read = node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "get_activation"
+              and len(node.args) == 1):
+            read = node.args[0]
+        if (isinstance(read, ast.Attribute) and ast.unparse(read.value) in ("config", "self.config")
+                and (read.attr in ACT_KEYS or isinstance(ckpt.config.get(read.attr), str))):
+            return (read.attr,) + tuple(k for k in ACT_KEYS if k != read.attr)
     return ACT_KEYS
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -289,10 +290,12 @@ def rotate_half_style(sources: dict[str, str]) -> Found | None:
     return None
 
 
-def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
-    """Where the output of `self.<attribute>(...)` is viewed as [..., heads, 3 * head_size] or [..., heads, 3,
-    head_size] (per-head q, k, v): in the function that calls it, or in a method of the same class (BLOOM's
-    forward hands it to self._reshape)."""
+def interleaved_qkv(sources: dict[str, str], attribute: str, config: dict | None = None) -> Found | None:
+    """Where the output of `self.<attribute>(...)` is viewed per head: as [..., heads, 3 * head_size] or
+    [..., heads, 3, head_size] (value "interleaved": q, k, v per head), in the function that calls it or in a
+    method of the same class (BLOOM's forward hands it to self._reshape); or as [..., groups, heads // kv + 2,
+    head_size] (value "grouped": per KV head its query heads, a key and a value; Falcon's new decoder). A view in
+    a branch that config.json rules out does not count (Falcon keeps all three layouts behind its flags)."""
     for name, tree in _parsed(sources):
         for func in subtree(tree):
             if not isinstance(func, ast.FunctionDef):
@@ -309,10 +312,15 @@ def interleaved_qkv(sources: dict[str, str], attribute: str) -> Found | None:
             if not isinstance(cls, ast.ClassDef) or not any(
                     isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attribute}" for n in subtree(cls)):
                 continue
+            off = ruled_out(cls, config)
             for sub in subtree(cls):
-                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
-                        and sub.func.attr in ("view", "reshape") and _heads_three_dim(sub.args)):
+                if (id(sub) in off or not isinstance(sub, ast.Call) or not isinstance(sub.func, ast.Attribute)
+                        or sub.func.attr not in ("view", "reshape")):
+                    continue
+                if _heads_three_dim(sub.args):
                     return Found("interleaved", name, sub.lineno)
+                if _groups_dim(sub.args):
+                    return Found("grouped", name, sub.lineno)
     return None
 
 
@@ -323,6 +331,59 @@ def _heads_three_dim(args: list[ast.expr]) -> bool:
     heads, three, dim = args[-3:]
     return (isinstance(three, ast.Constant) and three.value == 3 and "head" in ast.unparse(heads)
             and "dim" in ast.unparse(dim))
+
+
+def _groups_dim(args: list[ast.expr]) -> bool:
+    """Whether a view's trailing sizes are (heads // kv_heads + 2, head_dim): per KV group its query heads, a key
+    and a value."""
+    if len(args) < 2:
+        return False
+    group, dim = args[-2:]
+    return (isinstance(group, ast.BinOp) and isinstance(group.op, ast.Add)
+            and isinstance(group.right, ast.Constant) and group.right.value == 2
+            and isinstance(group.left, ast.BinOp) and isinstance(group.left.op, ast.FloorDiv)
+            and "head" in ast.unparse(group.left) and "dim" in ast.unparse(dim))
+
+
+def config_aliases(cls: ast.ClassDef) -> dict[str, str]:
+    """The attributes a class copies from the config (`self.multi_query = config.multi_query`): attribute -> key.
+    An attribute assigned anything else anywhere in the class is left out."""
+    found: dict[str, set[str | None]] = {}
+    for node in subtree(cls):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and ast.unparse(node.targets[0].value) == "self"):
+            value = node.value
+            key = (value.attr if isinstance(value, ast.Attribute)
+                   and ast.unparse(value.value) in ("config", "self.config") else None)
+            found.setdefault(node.targets[0].attr, set()).add(key)
+    return {attr: next(iter(keys)) for attr, keys in found.items() if len(keys) == 1 and None not in keys}
+
+
+class _ConfigReads(ast.NodeTransformer):
+    def __init__(self, aliases: dict[str, str]):
+        self.aliases = aliases
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.aliases:
+            return ast.Attribute(value=ast.Name("config", ast.Load()), attr=self.aliases[node.attr], ctx=ast.Load())
+        return self.generic_visit(node)
+
+
+def ruled_out(cls: ast.ClassDef, config: dict | None) -> set[int]:
+    """ids of the nodes in the branches of the class's `if` statements that config.json rules out: tests over
+    config values and the attributes the class copies from them. A test over anything else rules nothing out."""
+    if config is None:
+        return set()
+    aliases = config_aliases(cls)
+    off: set[int] = set()
+    for node in subtree(cls):
+        if isinstance(node, ast.If):
+            test = _ConfigReads(aliases).visit(copy.deepcopy(node.test))
+            truth = conditions.evaluate(test, config)
+            if truth is not None:
+                for stmt in node.orelse if truth else node.body:
+                    off.update(id(n) for n in subtree(stmt))
+    return off
 
 
 def sqrt_hidden_scale(sources: dict[str, str]) -> Found | None:
