@@ -32,6 +32,9 @@ def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None 
     (`config.layer_types[layer_idx]`)."""
     if isinstance(node, ast.Constant):
         return node.value
+    if local is not None and isinstance(node, ast.IfExp):
+        truth = evaluate(node.test, config, local)
+        return _UNKNOWN if truth is None else _value(node.body if truth else node.orelse, config, local)
     if local is not None and isinstance(node, ast.Name) and node.id in local:
         return local[node.id]
     if local is not None and isinstance(node, ast.Subscript):

@@ -24,6 +24,8 @@ role, the answer is None with the reason, never a guess.
 from __future__ import annotations
 
 import ast
+import copy
+import re
 from dataclasses import dataclass, field, replace
 
 from scaffold.detect import conditions
@@ -38,6 +40,9 @@ RESHAPERS = ("view", "reshape", "unflatten")
 MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
 # Tensor methods whose result is metadata, not data derived from the tensor.
 METADATA = ("size", "dim", "numel", "stride", "data_ptr", "element_size", "get_device")
+# A call that rotates q and k by name (apply_rotary_pos_emb, self.rotary_emb, apply_rope): the call the rotary
+# guard is read around, q and k handed in together without v.
+ROTARY_CALL = re.compile(r"rotary|(^|_|\.)rope($|_)", re.IGNORECASE)
 MAX_INLINE = 4  # nesting depth of inlined calls
 MAX_INLINED_CALLS = 2000  # per forward analysed: bounds the time any source can cost
 
@@ -105,6 +110,7 @@ class Events:
     # line of a call taking several derived values -> the branch conditions the config did not decide around it,
     # innermost last: ((test, True for the `if` body / False for its `else`), ...)
     guards: dict = field(default_factory=dict)
+    callees: dict = field(default_factory=dict)  # line of such a call -> the callee as written (dotted)
 
 
 class Interpreter:
@@ -337,6 +343,7 @@ class Interpreter:
             self.events.modules.append((short, line, derived[0]))
         if len(derived) >= 2:
             self.events.calls.append((line, [_flat(a) for a in args]))
+            self.events.callees.setdefault(line, name)
             if self.branch:
                 self.events.guards.setdefault(line, tuple(self.branch))
         if short in MATMULS and len(derived) >= 2:
@@ -749,7 +756,8 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
                      **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file),
-                     **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values, file))
+                     **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values,
+                                     _parameters(interp.methods.get("forward")), file))
 
 
 def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: str) -> dict:
@@ -772,14 +780,15 @@ def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: 
     return {}
 
 
-def _rotary_guard(events: Events, keys: dict, attr_values: dict, file: str) -> dict:
+def _rotary_guard(events: Events, keys: dict, attr_values: dict, inputs: set, file: str) -> dict:
     """The branch condition around the first call taking the queries and keys together but not the values (the
     rotary embedding, apply_rotary_pos_emb(q, k, cos, sin)) that the config alone does not decide (AfMoE's
     `if self.is_local_attention:`): its expression as the code writes it, an attribute of the module replaced by
     what __init__ assigns it, and whether the rotation runs where it holds (True) or where it does not."""
     together = sorted(line for line, args in events.calls
                       if {keys["q"], keys["k"]} <= {o.key for a in args for o in a}
-                      and keys["v"] not in {o.key for a in args for o in a})
+                      and keys["v"] not in {o.key for a in args for o in a}
+                      and ROTARY_CALL.search(events.callees.get(line, "")))
     if not together or together[0] not in events.guards:
         return {}
     guards = events.guards[together[0]]
@@ -787,13 +796,27 @@ def _rotary_guard(events: Events, keys: dict, attr_values: dict, file: str) -> d
         return {"rotary_guard": "", "rotary_guard_evidence": f"{file}:{together[0]}: under {len(guards)} nested "
                                                              "conditions"}
     test, polarity = guards[0]
-    resolved = ast.unparse(test)
-    name = _dotted(test)
-    if name.startswith("self.") and name.count(".") == 1 and name[5:] in attr_values:
-        resolved = ast.unparse(attr_values[name[5:]])
+    if {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} & inputs:
+        return {}  # a check of forward's own arguments (Granite-SWA's `position_embeddings is not None`)
+
+    class Kept(ast.NodeTransformer):
+        def visit_Attribute(self, node):  # self.X -> what __init__ assigns it (not self.config)
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in attr_values \
+                    and node.attr != "config":
+                return copy.deepcopy(attr_values[node.attr])
+            return self.generic_visit(node)
+
+    resolved = ast.unparse(Kept().visit(copy.deepcopy(test)))
     return {"rotary_guard": resolved, "rotary_guard_when": polarity,
             "rotary_guard_evidence": f"{file}:{test.lineno}: the rotary embedding (line {together[0]}) runs only "
                                      f"{'where' if polarity else 'where not'} {ast.unparse(test)}"}
+
+
+def _parameters(func: ast.FunctionDef | None) -> set[str]:
+    if func is None:
+        return set()
+    args = func.args
+    return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]} - {"self"}
 
 
 def _qk_norms(events: Events, keys: dict, file: str) -> dict:
