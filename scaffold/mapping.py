@@ -118,6 +118,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
     n = spec.names
     out = [f"{n['self_attn']}.{n['o_proj']}"]
+    if "attn_gate" in n:  # a ColumnParallelLinear: each rank loads its heads' rows
+        out.append(f"{n['self_attn']}.{n['attn_gate']}")
     if spec.qkv_layout == "latent":
         latent = ("q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj", "kv_a_proj")
         out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]

@@ -46,6 +46,12 @@ def rotated_dims(spec: Spec) -> str | None:
     return source.expr if source.kind == "code" and source.expr.startswith("config.") else None
 
 
+# How the port computes each activation a gate on the attention output may apply (spec.GATE_ACTIVATIONS): torch's
+# own functions, the ones transformers' modeling code calls by these names.
+GATE_FUNCTIONS = {"sigmoid": "torch.sigmoid", "softplus": "nn.functional.softplus", "silu": "nn.functional.silu",
+                  "tanh": "torch.tanh", "relu": "torch.relu"}
+
+
 def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     """The flags the model template and its partials test, each derived once from the spec.
 
@@ -82,6 +88,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "interfaces": interfaces(moe),
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
+        # Gated attention: the function the port applies to the gate projection's output.
+        "gate_fn": GATE_FUNCTIONS[spec.attn_gate_act] if spec.attn_output_gate != "none" else None,
         # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
         "latent": spec.qkv_layout == "latent",
         "alibi": spec.position_scheme == "alibi",
@@ -95,6 +103,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
         "literal_no_rope": literal_no_rope,
+        # The code's own condition for rotating a layer (over config and layer_idx), read by the port at run time.
+        "rope_condition": (spec.source("no_rope_layers").expr
+                           if spec.source("no_rope_layers").kind == "code" and not literal_no_rope else None),
         "literal_tie": literal_tie,
         # The port picks this layer's rotary parameters from the config's set per layer type
         # (rope_parameters.full_attention, ...) at run time.
@@ -242,7 +253,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         # LayerNorm1P is the port's own class.
         *([] if flags["layer_norm_1p"] else [Import("vllm.model_executor.layers.layernorm", (norm_class(spec),))]),
         Import("vllm.model_executor.layers.linear", _present(
-            ("ColumnParallelLinear", not flags["gated"] or latent),
+            ("ColumnParallelLinear", not flags["gated"] or latent or spec.attn_output_gate != "none"),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q),
             ("QKVParallelLinear", not latent),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q),

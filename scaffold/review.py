@@ -184,6 +184,12 @@ def decisions(spec) -> list[str]:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    if spec.attn_output_gate != "none":
+        per = "one value per head" if spec.attn_output_gate == "per_head" else "one value per output element"
+        out.append(f"- gated attention: the attention output is multiplied by {spec.attn_gate_act}"
+                   f"(`{spec.names['self_attn']}.{spec.names['attn_gate']}`(x)), {per}, before "
+                   f"`{spec.names['o_proj']}`; the gate is a ColumnParallelLinear whose rows each tensor-parallel rank "
+                   "takes by its heads.")
     if spec.attention_sinks:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "

@@ -117,7 +117,13 @@ NAME_ROLES = (
     # norm (q_a_proj, q_a_norm, q_b_proj; absent where the queries come from q_proj alone), the joint
     # latent-KV-and-rotary-key projection, the latent's norm and its expansion into keys and values.
     *LATENT_ROLES,
+    # Gated attention: the projection of the attention's input whose activation scales the attention output
+    # before o_proj (AfMoE's gate_proj, Laguna's g_proj); present only where attn_output_gate is not "none".
+    "attn_gate",
 )
+# The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
+# computes them with torch: model_context.GATE_FUNCTIONS).
+GATE_ACTIVATIONS = ("sigmoid", "softplus", "silu", "tanh", "relu")
 MOE_ROLES = ("router", "experts", "expert_gate_proj", "expert_up_proj", "expert_down_proj")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # Top-level roles whose checkpoint module may sit deeper in the tree (chatglm's
@@ -238,6 +244,15 @@ class Spec:
         None, group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
         doc="a learned logit per head added to each softmax's denominator (gpt-oss's and Granite-SWA's `sinks`), "
             "by its parameter's name in the attention module; None: none")
+    # Gated attention: output * act(names.attn_gate(x)) before the output projection, x the attention's input.
+    attn_output_gate: str = spec_field(
+        "none", group="attention", probe="self_attn", choices=("none", "elementwise", "per_head"), omit_when_empty=True,
+        doc="the attention output scaled by an activation of names.attn_gate(x) before the output projection: one "
+            "gate value per output element (AfMoE's), or one per head (Laguna's per-head gate); none: ungated")
+    attn_gate_act: str = spec_field("sigmoid", group="attention", probe="self_attn", choices=GATE_ACTIVATIONS,
+                                    omit_when_empty=True, doc="the activation of that gate")
+    attn_gate_bias: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
+                                      doc="the gate projection has a bias")
     # Multi-head latent attention's sizes (qkv_layout "latent"); 0 elsewhere.
     q_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
                                   doc="the low-rank query's width; 0: the queries come from one projection")
@@ -689,6 +704,13 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
+    if (spec.attn_output_gate != "none") != ("attn_gate" in names):
+        raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
+                        f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "
+                        "projection).", origin)
+    if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
+        raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
+                        origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

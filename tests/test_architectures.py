@@ -130,6 +130,12 @@ ARCHITECTURES = {
     "granite_swa": ("granite_swa", {"sliding_window": 8}),
     "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
                                   "residual_multiplier": 0.22, "attention_multiplier": 0.05, "logits_scaling": 4.0}),
+    # Gated attention (sigmoid(gate_proj(x)) times the attention output before o_proj), the rotary embedding on
+    # the sliding-window layers only (its full-attention layer 1 takes no positions), a window shorter than the
+    # prompts, and the muP embedding scale its config switches on.
+    "afmoe": ("afmoe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                        "num_dense_layers": 1, "global_attn_every_n_layers": 2, "sliding_window": 8,
+                        "mup_enabled": True}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -195,6 +201,8 @@ EXPECTED_SPEC = {
     "bloom": {"embedding_norm": True, "qkv_layout": "interleaved", "position_scheme": "alibi", "hidden_act": "gelu_new",
               "norm_kind": "layer"},
     "granite_swa": {"attention_sinks": "sinks", "sliding_window": 8, "sliding_window_layers": [1, 2]},
+    "afmoe": {"attn_output_gate": "elementwise", "no_rope_layers": [1],
+              "sliding_window_layers": [0, 2], "embedding_multiplier": 128**0.5},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

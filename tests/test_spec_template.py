@@ -199,10 +199,10 @@ def test_each_stopping_detector_names_the_fields_it_decides():
     from scaffold.spec import Spec
 
     # Features a spec file leaves out when the model has none (weightless norms, a norm on the embeddings too,
-    # attention sinks).
+    # attention sinks, a gate on the attention output).
     optional = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_renormalize",
                 "shared_expert_intermediate_size", "dense_layers", "gate_extra_bias", "norm_weightless",
-                "embedding_norm", "attention_sinks"}
+                "embedding_norm", "attention_sinks", "attn_output_gate", "attn_gate_act", "attn_gate_bias"}
     ckpt, spec = read_checkpoint(EXAMPLES / "demolm"), Spec()
     for detector in DETECTORS:
         before = set(spec.provenance)

@@ -224,7 +224,7 @@ OUTPUT_GATES = {"afmoe": "gate_proj", "hy_v3": None, "qwen3": None, "olmo2": Non
 
 @pytest.mark.parametrize("name", sorted(OUTPUT_GATES))
 def test_a_gate_on_the_attention_output_is_the_projection_its_activation_multiplies(name):
-    """AfMoE: `output * torch.sigmoid(self.gate_proj(hidden_states))` before o_proj; refused by name (layout)."""
+    """AfMoE: `output * torch.sigmoid(self.gate_proj(hidden_states))` before o_proj (ported: attn_output_gate)."""
     attention = dataflow.analyze_layer(transformers_code(name), {"num_dense_layers": 1}).attention_flow
     assert attention.output_gate == OUTPUT_GATES[name] and attention.o == "o_proj"
     if attention.output_gate:

@@ -26,12 +26,25 @@ _COMPARE = {ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.Eq: operator.e
             ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
 
 
-def _value(node: ast.expr, config: dict[str, Any]) -> Any:
-    """A constant, or `config.KEY` / `self.config.KEY` / `getattr(config, "KEY", default)` read from config.json."""
+def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None = None) -> Any:
+    """A constant, or `config.KEY` / `self.config.KEY` / `getattr(config, "KEY", default)` read from config.json;
+    with `local` ({"layer_idx": 3}), also those names and an item of a config list they index
+    (`config.layer_types[layer_idx]`)."""
     if isinstance(node, ast.Constant):
         return node.value
+    if local is not None and isinstance(node, ast.IfExp):
+        truth = evaluate(node.test, config, local)
+        return _UNKNOWN if truth is None else _value(node.body if truth else node.orelse, config, local)
+    if local is not None and isinstance(node, ast.Name) and node.id in local:
+        return local[node.id]
+    if local is not None and isinstance(node, ast.Subscript):
+        seq, index = _value(node.value, config, local), _value(node.slice, config, local)
+        if isinstance(seq, (list, tuple)) and isinstance(index, int) and not isinstance(index, bool) \
+                and -len(seq) <= index < len(seq):
+            return seq[index]
+        return _UNKNOWN
     if isinstance(node, (ast.Tuple, ast.List)):
-        items = [_value(e, config) for e in node.elts]
+        items = [_value(e, config, local) for e in node.elts]
         return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
     if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("config", "self.config"):
         return config.get(node.attr, _UNKNOWN)
@@ -45,25 +58,25 @@ def _value(node: ast.expr, config: dict[str, Any]) -> Any:
     return _UNKNOWN
 
 
-def evaluate(test: ast.expr, config: dict[str, Any]) -> bool | None:
-    """The truth of `test` under config.json, or None when it reads something else."""
+def evaluate(test: ast.expr, config: dict[str, Any], local: dict[str, Any] | None = None) -> bool | None:
+    """The truth of `test` under config.json (and the names of `local`), or None when it reads something else."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = evaluate(test.operand, config)
+        inner = evaluate(test.operand, config, local)
         return None if inner is None else not inner
     if isinstance(test, ast.BoolOp):
-        parts = [evaluate(v, config) for v in test.values]
+        parts = [evaluate(v, config, local) for v in test.values]
         if isinstance(test.op, ast.And):
             return False if False in parts else (None if None in parts else True)
         return True if True in parts else (None if None in parts else False)
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARE:
-        left, right = _value(test.left, config), _value(test.comparators[0], config)
+        left, right = _value(test.left, config, local), _value(test.comparators[0], config, local)
         if left is _UNKNOWN or right is _UNKNOWN:
             return None
         try:
             return bool(_COMPARE[type(test.ops[0])](left, right))
         except TypeError:  # a comparison config.json's types do not support (None < 3)
             return None
-    value = _value(test, config)
+    value = _value(test, config, local)
     return None if value is _UNKNOWN else bool(value)
 
 

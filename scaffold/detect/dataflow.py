@@ -24,6 +24,8 @@ role, the answer is None with the reason, never a guess.
 from __future__ import annotations
 
 import ast
+import copy
+import re
 from dataclasses import dataclass, field, replace
 
 from scaffold.detect import conditions
@@ -38,6 +40,9 @@ RESHAPERS = ("view", "reshape", "unflatten")
 MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
 # Tensor methods whose result is metadata, not data derived from the tensor.
 METADATA = ("size", "dim", "numel", "stride", "data_ptr", "element_size", "get_device")
+# A call that rotates q and k by name (apply_rotary_pos_emb, self.rotary_emb, apply_rope): the call the rotary
+# guard is read around, q and k handed in together without v.
+ROTARY_CALL = re.compile(r"rotary|(^|_|\.)rope($|_)", re.IGNORECASE)
 MAX_INLINE = 4  # nesting depth of inlined calls
 MAX_INLINED_CALLS = 2000  # per forward analysed: bounds the time any source can cost
 
@@ -99,6 +104,13 @@ class Events:
     # self.<module>(x) for a module of __init__ that is no producer, with one derived argument (a q/k norm):
     # (attribute, line, origins of that argument)
     modules: list = field(default_factory=list)
+    # Activations applied to derived values: (line, the function's name as the code says it, or None where the
+    # code names none this reads: see Interpreter.activation_name, origins of its argument).
+    activations: list = field(default_factory=list)
+    # line of a call taking several derived values -> the branch conditions the config did not decide around it,
+    # innermost last: ((test, True for the `if` body / False for its `else`), ...)
+    guards: dict = field(default_factory=dict)
+    callees: dict = field(default_factory=dict)  # line of such a call -> the callee as written (dotted)
 
 
 class Interpreter:
@@ -119,6 +131,7 @@ class Interpreter:
                                 if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
         self.depth = 0
         self.inlined = 0
+        self.branch: list = []  # (test, polarity) of the undecided branches being run
 
     # ------------------------------------------------------------------ statements
     def run_method(self, name: str, args: list) -> object:
@@ -180,8 +193,11 @@ class Interpreter:
             else:
                 self.expr(stmt.test, env)
                 other = dict(env)
+                self.branch.append((stmt.test, True))
                 self.block(stmt.body, env, returns)
+                self.branch[-1] = (stmt.test, False)
                 self.block(stmt.orelse, other, returns)
+                self.branch.pop()
                 for name in (set(env) | set(other)) - {"__expr__"}:
                     env[name] = _join(env.get(name, EMPTY), other.get(name, EMPTY))
         elif isinstance(stmt, (ast.For, ast.While)):
@@ -327,6 +343,9 @@ class Interpreter:
             self.events.modules.append((short, line, derived[0]))
         if len(derived) >= 2:
             self.events.calls.append((line, [_flat(a) for a in args]))
+            self.events.callees.setdefault(line, name)
+            if self.branch:
+                self.events.guards.setdefault(line, tuple(self.branch))
         if short in MATMULS and len(derived) >= 2:
             pos = [_flat(a) for a in args if _flat(a)]
             self.events.matmuls.append((line, pos[-2], pos[-1]))
@@ -348,6 +367,8 @@ class Interpreter:
             return self.call_function(fn, ([EMPTY] if bound else []) + args, kwargs)
         joined = _flat(_join_all([*args, *kwargs.values()]))
         if self.is_activation(func):
+            if joined:
+                self.events.activations.append((line, self.activation_name(func, node), joined))
             return frozenset(replace(o, act=True) for o in joined)
         return joined
 
@@ -440,6 +461,29 @@ class Interpreter:
                 return callee == "get_activation" or any(a in callee for a in ACTIVATIONS)
         short = name.rsplit(".", 1)[-1].lower() if name else ""
         return any(a in short for a in ACTIVATIONS)
+
+    def activation_name(self, func: ast.expr, node: ast.Call) -> str | None:
+        """The activation a call computes, lower case, where the code says it plainly: a function of one tensor
+        (torch.sigmoid(x), F.softplus(x)), a module built from a class named for it (nn.Sigmoid()) or
+        ACT2FN[...] under a string or a config key config.json holds. None otherwise (extra arguments such as a
+        softplus beta included)."""
+        name = _dotted(func)
+        if name.startswith("self.") and name.count(".") == 1:
+            assigned = self.attr_values.get(name[5:])
+            if isinstance(assigned, ast.Subscript) and _dotted(assigned.value).endswith("ACT2FN"):
+                key = assigned.slice
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    return key.value.lower()
+                value, dotted = None, _dotted(key)
+                if dotted.startswith(("config.", "self.config.")):
+                    value = self.config.get(dotted.rsplit(".", 1)[-1])
+                return value.lower() if isinstance(value, str) else None
+            if isinstance(assigned, ast.Call) and not assigned.args and not assigned.keywords:
+                return _dotted(assigned.func).rsplit(".", 1)[-1].lower()
+            return None
+        if len(node.args) != 1 or node.keywords:
+            return None
+        return name.rsplit(".", 1)[-1].lower() if name else None
 
     def condition(self, test: ast.expr) -> bool | None:
         """A branch condition the config decides (`if self.multi_query_attention:`), else None."""
@@ -550,6 +594,26 @@ def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
     return out
 
 
+def _other_assignments(init: ast.FunctionDef | None, config: dict) -> dict[str, list[ast.expr]]:
+    """self.X = <call> in __init__ after the first one (_init_assignments keeps the first): the other branch of
+    an `if` the config does not decide."""
+    seen: dict[str, list[ast.expr]] = {}
+    if init is None:
+        return seen
+    for node in subtree(init):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
+                and _dotted(node.targets[0].value) == "self":
+            seen.setdefault(node.targets[0].attr, []).append(conditions.selected(node.value, config))
+    return {a: [v for v in values[1:] if isinstance(v, ast.Call)] for a, values in seen.items() if len(values) > 1}
+
+
+def _mlp_or_none(sources: dict, found: tuple, config: dict):
+    try:
+        return analyze_mlp(sources, found[0], found[1], config)
+    except Undecided:
+        return None
+
+
 # ====================================================================== the answers
 @dataclass(frozen=True)
 class Linear:
@@ -580,6 +644,14 @@ class Attention:
     # `output * torch.sigmoid(gate_states)` before o_proj), and FILE:LINE of the product; None when none.
     output_gate: str | None = None
     output_gate_evidence: str = ""
+    output_gate_act: str | None = None  # the gate's activation as the code names it (sigmoid, softplus, ...)
+    output_gate_act_line: int = 0
+    # The condition the rotary embedding runs under, when the config alone does not decide it (AfMoE rotates on
+    # its sliding-window layers only: `config.layer_types[layer_idx] == "sliding_attention"`), as the code writes
+    # it with a module attribute replaced by its __init__ value; "" with the evidence where it cannot be read.
+    rotary_guard: str | None = None
+    rotary_guard_when: bool = True
+    rotary_guard_evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -683,20 +755,68 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     o_proj = after[0] if len(after) == 1 else None
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
-                     **_output_gate(interp.events, keys["v"], used | {o_proj}, file))
+                     **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file),
+                     **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values,
+                                     _parameters(interp.methods.get("forward")), file))
 
 
-def _output_gate(events: Events, v: tuple, used: set, file: str) -> dict:
+def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: str) -> dict:
     """The projection, other than q, k, v and o, whose activated output multiplies a value computed from the
-    values (the attention output): a gated attention."""
+    values (the attention output) on its way into the output projection: a gated attention (AfMoE's
+    `output * torch.sigmoid(self.gate_proj(x))`, Laguna's per-head softplus gate). With the activation as the
+    code names it (Events.activations; None where it names none this reads) and the line where it is applied."""
+    into_o = {o.src for _, origins in events.inputs.get(o_proj, []) for o in origins} if o_proj else set()
     for line, left, right in events.products:
         for out, gate in ((left, right), (right, left)):
             srcs = {o.src for o in gate}
             if (v in {o.key for o in out} and len(srcs) == 1 and all(o.act for o in gate)
-                    and not srcs & used):
+                    and not srcs & used and srcs <= into_o):
                 (src,) = srcs
-                return {"output_gate": src, "output_gate_evidence": f"{file}:{line}"}
+                applied = [(at, name) for at, name, origins in events.activations if {o.src for o in origins} == srcs]
+                names = {name for _, name in applied}
+                act = next(iter(names)) if len(names) == 1 else None
+                return {"output_gate": src, "output_gate_evidence": f"{file}:{line}", "output_gate_act": act,
+                        "output_gate_act_line": min((at for at, _ in applied), default=line)}
     return {}
+
+
+def _rotary_guard(events: Events, keys: dict, attr_values: dict, inputs: set, file: str) -> dict:
+    """The branch condition around the first call taking the queries and keys together but not the values (the
+    rotary embedding, apply_rotary_pos_emb(q, k, cos, sin)) that the config alone does not decide (AfMoE's
+    `if self.is_local_attention:`): its expression as the code writes it, an attribute of the module replaced by
+    what __init__ assigns it, and whether the rotation runs where it holds (True) or where it does not."""
+    together = sorted(line for line, args in events.calls
+                      if {keys["q"], keys["k"]} <= {o.key for a in args for o in a}
+                      and keys["v"] not in {o.key for a in args for o in a}
+                      and ROTARY_CALL.search(events.callees.get(line, "")))
+    if not together or together[0] not in events.guards:
+        return {}
+    guards = events.guards[together[0]]
+    if len(guards) != 1:
+        return {"rotary_guard": "", "rotary_guard_evidence": f"{file}:{together[0]}: under {len(guards)} nested "
+                                                             "conditions"}
+    test, polarity = guards[0]
+    if {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} & inputs:
+        return {}  # a check of forward's own arguments (Granite-SWA's `position_embeddings is not None`)
+
+    class Kept(ast.NodeTransformer):
+        def visit_Attribute(self, node):  # self.X -> what __init__ assigns it (not self.config)
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in attr_values \
+                    and node.attr != "config":
+                return copy.deepcopy(attr_values[node.attr])
+            return self.generic_visit(node)
+
+    resolved = ast.unparse(Kept().visit(copy.deepcopy(test)))
+    return {"rotary_guard": resolved, "rotary_guard_when": polarity,
+            "rotary_guard_evidence": f"{file}:{test.lineno}: the rotary embedding (line {together[0]}) runs only "
+                                     f"{'where' if polarity else 'where not'} {ast.unparse(test)}"}
+
+
+def _parameters(func: ast.FunctionDef | None) -> set[str]:
+    if func is None:
+        return set()
+    args = func.args
+    return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]} - {"self"}
 
 
 def _qk_norms(events: Events, keys: dict, file: str) -> dict:
@@ -880,6 +1000,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             if attention is not None:
                 return _undecided_layer(file, cls, undecided + [f"two attention modules: {attn_attr}, {attr}"])
             attention, attn_attr = flow, attr
+    others = _other_assignments(init, config)
     for attr, value in subs.items():
         sub = _submodule_class(sources, value)
         if sub is None or attr == attn_attr or attr in attention_like:
@@ -887,9 +1008,15 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         try:
             flow = analyze_mlp(sources, sub[0], sub[1], config)
         except Undecided as e:
-            if linears(*sub, set(linear_classes(sources))):
-                undecided.append(f"{attr} ({sub[1].name}): {e}")
-            continue
+            # A branch the config does not decide may build the same sublayer from another class (AfMoE's
+            # `if self.moe_enabled: self.mlp = ...SparseMoeBlock(config) else: self.mlp = AfmoeMLP(config)`): the
+            # MLP class of the other branch says the attribute is the MLP sublayer all the same.
+            flow = next((f for other in others.get(attr, ()) if (c := _submodule_class(sources, other)) is not None
+                         and (f := _mlp_or_none(sources, c, config)) is not None), None)
+            if flow is None:
+                if linears(*sub, set(linear_classes(sources))):
+                    undecided.append(f"{attr} ({sub[1].name}): {e}")
+                continue
         if mlp is not None:
             return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
         mlp, mlp_attr = flow, attr

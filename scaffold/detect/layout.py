@@ -30,7 +30,7 @@ from scaffold.detect.sourcecode import (
     weightless_norms,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec, Undetermined, Unknown
+from scaffold.spec import GATE_ACTIVATIONS, Source, Spec, Undetermined, Unknown
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
@@ -278,6 +278,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
     names["self_attn"] = attn
+    if code_attn is not None and (per_layer_read := _per_layer_attention_argument(sources, flow, attn)):
+        raise _unsupported(f"per-layer attention sizes: the decoder layer builds {attn} with {per_layer_read}, a "
+                           "value of its own for each layer (the port builds every layer's attention from one "
+                           "config value)", where, spec.model_type)
     latent_modules: set[str] = set()
     if latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
         latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
@@ -327,6 +331,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sinks = _attention_sinks(sources, layer0, attn, spec.num_heads)
     spec.set("attention_sinks", sinks[0] if sinks else None,
              Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
+    _output_gate(spec, names, code_attn, layer0, attn, f"{prefix}.{names['layers']}.0.{attn}", where)
     # The q/k norms: the modules the attention's code applies to the queries and to the keys alone, whatever
     # their names (HunYuan's query_layernorm); where the code does not say, names common families use (hints).
     q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
@@ -419,6 +424,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= latent_modules
     if spec.attention_sinks:
         claimed.add(f"{attn}.{spec.attention_sinks}")
+    if "attn_gate" in names:
+        claimed.add(f"{attn}.{names['attn_gate']}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
@@ -429,11 +436,6 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
         checked[layer] = claimed | (expert_modules if layer in sparse_layers else dense)
     stack = f"{prefix}.{names['layers']}"
-    gate = code_attn.output_gate if code_attn is not None else None
-    if gate is not None and any(r.startswith(f"{attn}.{gate}.") for r in layer0):
-        # AfMoE's gate_proj: named before it would be refused below as a tensor nothing computes with.
-        raise _unsupported(f"gated attention: an activation of {attn}.{gate}(x) scales the attention output "
-                           f"before {names['o_proj']} ({code_attn.output_gate_evidence})", where, spec.model_type)
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)
@@ -465,6 +467,63 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _per_layer_attention_argument(sources: dict, flow: dataflow.Layer, attn: str) -> str | None:
+    """`config.KEY[layer_idx]` handed to the attention's constructor in the decoder layer's __init__ (Laguna's
+    `LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`), with FILE:LINE."""
+    tree = codekeys.parse(sources.get(flow.file, ""))
+    for node in subtree(tree) if tree is not None else ():
+        if not (isinstance(node, ast.ClassDef) and node.name == flow.cls):
+            continue
+        for sub in subtree(node):
+            if not (isinstance(sub, ast.Assign) and len(sub.targets) == 1
+                    and ast.unparse(sub.targets[0]) == f"self.{attn}" and isinstance(sub.value, ast.Call)):
+                continue
+            for arg in [*sub.value.args, *(k.value for k in sub.value.keywords)]:
+                if (isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Name)
+                        and ast.unparse(arg.value).startswith(("config.", "self.config."))):
+                    return f"{ast.unparse(arg)} ({flow.file}:{arg.lineno})"
+    return None
+
+
+def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer0: dict, attn: str, module: str,
+                 where) -> None:
+    """A gate on the attention output (dataflow: a projection of the attention's input whose activation multiplies
+    the attention output before o_proj): its name, its activation, and whether it gives one value per output
+    element or per head, from its weight's rows (heads x head_dim, or heads: the product could not broadcast
+    otherwise)."""
+    gate = code.output_gate if code is not None else None
+    weight = f"{attn}.{gate}.weight"
+    if gate is None or weight not in layer0:
+        spec.set("attn_output_gate", "none", Source("default", "no gate on the attention output"))
+        return
+    what = f"gated attention ({code.output_gate_evidence}: an activation of {attn}.{gate}(x) scales the attention " \
+           f"output before {names['o_proj']})"
+    if spec.qkv_layout == "latent":
+        raise _unsupported(f"{what} with latent attention", where, spec.model_type)
+    act = code.output_gate_act
+    if act not in GATE_ACTIVATIONS:
+        file = code.output_gate_evidence.rsplit(":", 1)[0]
+        raise _unsupported(f"{what}, through an activation the reader does not name as one of "
+                           f"{', '.join(GATE_ACTIVATIONS)} ({file}:{code.output_gate_act_line}: {act or 'unnamed'})",
+                           where, spec.model_type)
+    shape = tuple(layer0[weight].shape)
+    heads, dim = spec.num_heads, spec.head_dim
+    if len(shape) != 2 or shape[1] != spec.hidden_size or shape[0] not in (heads * dim, heads):
+        raise _unsupported(f"{what}, its weight {module}.{gate}.weight of shape {list(shape)} neither one row per "
+                           f"head ({heads}) nor per output element ({heads} x {dim}) over hidden_size "
+                           f"{spec.hidden_size}", where, spec.model_type)
+    per_head = shape[0] == heads and heads != heads * dim
+    names["attn_gate"] = gate
+    evidence = code.output_gate_evidence
+    spec.set("attn_output_gate", "per_head" if per_head else "elementwise",
+             Source("code", f"{evidence}: {act}({gate}(x)) scales the attention output before {names['o_proj']}; "
+                            f"{module}.{gate}.weight has {shape[0]} rows: one per "
+                            + ("head" if per_head else "output element")))
+    file = evidence.rsplit(":", 1)[0]
+    spec.set("attn_gate_act", act, Source("code", f"{file}:{code.output_gate_act_line}: {act} of {gate}(x)"))
+    spec.set("attn_gate_bias", f"{attn}.{gate}.bias" in layer0, Source("tensor", f"{module}.{gate}.bias"))
 
 
 def _attention_sinks(sources: dict, layer0: dict, attn: str, heads: int) -> tuple[str, str] | None:

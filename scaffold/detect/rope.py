@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys
+from scaffold.detect import codekeys, conditions, dataflow
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import alibi_code, computed_positions, learned_positions, rotary_code
 from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, subtree, walk
@@ -134,6 +134,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     flags = cfg.get("no_rope_layers")
     if flags is None:
+        guarded = _rotary_guard(ckpt, spec) if spec.position_scheme == "rotary" else None
+        if guarded is not None:
+            layers, source = guarded
+            spec.set("no_rope_layers", layers, source)
+            return
         spec.set("no_rope_layers", [], Source("default", "rotary embedding in every layer"))
         return
     if (not isinstance(flags, list) or len(flags) != spec.num_layers
@@ -142,6 +147,43 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+GUARD_NAMES = frozenset({"config", "layer_idx"})  # what a per-layer rotary condition may read, in the port too
+
+
+def _rotary_guard(ckpt: Checkpoint, spec: Spec) -> tuple[list[int], Source] | None:
+    """The layers that skip the rotary embedding where the attention's code applies it under a condition on the
+    layer (AfMoE's `if self.is_local_attention:`, set in __init__ to `config.layer_types[layer_idx] ==
+    "sliding_attention"`: its full-attention layers take no positions); the source carries that condition as the
+    port evaluates it at run time (config, layer_idx). None where the code rotates in every layer; refused where
+    the condition reads anything else."""
+    sources = modeling_sources(ckpt)
+    if not sources or "layers" not in spec.names:
+        return None
+    try:
+        flow = dataflow.analyze_layer(sources, ckpt.config, spec.names["layers"]) \
+            or dataflow.analyze_layer(sources, ckpt.config)
+    except RecursionError:
+        return None
+    attention = flow.attention_flow if flow is not None else None
+    if attention is None or attention.rotary_guard is None:
+        return None
+    what = f"a rotary embedding applied under a condition ({attention.rotary_guard_evidence})"
+    try:
+        test = ast.parse(attention.rotary_guard.replace("self.config.", "config."), mode="eval").body
+    except SyntaxError:
+        test = None
+    read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} if test is not None else {"?"}
+    truth = [conditions.evaluate(test, ckpt.config, {"layer_idx": i}) if not read - GUARD_NAMES else None
+             for i in range(spec.num_layers)]
+    if None in truth:
+        raise unsupported(f"{what} that the config and the layer's number do not decide", ckpt.config_file,
+                          spec.model_type)
+    expr = ast.unparse(test) if attention.rotary_guard_when else f"not ({ast.unparse(test)})"
+    rotates = [t == attention.rotary_guard_when for t in truth]
+    return ([i for i, r in enumerate(rotates) if not r],
+            Source("code", f"{attention.rotary_guard_evidence}: {expr}", expr))
 
 
 def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:

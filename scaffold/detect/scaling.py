@@ -6,7 +6,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configexpr
+from scaffold.detect import codekeys, conditions, configexpr
 from scaffold.detect.attention import _number
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import Found, modeling_sources, sqrt_hidden_scale, subtree, walk
@@ -19,7 +19,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if (mult := _number(ckpt, "embedding_multiplier")) is not None:
         spec.set("embedding_multiplier", mult, Source("config", "config.json embedding_multiplier",
                                                       "config.embedding_multiplier"))
-    elif (found := sqrt_hidden_scale(modeling_sources(ckpt))) is not None:
+    elif (found := sqrt_hidden_scale(modeling_sources(ckpt))) is not None and (
+            guard := _enclosing_tests(modeling_sources(ckpt), found)):
+        # AfMoE's `if self.config.mup_enabled: hidden_states = hidden_states * (self.config.hidden_size**0.5)`.
+        truth = [conditions.evaluate(test, ckpt.config) == polarity for test, polarity in guard]
+        said = " and ".join(("" if polarity else "not ") + ast.unparse(test) for test, polarity in guard)
+        if any(conditions.evaluate(test, ckpt.config) is None for test, _ in guard):
+            raise unsupported(f"embeddings scaled by hidden_size ** 0.5 only where {said} ({found}), a condition "
+                              "config.json does not decide", ckpt.config_file, spec.model_type)
+        spec.set("embedding_multiplier", spec.hidden_size**0.5 if all(truth) else None,
+                 Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5 where {said}", f"{hk}**0.5")
+                 if all(truth) else Source("config", f"{found}: scaled by hidden_size ** 0.5 only where {said}, "
+                                                     "which config.json does not hold: unscaled"))
+    elif found is not None:
         spec.set("embedding_multiplier", spec.hidden_size**0.5,
                  Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5", f"{hk}**0.5"))
     elif (switched := _switched_sqrt_scale(modeling_sources(ckpt))) is not None:
@@ -66,6 +78,28 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                                     "config.final_logit_softcapping"))
     else:
         spec.set("final_logit_softcap", None, Source("default", "no final_logit_softcapping in config.json"))
+
+
+def _enclosing_tests(sources: dict[str, str], found: Found) -> list[tuple[ast.expr, bool]]:
+    """The `if` statements around the statement at `found`'s line, outermost first: (test, True where it is in
+    the body, False in the else branch)."""
+    tree = codekeys.parse(sources.get(found.file, ""))
+    if tree is None:
+        return []
+
+    def inside(node: ast.AST, path: list) -> list | None:
+        for field in ("body", "orelse"):
+            for stmt in getattr(node, field, []) or []:
+                if not isinstance(stmt, ast.stmt):
+                    continue
+                end = getattr(stmt, "end_lineno", stmt.lineno)
+                if stmt.lineno <= found.line <= end:
+                    here = path + [(node.test, field == "body")] if isinstance(node, ast.If) else path
+                    deeper = inside(stmt, here)
+                    return deeper if deeper is not None else here
+        return None
+
+    return inside(tree, []) or []
 
 
 def _switched_sqrt_scale(sources: dict[str, str]) -> tuple[str, Found] | None:

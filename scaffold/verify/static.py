@@ -86,6 +86,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.attention_sinks:
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
+        if spec.attn_output_gate != "none":
+            for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
+                params[f"{p}{attn}.{n['attn_gate']}.{kind}"] = (None,)
         if spec.qk_norm != "none":  # built as the other norms are, so with their bias
             for kind in kinds:
                 params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
