@@ -136,6 +136,11 @@ ARCHITECTURES = {
     "afmoe": ("afmoe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                         "num_dense_layers": 1, "global_attn_every_n_layers": 2, "sliding_window": 8,
                         "mup_enabled": True}),
+    # EXAONE-4's hybrid attention: the rotary embedding only where `self.sliding_window is None or self.is_sliding`,
+    # is_sliding built from an __init__ local (`layer_type = config.layer_types[layer_idx] if hasattr(config,
+    # "layer_types") else None`): its full-attention layer takes no positions.
+    "exaone4-hybrid": ("exaone4", {"sliding_window": 8, "sliding_window_pattern": None,
+                                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -203,6 +208,7 @@ EXPECTED_SPEC = {
     "granite_swa": {"attention_sinks": "sinks", "sliding_window": 8, "sliding_window_layers": [1, 2]},
     "afmoe": {"attn_output_gate": "elementwise", "no_rope_layers": [1],
               "sliding_window_layers": [0, 2], "embedding_multiplier": 128**0.5},
+    "exaone4-hybrid": {"no_rope_layers": [1], "sliding_window_layers": [0, 2]},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

@@ -61,3 +61,14 @@ def test_cohere2_moe_norm_follows_its_config():
     assert (layer.cls, layer.centered) == ("Cohere2MoeLayerNorm", True)
     assert (rms.cls, rms.centered) == ("Cohere2MoeRMSNorm", False)
     assert norm_code(sources, "input_layernorm", {}) is None  # undecided, not guessed
+
+
+@pytest.mark.parametrize("layer, truth", [(0, True), (1, False)])
+def test_hasattr_and_a_layer_indexed_config_list(layer, truth):
+    # EXAONE-4's rotary condition once its __init__ local is put in: hasattr is true where config.json holds the key.
+    test = expr("config.sliding_window is None or (config.layer_types[layer_idx] if hasattr(config, 'layer_types') "
+                "else None) == 'sliding_attention'")
+    config = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    assert evaluate(test, config, {"layer_idx": layer}) is truth
+    # A key config.json does not hold: the config class may still define it, so nothing is decided.
+    assert evaluate(expr("hasattr(config, 'layer_types')"), {"sliding_window": 8}) is None

@@ -48,6 +48,11 @@ def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None 
         return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
     if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("config", "self.config"):
         return config.get(node.attr, _UNKNOWN)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+            and len(node.args) == 2 and ast.unparse(node.args[0]) in ("config", "self.config")
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        # True where config.json holds the key; where it does not, the config class may still define it.
+        return True if node.args[1].value in config else _UNKNOWN
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
             and len(node.args) in (2, 3) and ast.unparse(node.args[0]) in ("config", "self.config")
             and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):

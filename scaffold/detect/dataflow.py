@@ -582,6 +582,24 @@ def _ellipsis(node) -> bool:
     return isinstance(node, ast.Constant) and node.value is Ellipsis
 
 
+def _init_locals(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
+    """The plain locals of __init__ assigned once, at its top level (`layer_type = config.layer_types[layer_idx]
+    if hasattr(config, "layer_types") else None`), with what they are assigned; not its parameters."""
+    if init is None:
+        return {}
+    params = {a.arg for a in init.args.args + init.args.kwonlyargs}
+    counts: dict[str, int] = {}
+    for node in subtree(init):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in subtree(target):
+                    if isinstance(name, ast.Name):
+                        counts[name.id] = counts.get(name.id, 0) + 1
+    return {stmt.targets[0].id: stmt.value for stmt in init.body
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and counts.get(stmt.targets[0].id) == 1 and stmt.targets[0].id not in params}
+
+
 def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
     """self.X = <expr> in __init__ (the last one, where several branches assign it)."""
     out: dict[str, ast.expr] = {}
@@ -756,7 +774,7 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
                      **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file),
-                     **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values,
+                     **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values, interp.init,
                                      _parameters(interp.methods.get("forward")), file))
 
 
@@ -780,7 +798,8 @@ def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: 
     return {}
 
 
-def _rotary_guard(events: Events, keys: dict, attr_values: dict, inputs: set, file: str) -> dict:
+def _rotary_guard(events: Events, keys: dict, attr_values: dict, init: ast.FunctionDef | None, inputs: set,
+                  file: str) -> dict:
     """The branch condition around the first call taking the queries and keys together but not the values (the
     rotary embedding, apply_rotary_pos_emb(q, k, cos, sin)) that the config alone does not decide (AfMoE's
     `if self.is_local_attention:`): its expression as the code writes it, an attribute of the module replaced by
@@ -799,12 +818,19 @@ def _rotary_guard(events: Events, keys: dict, attr_values: dict, inputs: set, fi
     if {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} & inputs:
         return {}  # a check of forward's own arguments (Granite-SWA's `position_embeddings is not None`)
 
+    local = _init_locals(init)
+
     class Kept(ast.NodeTransformer):
         def visit_Attribute(self, node):  # self.X -> what __init__ assigns it (not self.config)
             if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in attr_values \
                     and node.attr != "config":
-                return copy.deepcopy(attr_values[node.attr])
+                return self.visit(copy.deepcopy(attr_values[node.attr]))
             return self.generic_visit(node)
+
+        def visit_Name(self, node):  # a local of __init__ (EXAONE-4's layer_type) -> what it is assigned
+            if node.id in local:
+                return self.visit(copy.deepcopy(local.pop(node.id)))
+            return node
 
     resolved = ast.unparse(Kept().visit(copy.deepcopy(test)))
     return {"rotary_guard": resolved, "rotary_guard_when": polarity,

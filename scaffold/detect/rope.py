@@ -149,7 +149,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
 
 
-GUARD_NAMES = frozenset({"config", "layer_idx"})  # what a per-layer rotary condition may read, in the port too
+GUARD_NAMES = frozenset({"config", "layer_idx", "hasattr", "getattr"})  # what a per-layer rotary condition may
+# read, in the port too
 
 
 def _rotary_guard(ckpt: Checkpoint, spec: Spec) -> tuple[list[int], Source] | None:
