@@ -171,11 +171,15 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--twin", is_flag=True, help="For a checkpoint too large for this machine: static checks on its "
               "headers only, parity on a shrunk random twin with the same spec.")
+@click.option("--reference-attention", type=click.Choice(["eager", "sdpa"]), default=None,
+              help="Attention implementation transformers runs the reference with (default: eager). Use sdpa where "
+                   "transformers' eager path is itself wrong (transformers 5.19's Falcon with ALiBi).")
 def verify(port: Path, checkpoint: Path | None, trust_remote_code: bool, tensor_parallel: int, static_only: bool,
-           as_json: bool, twin: bool) -> None:
+           as_json: bool, twin: bool, reference_attention: str | None) -> None:
     """Check that PORT computes what the original model computes."""
     report = verifier.run(port, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
                           tensor_parallel_size=tensor_parallel, static_only=static_only, twin=twin,
+                          reference_attention=reference_attention,
                           progress=None if as_json else lambda line: echo(line, err=True))
     echo(json_text(report.to_json()) if as_json else report.render())
     verifier.record_in_review(port, report)

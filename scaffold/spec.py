@@ -274,6 +274,9 @@ class Spec:
                                       choices=("rotary", "alibi", "learned", "none"),
                                       doc="how attention sees positions (learned: a table names.embed_positions "
                                           "indexed by position and added to the token embedding)")
+    alibi_scaled: bool = spec_field(False, group="positions", probe="self_attn", omit_when_empty=True,
+                                    doc="the ALiBi bias is multiplied by the attention's scale with the scores "
+                                        "(Falcon's); false: added to the scaled scores (BLOOM's)")
     position_offset: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
                                       doc="added to every position before the learned table's lookup "
                                           "(OPT's table starts at row 2)")

@@ -141,7 +141,19 @@ ARCHITECTURES = {
     # "layer_types") else None`): its full-attention layer takes no positions.
     "exaone4-hybrid": ("exaone4", {"sliding_window": 8, "sliding_window_pattern": None,
                                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    # Falcon keeps three q/k/v layouts behind its config flags (head_dim is a read-only property there, and its
+    # KV head count is num_kv_heads). Falcon-40B/180B's new decoder: q/k/v grouped per KV head, two norms read
+    # by attention and MLP side by side (ln_attn, ln_mlp, the second set by the code where config.json has none).
+    # Falcon-RW: q/k/v per head, ALiBi scaled with the scores, sequential norms, biases.
+    "falcon-new": ("falcon", {"head_dim": None, "num_key_value_heads": None, "new_decoder_architecture": True,
+                              "num_kv_heads": 2}),
+    "falcon-rw": ("falcon", {"head_dim": None, "num_key_value_heads": None, "multi_query": False, "alibi": True,
+                             "parallel_attn": False, "bias": True}),
 }
+
+# Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
+# bias twice (once in the mask the model builds, once in the attention), its SDPA path once, as Falcon-RW does.
+VERIFY_OPTIONS = {"falcon-rw": ("--reference-attention", "sdpa")}
 
 # Spec values detection must find for the entry's feature to be exercised at all.
 EXPECTED_SPEC = {
@@ -209,6 +221,9 @@ EXPECTED_SPEC = {
     "afmoe": {"attn_output_gate": "elementwise", "no_rope_layers": [1],
               "sliding_window_layers": [0, 2], "embedding_multiplier": 128**0.5},
     "exaone4-hybrid": {"no_rope_layers": [1], "sliding_window_layers": [0, 2]},
+    "falcon-new": {"qkv_layout": "grouped", "block": "parallel", "num_kv_heads": 2},
+    "falcon-rw": {"qkv_layout": "interleaved", "position_scheme": "alibi", "alibi_scaled": True, "qkv_bias": True,
+                  "block": "pre_norm"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
@@ -318,7 +333,7 @@ def check_port(name: str, workdir: Path) -> None:
     scaffold("new", ckpt, "-o", out, "--force")
     spec = tomllib.loads((out / "scaffold_spec.toml").read_text(encoding="utf-8"))["spec"]
     row["features"] = spec_features(spec)
-    proc = scaffold("verify", out, "--json", check=False)
+    proc = scaffold("verify", out, "--json", *VERIFY_OPTIONS.get(name, ()), check=False)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}

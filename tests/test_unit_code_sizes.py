@@ -143,7 +143,7 @@ def test_an_activation_module_the_reader_does_not_know_is_reported_not_defaulted
 # A lab's attention that keeps three q/k/v layouts behind its config flags, as Falcon's _split_heads does, under
 # names of its own: the layout is the one the checkpoint's config selects.
 FLAGGED_LAYOUTS = '''
-class WrenAttention(nn.Module):
+class TernAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
@@ -172,7 +172,7 @@ class WrenAttention(nn.Module):
 def test_the_qkv_layout_is_the_branch_the_config_selects():
     from scaffold.detect.sourcecode import interleaved_qkv
 
-    code = {"modeling_wren.py": FLAGGED_LAYOUTS}
+    code = {"modeling_tern.py": FLAGGED_LAYOUTS}
     grouped = interleaved_qkv(code, "wqkv", {"grouped_kv": True, "shared_kv": False})
     assert grouped is not None and grouped.value == "grouped" and grouped.line == 15
     per_head = interleaved_qkv(code, "wqkv", {"grouped_kv": False, "shared_kv": False})

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from scaffold.detect import conditions
 from scaffold.detect.linears import linear_classes
-from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed, config_aliases, config_reads, subtree
 
 LINEAR_CLASSES = {"Linear", "Conv1D"}
 # Callees whose result is the activation of their argument (torch's, transformers' and einops' names).
@@ -127,6 +127,7 @@ class Interpreter:
         self.methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
         self.init = self.methods.get("__init__")
         self.attr_values = _init_assignments(self.init)
+        self.aliases = config_aliases(cls)
         self.local_functions = {n.name: n for n in subtree(self.init)
                                 if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
         self.depth = 0
@@ -164,11 +165,15 @@ class Interpreter:
             out = _join(out, value) if out != EMPTY else value
         return out
 
-    def block(self, body: list, env: dict, returns: list) -> None:
+    def block(self, body: list, env: dict, returns: list) -> bool:
+        """Run `body`; True where it always returns or raises (the statements after it never run: Falcon-style
+        `if flag: return x + attn + mlp(norm(x))` before the sequential form)."""
         for stmt in body:
-            self.statement(stmt, env, returns)
+            if self.statement(stmt, env, returns):
+                return True
+        return False
 
-    def statement(self, stmt: ast.stmt, env: dict, returns: list) -> None:
+    def statement(self, stmt: ast.stmt, env: dict, returns: list) -> bool:
         if isinstance(stmt, ast.Assign):
             value = self.expr(stmt.value, env)
             for target in stmt.targets:
@@ -178,8 +183,12 @@ class Interpreter:
         elif isinstance(stmt, ast.AugAssign):
             value = self.binop(stmt.op, self.expr(stmt.target, env), self.expr(stmt.value, env), stmt.lineno)
             self.assign(stmt.target, value, stmt.value, env)
-        elif isinstance(stmt, ast.Return) and stmt.value is not None:
-            returns.append(self.expr(stmt.value, env))
+        elif isinstance(stmt, ast.Return):
+            if stmt.value is not None:
+                returns.append(self.expr(stmt.value, env))
+            return True
+        elif isinstance(stmt, ast.Raise):
+            return True
         elif isinstance(stmt, ast.Expr):
             self.expr(stmt.value, env)
         elif isinstance(stmt, ast.If):
@@ -187,17 +196,22 @@ class Interpreter:
             if decided is None:
                 decided = _encoder_test(stmt.test, env)
             if decided is True:
-                self.block(stmt.body, env, returns)
-            elif decided is False:
-                self.block(stmt.orelse, env, returns)
-            else:
-                self.expr(stmt.test, env)
-                other = dict(env)
-                self.branch.append((stmt.test, True))
-                self.block(stmt.body, env, returns)
-                self.branch[-1] = (stmt.test, False)
-                self.block(stmt.orelse, other, returns)
-                self.branch.pop()
+                return self.block(stmt.body, env, returns)
+            if decided is False:
+                return self.block(stmt.orelse, env, returns)
+            self.expr(stmt.test, env)
+            other = dict(env)
+            self.branch.append((stmt.test, True))
+            body_ends = self.block(stmt.body, env, returns)
+            self.branch[-1] = (stmt.test, False)
+            else_ends = self.block(stmt.orelse, other, returns)
+            self.branch.pop()
+            if body_ends and else_ends:
+                return True
+            if body_ends:  # only the other branch's values go on
+                env.clear()
+                env.update(other)
+            elif not else_ends:
                 for name in (set(env) | set(other)) - {"__expr__"}:
                     env[name] = _join(env.get(name, EMPTY), other.get(name, EMPTY))
         elif isinstance(stmt, (ast.For, ast.While)):
@@ -212,6 +226,7 @@ class Interpreter:
             for handler in stmt.handlers:
                 self.block(handler.body, env, returns)
             self.block(stmt.finalbody, env, returns)
+        return False
 
     def assign(self, target: ast.expr, value, source: ast.expr | None, env: dict) -> None:
         if isinstance(target, ast.Name):
@@ -500,10 +515,14 @@ class Interpreter:
                 # A constructor flag left at its default (GPT-2's is_cross_attention=False): the decoder's
                 # self-attention is built without it.
                 return default
-        elif name.startswith("config.") and name.count(".") == 1:
-            key = name[7:]
+        elif name.startswith(("config.", "self.config.")) and name.count(".") == name.startswith("self.") + 1:
+            key = name.rsplit(".", 1)[1]
         if key is not None and isinstance(self.config.get(key), bool):
             return self.config[key]
+        if isinstance(test, (ast.BoolOp, ast.Compare)):
+            # `self.config.new_decoder_architecture and self.config.num_ln_in_parallel_attn == 2` (Falcon): config
+            # values and the attributes the class copies from them, compared and combined.
+            return conditions.evaluate(config_reads(test, self.aliases), self.config)
         return None
 
 
@@ -700,6 +719,9 @@ class Layer:
     # OPT-style layouts: the MLP's projections are the layer's own modules (fc1, fc2), no MLP module; `mlp` is
     # then None and mlp_flow reads the layer class itself.
     mlp_on_layer: bool = False
+    # Whether the MLP's norm reads the layer's input untouched by the attention (GPT-NeoX's parallel residual,
+    # Falcon's ln_mlp): True, False where it reads the attention's output, None where the code does not say.
+    mlp_norm_parallel: bool | None = None
 
 
 class Undecided(Exception):
@@ -1058,23 +1080,31 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             mlp = None
     # The modules the MLP reads from and writes to: its own on the layer, else the MLP module.
     mlp_in, mlp_out = (mlp.up, mlp.down) if on_layer else (mlp_attr, mlp_attr)
-    sublayers = {attn_attr, mlp_in, mlp_out}
-    norms, evidence = {}, {}
-    if attn_attr and mlp_in:
+    # The norms around the attention need only know which module it is, not its q, k and v (Falcon's fused
+    # query_key_value, split by views the interpreter does not follow).
+    attending = attn_attr or (next(iter(attention_like)) if len(attention_like) == 1 else None)
+    sublayers = {attending, mlp_in, mlp_out}
+    norms, evidence, parallel = {}, {}, None
+    if attending and mlp_in:
         interp = Interpreter(sources, file, cls, set(subs), config)
         interp.run_method("forward", [frozenset({Origin("<input>")})])
         inputs = interp.events.inputs
-        for role, sublayer in (("attn_norm", attn_attr), ("mlp_norm", mlp_in)):
+        for role, sublayer in (("attn_norm", attending), ("mlp_norm", mlp_in)):
             srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
             if len(srcs) == 1 and next(iter(srcs)) in subs and next(iter(srcs)) not in sublayers:
                 norms[role] = next(iter(srcs))
                 evidence[role] = _where(file, inputs[sublayer][0][0], f"{sublayer} reads {norms[role]}'s output")
-        for role, sublayer in (("attn_post_norm", attn_attr), ("mlp_post_norm", mlp_out)):
+        for role, sublayer in (("attn_post_norm", attending), ("mlp_post_norm", mlp_out)):
             for attr, calls in inputs.items():
                 if attr not in sublayers and calls and all({o.src for o in c} == {sublayer} for _, c in calls):
                     norms[role] = attr
                     evidence[role] = _where(file, calls[0][0], f"{attr} reads {sublayer}'s output")
-    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer)
+        if "mlp_norm" in norms and norms.get("attn_norm") != norms["mlp_norm"]:
+            read = {o.src for _, c in inputs.get(norms["mlp_norm"], []) for o in c}
+            parallel = (False if attending in read or norms.get("attn_post_norm") in read
+                        else True if read == {"<input>"} else None)
+    return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer,
+                 parallel)
 
 
 def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:

@@ -22,6 +22,7 @@ from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.sourcecode import (
     added_to_call,
+    configured,
     interleaved_qkv,
     modeling_sources,
     norm_code,
@@ -684,7 +685,7 @@ def _twice_as_wide(ref: dict, mlp: str, up: str, down: str) -> tuple[int, int] |
     return (up_w.shape[0], down_w.shape[1]) if up_w.shape[0] == 2 * down_w.shape[1] else None
 
 
-def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:
+def _code_block(norms: dict, parallel, code_parallel: bool | None = None) -> tuple[str, str, dict] | None:
     """(block, detail, norm roles) from the norms the layer's forward applies; None for a combination the code
     analysis does not settle (the tensor names decide then)."""
     roles = set(norms)
@@ -694,6 +695,9 @@ def _code_block(norms: dict, parallel) -> tuple[str, str, dict] | None:
     if roles == {"attn_norm", "mlp_norm"}:
         if parallel is True:
             return "parallel", "config.json use_parallel_residual: attention and MLP both read the input", ordered
+        if parallel is None and code_parallel is True:
+            return "parallel", (f"{norms['mlp_norm']} reads the layer's input, not the attention's output: attention "
+                                "and MLP both add to the input"), ordered
         return "pre_norm", f"{norms['attn_norm']} before attention, {norms['mlp_norm']} before MLP", ordered
     if roles == {"attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm"}:
         return "sandwich", "norms before and after both attention and MLP", ordered
@@ -709,7 +713,8 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
     if not sources:
         return None
     try:
-        flow = dataflow.analyze_layer(sources, ckpt.config, layers) or dataflow.analyze_layer(sources, ckpt.config)
+        config = configured(sources, ckpt.config)
+        flow = dataflow.analyze_layer(sources, config, layers) or dataflow.analyze_layer(sources, config)
     except RecursionError:
         return None
     if flow is None:
@@ -805,7 +810,8 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     where = ckpt.config_file
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
-    from_code = _code_block(flow.norms if flow is not None else {}, parallel)
+    from_code = _code_block(flow.norms if flow is not None else {}, parallel,
+                            flow.mlp_norm_parallel if flow is not None else None)
     if from_code is not None:
         # The layer's forward says which norm each sublayer reads, and which follow them.
         block, detail, roles = from_code

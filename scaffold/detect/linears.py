@@ -50,13 +50,33 @@ def _linear_classes(items: tuple[tuple[str, str], ...]) -> dict[str, LinearClass
     and the code's own classes whose forward multiplies the input by `self.weight` (those override a known
     class of the same name: a lab's Conv1D may store its weight either way)."""
     out = dict(KNOWN)
-    for name, (file, cls) in _classes(dict(items)).items():
+    classes = _classes(dict(items))
+    for name, (file, cls) in classes.items():
         found = _own_linear(file, cls)
         if found is not None:
             out[name] = found
         elif name in out:
             del out[name]  # the code defines a class of that name that is not a linear layer
+    for name, (file, cls) in classes.items():
+        if name not in out and (found := _subclassed_linear(file, cls, out)) is not None:
+            out[name] = found
     return out
+
+
+def _subclassed_linear(file: str, cls: ast.ClassDef, known: dict[str, LinearClass]) -> LinearClass | None:
+    """A subclass of a linear class that keeps its constructor and multiplies by self.weight as the base stores
+    it (Falcon's `FalconLinear(nn.Linear)`, whose forward is `input @ self.weight.T`): a linear layer of its own."""
+    bases = [known.get(_dotted(b).rsplit(".", 1)[-1]) for b in cls.bases]
+    base = next((b for b in bases if b is not None), None)
+    if base is None or _method(cls, "__init__") is not None:
+        return None
+    forward = _method(cls, "forward")
+    storage = _storage(forward) if forward is not None else (base.transposed, cls.lineno)
+    if storage is None or storage[0] != base.transposed:
+        return None
+    return LinearClass(cls.name, base.transposed, base.in_arg, base.out_arg,
+                       f"{file}:{storage[1]}: {cls.name} subclasses {base.name} and multiplies by self.weight as "
+                       "it stores it")
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:

@@ -61,6 +61,27 @@ def alibi_code(sources: dict[str, str]) -> Found | None:
     return alibi_slopes_formula(sources) or named(sources, ALIBI_NAME)
 
 
+def alibi_scaled(sources: dict[str, str]) -> Found | None:
+    """Where the code scales the ALiBi bias together with the scores, by the attention's scale: divides the bias by
+    a square root (Falcon's `alibi / math.sqrt(head_dim)`), or multiplies a sum of scores and bias in place
+    (`logits = scores + alibi; logits *= self.inv_norm_factor`). BLOOM adds it unscaled (baddbmm's beta = 1)."""
+    for file, tree in ((f, n) for f, n in walk(sources) if isinstance(n, ast.FunctionDef)):
+        with_bias = set()
+        for node in subtree(tree):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                    and ALIBI_NAME.search(ast.unparse(node.left)) and "sqrt" in ast.unparse(node.right)):
+                return Found("alibi scaled", file, node.lineno)
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)
+                    and ALIBI_NAME.search(ast.unparse(node.value))):
+                with_bias.add(node.targets[0].id)
+        for node in subtree(tree):
+            if (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult)
+                    and isinstance(node.target, ast.Name) and node.target.id in with_bias):
+                return Found("alibi scaled", file, node.lineno)
+    return None
+
+
 def rotary_code(sources: dict[str, str]) -> Found | None:
     """Where the code computes a rotary embedding."""
     return named(sources, ROTARY_NAME)

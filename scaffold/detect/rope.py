@@ -9,7 +9,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, conditions, dataflow
 from scaffold.detect.common import unsupported
-from scaffold.detect.positions import alibi_code, computed_positions, learned_positions, rotary_code
+from scaffold.detect.positions import alibi_code, alibi_scaled, computed_positions, learned_positions, rotary_code
 from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -219,6 +219,11 @@ def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         scheme, source = "rotary", Source("default", "no modeling source says otherwise: rotary embedding")
     spec.set("position_scheme", scheme, source)
+    scaled = alibi_scaled(sources) if scheme == "alibi" else None
+    spec.set("alibi_scaled", scaled is not None,
+             Source("code", f"{scaled}: the ALiBi bias is scaled with the scores") if scaled is not None
+             else Source("default", "the ALiBi bias is added to the scaled scores" if scheme == "alibi"
+                         else "no ALiBi"))
 
 
 def _checked(params: dict, where) -> dict:

@@ -369,6 +369,35 @@ class _ConfigReads(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def config_reads(test: ast.expr, aliases: dict[str, str]) -> ast.expr:
+    """`test` with each `self.A` the class copies from config key K (see config_aliases) read as `config.K`."""
+    return _ConfigReads(aliases).visit(copy.deepcopy(test))
+
+
+def configured(sources: dict[str, str], config: dict) -> dict:
+    """config.json as the modeling code leaves it: a constant the code's constructors assign to a config key
+    (`config.K = 2`), at their top level or under a test config.json decides true, is applied in order (Falcon's
+    decoder layer sets num_ln_in_parallel_attn = 2 where it is None and new_decoder_architecture holds)."""
+    out = dict(config)
+
+    def apply(statements: list[ast.stmt]) -> None:
+        for stmt in statements:
+            if isinstance(stmt, ast.If):
+                truth = conditions.evaluate(stmt.test, out)
+                if truth is not None:
+                    apply(stmt.body if truth else stmt.orelse)
+            elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                  and isinstance(target := stmt.targets[0], ast.Attribute) and not target.attr.startswith("_")
+                  and ast.unparse(target.value) in ("config", "self.config") and isinstance(stmt.value, ast.Constant)):
+                out[target.attr] = stmt.value.value
+
+    for _name, tree in _parsed(sources):
+        for node in subtree(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                apply(node.body)
+    return out
+
+
 def ruled_out(cls: ast.ClassDef, config: dict | None) -> set[int]:
     """ids of the nodes in the branches of the class's `if` statements that config.json rules out: tests over
     config values and the attributes the class copies from them. A test over anything else rules nothing out."""
@@ -378,8 +407,7 @@ def ruled_out(cls: ast.ClassDef, config: dict | None) -> set[int]:
     off: set[int] = set()
     for node in subtree(cls):
         if isinstance(node, ast.If):
-            test = _ConfigReads(aliases).visit(copy.deepcopy(node.test))
-            truth = conditions.evaluate(test, config)
+            truth = conditions.evaluate(config_reads(node.test, aliases), config)
             if truth is not None:
                 for stmt in node.orelse if truth else node.body:
                     off.update(id(n) for n in subtree(stmt))

@@ -53,8 +53,11 @@ def run(
     tensor_parallel_proof: bool = True,
     progress: Callable[[str], None] | None = None,
     twin: bool = False,
+    reference_attention: str | None = None,
 ) -> Report:
     """Verify the port at `port_dir`.
+
+    reference_attention: the attention implementation transformers runs the reference with (None: eager).
 
     twin=True: for a checkpoint too large for this machine. The static checks read the
     real checkpoint's headers only; the tensor-parallel proof and parity run on a
@@ -67,7 +70,8 @@ def run(
                                 "vLLM's transformers backend, which has no model code of its own to run on a twin.",
                                 port_dir)
         return backend.run(port_dir, checkpoint=checkpoint, trust_remote_code=trust_remote_code,
-                           tensor_parallel_size=tensor_parallel_size, static_only=static_only, progress=progress)
+                           tensor_parallel_size=tensor_parallel_size, static_only=static_only, progress=progress,
+                           reference_attention=reference_attention)
     port = load_port(port_dir, checkpoint)
     ckpt = read_checkpoint(port.checkpoint)
     report = Report(str(port.path), str(ckpt.path))
@@ -84,13 +88,14 @@ def run(
     try:
         if twin:
             return _on_twin(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, static_only,
-                            tensor_parallel_proof, say)
+                            tensor_parallel_proof, say, reference_attention)
         sharding = _Sharding.plan(report, port, ckpt, stage) if tensor_parallel_proof else None
         if static_only:
             _Sharding.finish(sharding, say)
             report.add("parity", None, "not run (--static-only)")
             return report
-        return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say, sharding)
+        return _parity(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say, sharding,
+                       reference_attention)
     finally:
         shutil.rmtree(stage.parent, ignore_errors=True)
 
@@ -117,7 +122,8 @@ def _headers_only(report: Report):
 
 
 def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
-             tensor_parallel_size: int, static_only: bool, tensor_parallel_proof: bool, say) -> Report:
+             tensor_parallel_size: int, static_only: bool, tensor_parallel_proof: bool, say,
+             reference_attention: str | None = None) -> Report:
     """Build the twin of the port's checkpoint and run the TP proof and parity on it."""
     trusted = trust_remote_code or port.trust_remote_code
     folder, kept = twins.twin_dir(ckpt)
@@ -161,7 +167,7 @@ def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tr
             report.add("parity", None, "not run (--static-only)")
             return report
         return _parity(report, twin_port, twin_ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say,
-                       sharding)
+                       sharding, reference_attention)
     finally:
         for check in report.checks[first:]:
             check.data.setdefault("on", "twin")
@@ -186,16 +192,18 @@ def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
 
 
 def _parity(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
-            tensor_parallel_size: int, say, sharding: _Sharding | None = None) -> Report:
+            tensor_parallel_size: int, say, sharding: _Sharding | None = None,
+            reference_attention: str | None = None) -> Report:
     try:
         return _compare_engines(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, say,
-                                sharding if tensor_parallel_size == 1 else None)
+                                sharding if tensor_parallel_size == 1 else None, reference_attention)
     finally:
         _Sharding.finish(sharding, say)  # where the engine did not run it
 
 
 def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[str], trust_remote_code: bool,
-                     tensor_parallel_size: int, say, sharding: _Sharding | None) -> Report:
+                     tensor_parallel_size: int, say, sharding: _Sharding | None,
+                     reference_attention: str | None = None) -> Report:
     trusted = trust_remote_code or port.trust_remote_code
     if needs_remote_code(port, ckpt) and not trusted:
         files = ", ".join(sorted(ckpt.sources))
@@ -221,9 +229,11 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
         with ThreadPoolExecutor(max_workers=1) as pool:
             say("transformers reference (own process)" + (", beside the engine" if together else ""))
             if together:
-                hf_job = pool.submit(parity.hf_reference, reference, prompts, trusted, workdir, probe=hf_probe)
+                hf_job = pool.submit(parity.hf_reference, reference, prompts, trusted, workdir, probe=hf_probe,
+                                     attn_implementation=reference_attention)
             else:
-                hf = parity.hf_reference(reference, prompts, trusted, workdir, probe=hf_probe)
+                hf = parity.hf_reference(reference, prompts, trusted, workdir, probe=hf_probe,
+                                         attn_implementation=reference_attention)
             say(f"port inside vLLM (tensor_parallel_size={tensor_parallel_size})"
                 + (", then tensor-parallel sharding on simulated ranks" if sharding else ""))
             try:

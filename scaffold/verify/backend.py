@@ -79,7 +79,8 @@ def prompts_and_length(ckpt: Checkpoint) -> tuple[list[list[int]], int]:
 
 def measure(ckpt: Checkpoint, expected: list[ExpectedFusion], trusted: bool, *, hf: dict | None = None,
             tensor_parallel_size: int = 1, workdir: Path | None = None,
-            say: Callable[[str], None] = lambda line: None) -> tuple[Measured, dict]:
+            say: Callable[[str], None] = lambda line: None,
+            reference_attention: str | None = None) -> tuple[Measured, dict]:
     """Run the backend once (and the transformers reference unless `hf` is given, for the same prompts)."""
     own = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="scaffold-backend-"))
@@ -87,7 +88,7 @@ def measure(ckpt: Checkpoint, expected: list[ExpectedFusion], trusted: bool, *, 
         prompts, max_len = prompts_and_length(ckpt)
         if hf is None:
             say("transformers reference (own process)")
-            hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir)
+            hf = parity.hf_reference(ckpt.path, prompts, trusted, workdir, attn_implementation=reference_attention)
         say(f"transformers backend inside vLLM (tensor_parallel_size={tensor_parallel_size})")
         try:
             vl = parity.vllm_run(ckpt.path, prompts, None, None, max_len, workdir, tensor_parallel_size,
@@ -126,7 +127,7 @@ def add_measured(report: Report, m: Measured, label: str = "backend") -> None:
 
 def run(port_dir: str | Path, *, checkpoint: str | Path | None = None, trust_remote_code: bool = False,
         tensor_parallel_size: int = 1, static_only: bool = False,
-        progress: Callable[[str], None] | None = None) -> Report:
+        progress: Callable[[str], None] | None = None, reference_attention: str | None = None) -> Report:
     say = progress or (lambda line: None)
     settings = backend_settings(port_dir)
     if settings is None:
@@ -173,7 +174,8 @@ def run(port_dir: str | Path, *, checkpoint: str | Path | None = None, trust_rem
         report.add("parity", None, "not run: the backend and the reference run the checkpoint's own code; "
                                    "pass --trust-remote-code to allow it")
         return report
-    measured, _ = measure(ckpt, expected, trusted, tensor_parallel_size=tensor_parallel_size, say=say)
+    measured, _ = measure(ckpt, expected, trusted, tensor_parallel_size=tensor_parallel_size, say=say,
+                          reference_attention=reference_attention)
     measured.census.spec_notes = spec_notes(ckpt, expected)
     add_measured(report, measured)
     return report

@@ -2,7 +2,8 @@
 
 Usage: python -m scaffold.verify.hf_worker REQUEST.json
 
-Loads the original model in float32 with eager attention, decodes greedily from
+Loads the original model in float32 with eager attention (or the request's
+"attn_implementation": transformers 5.19's eager Falcon adds its ALiBi bias twice), decodes greedily from
 each prompt without a KV cache, then saves the log-probabilities of every
 position of prompt + continuation. Kept apart from vLLM: building vLLM's
 transformers backend rewrites transformers' classes in its process.
@@ -25,7 +26,8 @@ def main(request_file: str) -> None:
     torch.manual_seed(0)
     kwargs = dict(dtype=torch.float32, trust_remote_code=request["trust_remote_code"])
     try:
-        model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], attn_implementation="eager", **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            request["checkpoint"], attn_implementation=request.get("attn_implementation") or "eager", **kwargs)
     except (ValueError, TypeError):  # remote code that does not take attn_implementation
         model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], **kwargs)
     model.eval()

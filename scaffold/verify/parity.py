@@ -124,11 +124,15 @@ def _reference_cache(request: dict, checkpoint: Path) -> Path | None:
 
 
 def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Path, new_tokens=NEW_TOKENS,
-                 probe: dict | None = None) -> dict:
+                 probe: dict | None = None, attn_implementation: str | None = None) -> dict:
+    """The transformers reference's log-probabilities; attn_implementation: transformers' attention to run it with
+    (None: eager)."""
     import torch  # deferred on purpose (seconds to import): `scaffold verify --static-only` never needs it
 
     request = {"checkpoint": str(checkpoint), "prompts": prompts, "new_tokens": new_tokens,
                "trust_remote_code": trust_remote_code, "probe": probe}
+    if attn_implementation is not None:
+        request["attn_implementation"] = attn_implementation
     cached = _reference_cache(request, checkpoint)
     if cached is not None and cached.exists():
         return torch.load(cached, weights_only=False)
