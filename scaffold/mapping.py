@@ -96,9 +96,13 @@ def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
     mlp, inter = n["mlp"], spec.moe_intermediate_size
     experts = f"{mlp}.{n['experts']}"
     halves = (("w1", 0), ("w3", inter)) if spec.expert_gate_up_order == "gate_first" else (("w3", 0), ("w1", inter))
-    gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard), f"expert {e}, {shard}: rows {a}:{a + inter} of [{e}]")
+    # Experts stored [in, out]: the halves are columns of each expert's slice, transposed on load.
+    rows, t = ("columns", " transposed") if spec.expert_storage == "in_out" else ("rows", "")
+    gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                f"expert {e}, {shard}: {rows} {a}:{a + inter} of [{e}]{t}")
                for e in range(spec.num_experts) for shard, a in halves]
-    down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]") for e in range(spec.num_experts)]
+    down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]{t}")
+            for e in range(spec.num_experts)]
     return {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
 
 

@@ -324,6 +324,11 @@ class Spec:
     expert_gate_up_order: str = spec_field(
         "gate_first", group="moe", probe="mlp", choices=("gate_first", "up_first"), omit_when_empty=True,
         doc="stacked experts: which half of each expert's rows in names.stacked_gate_up is the gate")
+    expert_storage: str = spec_field(
+        "out_in", group="moe", probe="mlp", choices=("out_in", "in_out"), omit_when_empty=True,
+        doc="stacked experts: out_in: each expert's slice is [out, in] (F.linear's weight, "
+            "[experts, 2 x width, hidden]); in_out: [in, out], multiplied as the right-hand matrix "
+            "(x @ w[e], [experts, hidden, 2 x width]), transposed by the port when it loads")
     dense_layers: list[int] = spec_field([], group="moe", probe="mlp", layer_list=True,
                                          doc="layers with a dense MLP in an MoE model")
 
@@ -775,6 +780,16 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
         mlp = spec.names["mlp"]
         out[f".{mlp}.{router}.weight"] = f".{mlp}.{names['router']}.weight"
     return out
+
+
+def stacked_shapes(spec: Spec) -> dict[str, tuple[int, int, int]]:
+    """The 3-D expert tensors' shapes, by their name inside a layer: [experts, rows, columns] of each expert's
+    [out, in] weight, or [experts, in, out] where the code multiplies them as right-hand matrices."""
+    n, experts, inter, hidden = spec.names, spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
+    gate_up, down = (experts, 2 * inter, hidden), (experts, hidden, inter)
+    if spec.expert_storage == "in_out":
+        gate_up, down = (experts, hidden, 2 * inter), (experts, inter, hidden)
+    return {f"{n['mlp']}.{n['stacked_gate_up']}": gate_up, f"{n['mlp']}.{n['stacked_down']}": down}
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

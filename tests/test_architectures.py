@@ -130,6 +130,9 @@ ARCHITECTURES = {
     "granite_swa": ("granite_swa", {"sliding_window": 8}),
     "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
                                   "residual_multiplier": 0.22, "attention_multiplier": 0.05, "logits_scaling": 4.0}),
+    # Experts stored [in, out] (x @ gate_up_proj[e]), cut and transposed per expert on load; shared experts as
+    # wide as config.intermediate_size * config.moe_num_shared_experts (the expression their class builds with).
+    "aria_text": ("aria_text", {"moe_num_experts": 4, "moe_topk": 2, "moe_num_shared_experts": 2}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -199,6 +202,8 @@ EXPECTED_SPEC = {
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
               "moe_renormalize": True, "shared_expert_intermediate_size": 64, "dense_layers": [0]},
+    "aria_text": {"experts_layout": "stacked", "expert_storage": "in_out", "num_experts": 4,
+                  "shared_expert_intermediate_size": 512},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -210,6 +215,9 @@ UNSUPPORTED = {
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
     "phimoe-sparsemixer": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
                            "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:"),
+    # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
+    "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
+                                  "routing weights applied to the experts' input: Llama4TextMoe"),
 }
 
 RESULTS: dict[str, dict] = {}

@@ -202,7 +202,8 @@ def test_biased_3d_experts_are_refused_by_name(tmp_path):
     ("mixtral", "gate_up_proj", None),
     ("gpt_oss", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved column by column"),
     ("minimax_m3_vl", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved"),
-    ("llama4", "gate_up_proj", r"experts stored \[in, out\] \(self.(gate_up|down)_proj multiplied as the right"),
+    ("llama4", "gate_up_proj", None),
+    ("aria", "gate_up_proj", None),
 ])
 def test_the_experts_code_says_which_half_is_the_gate_or_what_the_port_lacks(model_type, gate_up, problem):
     from scaffold.detect import stacked
@@ -211,6 +212,9 @@ def test_the_experts_code_says_which_half_is_the_gate_or_what_the_port_lacks(mod
     assert read_code is not None
     if problem is None:
         assert read_code.gate_up == gate_up and read_code.problem is None and read_code.up_first is False and ".chunk(2)" in read_code.evidence
+        # Llama 4 (torch.bmm(x, self.gate_up_proj)) and Aria (x @ self.gate_up_proj[e]) store [in, out].
+        assert read_code.in_out is (model_type in ("llama4", "aria")), read_code.storage_evidence
+        assert f"modeling_{model_type}.py:" in read_code.storage_evidence
     else:
         assert re.search(problem, read_code.problem)
 
@@ -244,3 +248,41 @@ def test_halves_no_product_tells_apart_are_not_guessed():
 
     with pytest.raises(ValueError, match="no one product act\\(gate\\) \\* up"):
         stacked.experts_code({"m.py": LAB_EXPERTS.replace("PRODUCT", "up + gate")}, ("w_in", "w_out"))
+
+LAB_IN_OUT = '''import torch
+import torch.nn as nn
+
+class RoutedFFN(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wi = nn.Parameter(torch.empty(4, 4, 8))
+        self.wo = nn.Parameter(torch.empty(4, 4, 4))
+
+    def forward(self, h, e):
+        proj = torch.matmul(h, self.wi[e])
+        lin, act = proj.chunk(2, dim=-1)
+        return MULTIPLY_OUT
+'''
+
+
+@pytest.mark.parametrize("out, in_out, problem", [
+    ("torch.matmul(lin * nn.functional.gelu(act), self.wo[e])", True, None),
+    ("(nn.functional.gelu(act) * lin) @ self.wo[e]", True, None),
+    ("self.wo[e] @ (lin * nn.functional.gelu(act))", None, r"self.wo multiplied as the left-hand matrix, m.py:13"),
+    ("torch.einsum('td,df->tf', lin * nn.functional.gelu(act), self.wo[e])", None,
+     r"self.wo multiplied through einsum, whose operand order"),
+    ("nn.functional.linear(lin * nn.functional.gelu(act), self.wo[e])", None,
+     r"as F.linear weights \(\[out, in\]\) and as right-hand matrices"),
+])
+def test_experts_multiplied_as_right_hand_matrices_are_stored_in_out(out, in_out, problem):
+    """A lab's experts under other names: torch.matmul(h, self.wi[e]) takes each expert [in, out]; the second
+    half (act) is the gate. Any other operand order, or the two tensors taken differently, is named."""
+    from scaffold.detect import stacked
+
+    read_code = stacked.experts_code({"m.py": LAB_IN_OUT.replace("MULTIPLY_OUT", out)}, ("wi", "wo"))
+    if problem is None:
+        assert (read_code.gate_up, read_code.down, read_code.up_first, read_code.in_out) == ("wi", "wo", True, True)
+        assert read_code.problem is None and read_code.storage_evidence.startswith("m.py:11, 13: x @ self.W[e]")
+    else:
+        assert re.search(problem, read_code.problem), read_code.problem
+

@@ -24,7 +24,7 @@ from scaffold.detect import codekeys, renamings, routing, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, stacked_shapes
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
@@ -164,6 +164,7 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                                                            f"{list(tensors[found[read.gate_up]].shape)}: every "
                                                            "expert's gate and up in one tensor"))
     spec.set("expert_gate_up_order", "up_first" if read.up_first else "gate_first", Source("code", read.evidence))
+    spec.set("expert_storage", "in_out" if read.in_out else "out_in", Source("code", read.storage_evidence))
     claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
     # A 3-D tensor without a .weight suffix is claimed as itself (its `module` is the whole name).
     claimed |= {f"{mlp}.{t}".removesuffix(".weight") for t in (gate_up, down)}
@@ -227,7 +228,7 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
         return None
     experts = {c for c in claimed if ".experts." in c}
     read = sorted(rest[len(mlp) + 1:] for rest in tensors
-                  if rest.startswith(f"{mlp}.") and rest.rsplit(".", 1)[0] not in experts
+                  if rest.startswith(f"{mlp}.") and rest not in claimed and rest.rsplit(".", 1)[0] not in experts
                   and not rest.endswith((".weight", ".bias")) and code(rest).rsplit(".", 1)[-1] in path.attributes)
     if len(read) != 1:
         return None
@@ -271,8 +272,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if "shared_expert" in n:
         # Under the code's name for it (HY-V3's checkpoints keep shared_mlp for the code's shared_experts).
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
-        shared = code(f"{n['mlp']}.{n['shared_expert']}.down_proj.weight").split(".")[1]
-        _shared_width(spec, ckpt, sources, shared)
+        shared = code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight").split(".")[1]
+        _shared_width(spec, ckpt, sources, shared, n["down_proj"])
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
@@ -289,8 +290,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     mlp = n["mlp"]
     shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
     if spec.experts_layout == "stacked":
-        shapes[f"{mlp}.{n['stacked_gate_up']}"] = (experts, 2 * inter, hidden)
-        shapes[f"{mlp}.{n['stacked_down']}"] = (experts, hidden, inter)
+        shapes.update(stacked_shapes(spec))
     else:
         for e in range(experts):
             for role, shape in (("expert_gate_proj", (inter, hidden)), ("expert_up_proj", (inter, hidden)),
@@ -345,11 +345,13 @@ def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
                               f"experts needs [{experts}] (or [1, {experts}]).", ckpt.config_file)
 
 
-def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str) -> None:
+def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str, down: str) -> None:
     """The shared expert's width: the expression over config the code builds it with
     (`intermediate_size=config.moe_intermediate_size * config.n_shared_experts`), else the one width key
     its class reads, else the config's shared_expert_intermediate_size."""
-    found = shared_width_expr(sources, shared)
+    # Else the width its class builds its gate projection with from the config alone (Aria's shared experts:
+    # config.intermediate_size * config.moe_num_shared_experts).
+    found = shared_width_expr(sources, shared) or shared_class_width_expr(sources, shared, down)
     if found is None or len(found[1]) == 1:
         # Else the one width key its class reads (HunYuan-MoE's shared_mlp is the dense MLP class).
         key = found[1][0] if found else expert_width_key(sources, shared, ckpt.config)
@@ -377,6 +379,35 @@ def shared_width_expr(sources: dict[str, str], shared: str) -> tuple[str, tuple[
         found = codekeys.config_expr(given[0], func) if len(given) == 1 else None
         if found is not None and found[1]:
             return found[0], found[1], f"{file}:{value.lineno}"
+    return None
+
+
+def shared_class_width_expr(sources: dict[str, str], shared: str,
+                            down: str = "down_proj") -> tuple[str, tuple[str, ...], str] | None:
+    """(expression over config, its keys, file:line) of the inputs of the down projection that the class built
+    as `self.<shared> = Class(config)` (or `None if ... else Class(config)`) gives itself:
+    `self.down_proj = nn.Linear(WIDTH, hidden)`. None when the class is built with more than the config, or the
+    width is not an expression over config."""
+    classes = sourcecode._classes(sources)
+    built = set()
+    for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr != shared or func.name != "__init__":
+            continue
+        for call in (n for n in subtree(value) if isinstance(n, ast.Call) and codekeys.callee(n) in classes):
+            if len(call.args) + len(call.keywords) == 1:
+                built.add(codekeys.callee(call))
+    if len(built) != 1:
+        return None
+    file, cls = classes[built.pop()]
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    for node in subtree(init) if init else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and node.targets[0].attr == down and isinstance(node.value, ast.Call)):
+            call = node.value
+            given = [kw.value for kw in call.keywords if kw.arg == "in_features"] or call.args[0:1]
+            found = codekeys.config_expr(given[0], init) if len(given) == 1 else None
+            if found is not None and found[1]:
+                return found[0], found[1], f"{file}:{call.lineno}"
     return None
 
 

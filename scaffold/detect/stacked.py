@@ -5,7 +5,8 @@ projection in one parameter `gate_up_proj` [experts, 2 x width, hidden] and the 
 `down_proj` [experts, hidden, width]. Which half of `gate_up_proj` is the gate, and whether the code
 multiplies by the stored matrix as [out, in] (F.linear) or [in, out] (torch.bmm, `@`), is read from the
 class's methods, never guessed: a cut the port's FusedMoE does not compute (interleaved gate/up columns,
-a clamped SwiGLU) is named in the refusal.
+a clamped SwiGLU) is named in the refusal. Experts stored [in, out] (Aria's, Llama 4's `x @ self.down_proj[e]`)
+are cut the same way with each expert's slice transposed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class ExpertsCode:
     up_first: bool
     evidence: str  # FILE:LINE: what was read
     problem: str | None = None  # a computation the port does not express, named
+    in_out: bool = False  # each expert's slice is multiplied as the right-hand matrix (x @ w[e]): [in, out]
+    storage_evidence: str = ""  # FILE:LINE: how the code multiplies by the two tensors
 
 
 def _self_attr(node: ast.AST, attrs: set[str]) -> str | None:
@@ -74,12 +77,12 @@ def experts_code(sources: dict[str, str], attrs: tuple[str, str]) -> ExpertsCode
                 if arg is not None and (attr := _self_attr(arg, wanted)):
                     uses[attr].add(f"linear:{node.lineno}")
                 elif name in MATMUL_CALLS and (attr := _self_attr(node, wanted)):
-                    uses[attr].add(f"matmul:{node.lineno}")
+                    uses[attr].add(_matmul_use(node, attr, name))
                 if name == "clamp":
                     problems.append(f"a clamped SwiGLU ({file}:{node.lineno}: {ast.unparse(node)[:60]})")
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and (
                     attr := _self_attr(node, wanted)):
-                uses[attr].add(f"matmul:{node.lineno}")
+                uses[attr].add(_matmul_use(node, attr))
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
                 products.append(node)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -101,12 +104,28 @@ def experts_code(sources: dict[str, str], attrs: tuple[str, str]) -> ExpertsCode
     where = f"{file}:{cls.lineno}"
     if problems:
         return ExpertsCode(cls.name, file, attrs[0], attrs[1], False, where, problems[0])
-    transposed = sorted(a for a, u in uses.items() if any(x.startswith("matmul") for x in u))
-    if transposed:
-        line = min(int(x.split(":")[1]) for x in uses[transposed[0]] if x.startswith("matmul"))
+    # How the code multiplies by each tensor: F.linear(x, w[e]) takes it [out, in]; x @ w[e] (torch.bmm(x, w),
+    # torch.matmul(x, w)) as the right-hand matrix, [in, out]. Anything else (the tensor on the left, einsum,
+    # the two tensors taken differently) is named, not guessed.
+    kinds = {a: {u.split(":")[0] for u in used} for a, used in uses.items()}
+    odd = sorted((a, u) for a, used in uses.items() for u in used if u.split(":")[0] not in ("linear", "right"))
+    if odd:
+        attr, use = odd[0]
+        kind, line = use.split(":")
+        what = ("multiplied as the left-hand matrix" if kind == "left"
+                else f"multiplied through {kind}, whose operand order the generator does not read")
         return ExpertsCode(cls.name, file, attrs[0], attrs[1], False, where,
-                           f"experts stored [in, out] (self.{transposed[0]} multiplied as the right-hand matrix, "
+                           f"experts multiplied in an order the port does not cut (self.{attr} {what}, "
                            f"{file}:{line})")
+    if any(len(k) != 1 for k in kinds.values()) or len(set().union(*kinds.values())) != 1:
+        lines = ", ".join(f"self.{a}: {' and '.join(sorted(u))}" for a, u in sorted(uses.items()))
+        return ExpertsCode(cls.name, file, attrs[0], attrs[1], False, where,
+                           f"experts multiplied as F.linear weights ([out, in]) and as right-hand matrices ([in, out]) "
+                           f"in one class, or not at all ({lines}, in {file})")
+    in_out = kinds[attrs[0]] == {"right"}
+    storage = (f"{file}:" + ", ".join(f"{min(int(u.split(':')[1]) for u in uses[a])}" for a in attrs)
+               + (": x @ self.W[e] (the right-hand matrix), each expert stored [in, out]" if in_out
+                  else ": F.linear(x, self.W[e]), each expert stored [out, in]"))
     if len(splits) != 1:
         raise ValueError(f"{cls.name} ({where}) cuts its projections into two halves {len(splits)} times "
                          "(one chunk(2) of the gate-and-up projection expected)")
@@ -121,9 +140,28 @@ def experts_code(sources: dict[str, str], attrs: tuple[str, str]) -> ExpertsCode
         raise ValueError(f"{cls.name} ({file}:{line}) cuts self.{gate_up} into {first}, {second}, but no one "
                          "product act(gate) * up of the two halves says which is the gate")
     down = next(a for a in attrs if a != gate_up)
-    if not any(u.startswith("linear") for u in uses[gate_up]) or not any(u.startswith("linear") for u in uses[down]):
-        raise ValueError(f"{cls.name} ({where}) does not apply self.{gate_up} and self.{down} as F.linear weights")
     up_first = gated == {second}
     return ExpertsCode(cls.name, file, gate_up, down, up_first,
                        f"{file}:{line}: {first}, {second} = self.{gate_up}(...).chunk(2); the activation takes "
-                       f"{gated.pop()}")
+                       f"{gated.pop()}", in_out=in_out, storage_evidence=storage)
+
+
+def _matmul_use(node: ast.AST, attr: str, name: str = "@") -> str:
+    """"right:LINE" where the tensor (or a local computed from it) is the right-hand operand of `a @ b`,
+    torch.bmm(a, b), torch.matmul(a, b), torch.mm(a, b); "left:LINE" where it is the left-hand one; else
+    "NAME:LINE" (einsum, baddbmm: the operand order is not read)."""
+    if isinstance(node, ast.BinOp):
+        left, right = node.left, node.right
+    elif name in ("bmm", "matmul", "mm") and len(node.args) == 2:
+        left, right = node.args
+    else:
+        return f"{name}:{node.lineno}"
+
+    def holds(side: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+                   and n.attr == attr for n in subtree(side))
+    if holds(right) and not holds(left):
+        return f"right:{node.lineno}"
+    if holds(left) and not holds(right):
+        return f"left:{node.lineno}"
+    return f"{name}:{node.lineno}"

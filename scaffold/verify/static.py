@@ -20,7 +20,7 @@ from scaffold.mapping import (
     transposed_modules,
     weight_table,
 )
-from scaffold.spec import FIELDS, Spec, port_names
+from scaffold.spec import FIELDS, Spec, port_names, stacked_shapes
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
 
@@ -176,9 +176,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want[f"{mlp}.{n['router']}"] = spec.num_experts
     stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
     if spec.is_moe and spec.experts_layout == "stacked":
-        experts, width = spec.num_experts, spec.moe_intermediate_size
-        stacked = {f"{mlp}.{n['stacked_gate_up']}": (experts, 2 * width, hidden),
-                   f"{mlp}.{n['stacked_down']}": (experts, hidden, width)}
+        stacked = stacked_shapes(spec)
     elif spec.is_moe:
         for e in range(spec.num_experts):
             experts = f"{mlp}.{n['experts']}.{e}"
