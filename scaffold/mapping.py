@@ -69,7 +69,7 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
     mlp = n["mlp"]
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and spec.has_dense_mlp:
         rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
-    if "shared_expert" in n:
+    if "shared_expert" in n and spec.gate_up_layout == "separate":
         shared = f"{mlp}.{n['shared_expert']}"
         rows += [(f"{shared}.{n[r]}", f"{shared}.{n['gate_up_proj']}", s)
                  for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
@@ -114,7 +114,11 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
         rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
         # Shard ids in row order: a tensor holding the up half first fills shard 1 from its first rows.
-        rows.append((f"{n['mlp']}.{n['gate_up_proj']}", GATE_UP if spec.gate_up_order == "gate_first" else UP_GATE))
+        order = GATE_UP if spec.gate_up_order == "gate_first" else UP_GATE
+        if spec.has_dense_mlp:
+            rows.append((f"{n['mlp']}.{n['gate_up_proj']}", order))
+        if "shared_expert" in n:  # a shared expert whose gate and up sit in one tensor (GraniteMoE-Shared's)
+            rows.append((f"{n['mlp']}.{n['shared_expert']}.{n['gate_up_proj']}", order))
     return rows
 
 
@@ -166,12 +170,14 @@ def layer_prefix(spec: Spec) -> str:
     return f"{spec.names['model']}.{spec.names['layers']}."
 
 
-def shard_rows(spec: Spec, shards: tuple) -> list[tuple[str | int, int, int]]:
-    """(shard id, first row, rows) of a split tensor, in checkpoint row order."""
+def shard_rows(spec: Spec, shards: tuple, module: str = "") -> list[tuple[str | int, int, int]]:
+    """(shard id, first row, rows) of a split tensor (`module` inside a decoder layer), in checkpoint row order."""
     if shards == QKV:
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         return [("q", 0, q), ("k", q, kv), ("v", q + kv, kv)]
-    inter = spec.intermediate_size
+    n = spec.names
+    shared = "shared_expert" in n and module.startswith(f"{n['mlp']}.{n['shared_expert']}.")
+    inter = spec.shared_expert_intermediate_size if shared else spec.intermediate_size
     return [(shards[0], 0, inter), (shards[1], inter, inter)]
 
 
@@ -278,7 +284,7 @@ def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) 
             return [(rest, s, f"rows of every head's {s} block") for s in shards]
         if spec.qkv_layout == "grouped" and shards == QKV:
             return [(rest, s, f"rows of every KV group's {s} block") for s in shards]
-        return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
+        return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards, module)]
     if module in modules.plain:
         return [(rest, None, "")]
     return None

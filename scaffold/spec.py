@@ -303,6 +303,11 @@ class Spec:
                                        doc="the top-k routing weights are rescaled to sum to 1")
     shared_expert_intermediate_size: int = spec_field(0, group="moe", probe="mlp",
                                                       doc="the shared expert's width; 0: none")
+    shared_expert_on_layer: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the checkpoint keeps the shared expert on the decoder layer beside the MoE block (GraniteMoE-Shared's "
+            "shared_mlp), which adds its output to the block's from the same input; the port keeps it in its MoE "
+            "block and maps the names on load")
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
@@ -779,6 +784,12 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
     if router is not None and router != names["router"]:
         mlp = spec.names["mlp"]
         out[f".{mlp}.{router}.weight"] = f".{mlp}.{names['router']}.weight"
+    if spec.shared_expert_on_layer and "shared_expert" in names:
+        # The shared expert the checkpoint keeps on the decoder layer: the port's sits in its MoE block.
+        mlp, shared = names["mlp"], names["shared_expert"]
+        for role in shared_projection_roles(spec):
+            for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
+                out[f".{shared}.{names[role]}.{kind}"] = f".{mlp}.{shared}.{names[role]}.{kind}"
     return out
 
 
@@ -790,6 +801,14 @@ def stacked_shapes(spec: Spec) -> dict[str, tuple[int, int, int]]:
     if spec.expert_storage == "in_out":
         gate_up, down = (experts, hidden, 2 * inter), (experts, inter, hidden)
     return {f"{n['mlp']}.{n['stacked_gate_up']}": gate_up, f"{n['mlp']}.{n['stacked_down']}": down}
+
+
+def shared_projection_roles(spec: Spec) -> tuple[str, ...]:
+    """The roles of the shared expert's projections (read like a dense MLP's: names gate_proj, up_proj or
+    gate_up_proj, down_proj)."""
+    if spec.gate_up_layout == "fused":
+        return ("gate_up_proj", "down_proj")
+    return ("gate_proj", "up_proj", "down_proj")
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

@@ -133,6 +133,10 @@ ARCHITECTURES = {
     # Experts stored [in, out] (x @ gate_up_proj[e]), cut and transposed per expert on load; shared experts as
     # wide as config.intermediate_size * config.moe_num_shared_experts (the expression their class builds with).
     "aria_text": ("aria_text", {"moe_num_experts": 4, "moe_topk": 2, "moe_num_shared_experts": 2}),
+    # A shared MLP on the decoder layer beside the MoE block (its gate and up in one input_linear), added to the
+    # block's output: the port keeps it in its MoE block and maps the names on load.
+    "granitemoeshared": ("granitemoeshared", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                              "shared_intermediate_size": 64, "residual_multiplier": 0.22}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -204,6 +208,8 @@ EXPECTED_SPEC = {
               "moe_renormalize": True, "shared_expert_intermediate_size": 64, "dense_layers": [0]},
     "aria_text": {"experts_layout": "stacked", "expert_storage": "in_out", "num_experts": 4,
                   "shared_expert_intermediate_size": 512},
+    "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
+                         "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -379,7 +385,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared")
 
 
 @pytest.mark.engine

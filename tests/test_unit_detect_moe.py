@@ -249,6 +249,7 @@ def test_halves_no_product_tells_apart_are_not_guessed():
     with pytest.raises(ValueError, match="no one product act\\(gate\\) \\* up"):
         stacked.experts_code({"m.py": LAB_EXPERTS.replace("PRODUCT", "up + gate")}, ("w_in", "w_out"))
 
+
 LAB_IN_OUT = '''import torch
 import torch.nn as nn
 
@@ -286,3 +287,31 @@ def test_experts_multiplied_as_right_hand_matrices_are_stored_in_out(out, in_out
     else:
         assert re.search(problem, read_code.problem), read_code.problem
 
+
+LAB_LAYER = '''
+class Block(nn.Module):
+    def forward(self, x, cache=None):
+        h = x + self.mixer(self.ln_1(x))
+        y = self.ln_2(h)
+        BODY
+'''
+
+
+@pytest.mark.parametrize("body, summed", [
+    # GraniteMoE-Shared's form under a lab's names: the dense MLP's output added to the MoE block's.
+    ("routed, logits = self.sparse(y)\n        dense = self.always_on(y)\n        return h + (routed + dense)", 8),
+    ("return h + (self.always_on(y) + self.sparse(y))", 6),
+    ("out = self.sparse(y)\n        out += self.always_on(y)\n        return h + out", 7),
+    ("out = self.sparse(y)\n        out.add_(self.always_on(y))\n        return h + out", 7),
+    # Read strictly: each added to the residual on its own is not read as the one sum (refused, not guessed).
+    ("return h + self.always_on(y) + self.sparse(y)", None),
+    # Scaled, gated, or used twice: not the sum the port computes.
+    ("return h + self.sparse(y) + 0.5 * self.always_on(y)", None),
+    ("dense = self.always_on(y)\n        return h + self.sparse(y) + dense * dense.sigmoid()", None),
+    ("return h + self.sparse(y) + self.always_on(y) + self.always_on(h)", None),
+])
+def test_a_shared_mlp_on_the_layer_is_the_one_summed_with_the_block(body, summed):
+    import ast as ast_
+
+    forward = ast_.parse(LAB_LAYER.replace("BODY", body)).body[0].body[0]
+    assert moe._summed_with_block(forward, "always_on", "sparse") == summed

@@ -360,11 +360,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             ref_layer = spec.dense_layers[0]
             ref, ref_name = per_layer[ref_layer], f"layer {ref_layer}"
         elif "shared_expert" in names:
-            ref, ref_layer = moe.shared_expert_tensors(per_layer[sparse], names), sparse
+            ref, ref_layer = moe.shared_expert_tensors(per_layer[sparse], names, spec.shared_expert_on_layer), sparse
             ref_name = f"layer {sparse}'s shared expert"
         else:
             ref = None
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
+    if spec.shared_expert_on_layer and flow is not None and flow.mlp == names.get("shared_expert"):
+        # The shared MLP the decoder layer holds beside its MoE block: read from its class's code, like a dense
+        # MLP's (GraniteMoE-Shared's input_linear holds gate and up, cut by chunk(2)).
+        code_mlp = flow.mlp_flow
     # OPT-style layouts: the MLP's projections are the layer's own; the port keeps them in a module `mlp`.
     on_layer = code_mlp is not None and flow.mlp_on_layer and not any(r.startswith("mlp.") for r in layer0)
     mlp = (names["mlp"] if expert_modules is not None else ("mlp" if on_layer else flow.mlp)

@@ -20,11 +20,11 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, renamings, routing, sourcecode, stacked
+from scaffold.detect import codekeys, dataflow, renamings, routing, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec, stacked_shapes
+from scaffold.spec import Source, Spec, shared_projection_roles, stacked_shapes
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
@@ -99,6 +99,15 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
+    elif (beside := layer_shared_mlp(ckpt, spec, names, tensors, mlp)) is not None:
+        # GraniteMoE-Shared's shared_mlp: on the decoder layer, its output added to the block's.
+        attr, projections, evidence = beside
+        if dense:
+            raise unsupported(f"a shared MLP on the decoder layer ({attr}, {evidence}) in a model with dense "
+                              f"layers ({', '.join(map(str, dense))})", ckpt.config_file, spec.model_type)
+        names.update(shared_expert=attr)
+        spec.set("shared_expert_on_layer", True, Source("code", evidence))
+        claimed |= {f"{attr}.{p}" for p in projections}
     bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
                            code_names(ckpt, f"{prefix}.layers.{first}."))
     if bias is not None:
@@ -174,6 +183,87 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                          else f"every layer has {mlp}'s 3-D expert tensors")
 
 
+def layer_shared_mlp(ckpt: Checkpoint, spec: Spec, names: dict, tensors: dict,
+                     mlp: str) -> tuple[str, tuple[str, ...], str] | None:
+    """(attribute, its projections, evidence) of a gated MLP the decoder layer holds beside its MoE block and
+    adds to the block's output, both computed from the same input: `moe_out + self.shared_mlp(x)`
+    (GraniteMoE-Shared's). Read from the layer's code: the one MLP module the layer builds besides the block
+    (scaffold.detect.dataflow), its input the block's input, and its output a term of a sum with the block's
+    output and used nowhere else. None when the layer holds no tensors of such a module; refused by name when
+    it does but the code combines the two otherwise."""
+    sources = sourcecode.modeling_sources(ckpt)
+    flow = dataflow.analyze_layer(sources, ckpt.config, names.get("layers"))
+    if flow is None or flow.mlp is None or flow.mlp == mlp or flow.mlp_flow is None:
+        return None
+    attr, code = flow.mlp, flow.mlp_flow
+    projections = tuple(sorted({p for p in (code.gate, code.up, code.down) if p}))
+    if not all(f"{attr}.{p}.weight" in tensors for p in projections):
+        return None
+    where = ckpt.config_file
+    if code.kind != "gated":
+        raise unsupported(f"an MLP on the decoder layer beside the MoE block ({attr}: {code.evidence}) that is not "
+                          "gated", where, spec.model_type)
+    found = dataflow.layer_class(sources, names.get("layers"))
+    file, cls, _ = found
+    forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+    summed = _summed_with_block(forward, attr, mlp) if forward is not None else None
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    interp = dataflow.Interpreter(sources, file, cls, set(dataflow._init_assignments(init)), ckpt.config)
+    interp.run_method("forward", [frozenset({dataflow.Origin("<input>")})])
+    inputs = interp.events.inputs
+    same = (attr in inputs and mlp in inputs
+            and {o for _, got in inputs[attr] for o in got} == {o for _, got in inputs[mlp] for o in got})
+    if summed is None or not same:
+        why = "takes another input than the block" if summed is not None else (
+            "is not added to the block's output as it is (one sum of the two, its output used nowhere else)")
+        raise unsupported(f"a shared MLP on the decoder layer beside the MoE block ({attr}, {cls.name}, {file}) "
+                          f"that {why}", where, spec.model_type)
+    return attr, projections, (f"{file}:{summed}: {cls.name} adds {attr}(x) to {mlp}(x), the same input "
+                               f"({code.evidence})")
+
+
+def _summed_with_block(forward: ast.FunctionDef, shared: str, block: str) -> int | None:
+    """The line where the layer's forward adds `self.<shared>(x)` to the MoE block's output (`self.<block>(x)`,
+    or a name bound to it), when the shared module is called once and its output goes nowhere else."""
+    def call_of(node: ast.AST, attr: str) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+
+    calls = [n for n in subtree(forward) if call_of(n, shared)]
+    if len(calls) != 1:
+        return None
+    bound: dict[str, set[str]] = {shared: set(), block: set()}  # locals holding each module's whole output
+    for node in subtree(forward):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Tuple) and target.elts:  # `out, router_logits = self.block(x)`
+                target = target.elts[0]
+            for attr, held in bound.items():
+                if call_of(node.value, attr) and isinstance(target, ast.Name):
+                    held.add(target.id)
+
+    def term(node: ast.AST, attr: str) -> bool:
+        return call_of(node, attr) or (isinstance(node, ast.Name) and node.id in bound[attr])
+
+    uses = [n for n in subtree(forward) if isinstance(n, ast.Name) and n.id in bound[shared]
+            and isinstance(n.ctx, ast.Load)]
+    for node in subtree(forward):
+        pair = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            pair = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            pair = (node.target, node.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_"
+              and len(node.args) == 1):
+            pair = (node.func.value, node.args[0])
+        if pair is None:
+            continue
+        for a, b in (pair, pair[::-1]):
+            if term(a, shared) and term(b, block) and (call_of(a, shared) and not uses or len(uses) == 1):
+                return node.lineno
+    return None
+
+
 def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
     """The router of a block that keeps its linear one module deeper, inside a module named gate or router
     (HunYuan-MoE's gate.wg, AfMoE's router.gate): the one 2-D weight MLP.R.X.weight with R in ROUTER_NAMES
@@ -238,10 +328,11 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
         else "")
 
 
-def shared_expert_tensors(tensors: dict, names: dict) -> dict:
-    """A sparse layer's shared-expert tensors, named as if they were a dense MLP's (MLP.gate_proj.weight...)."""
+def shared_expert_tensors(tensors: dict, names: dict, on_layer: bool = False) -> dict:
+    """A sparse layer's shared-expert tensors, named as if they were a dense MLP's (MLP.gate_proj.weight...);
+    `on_layer`: the checkpoint keeps the shared expert on the decoder layer, not in the MoE block."""
     mlp, shared = names["mlp"], names["shared_expert"]
-    head = f"{mlp}.{shared}."
+    head = f"{shared}." if on_layer else f"{mlp}.{shared}."
     return {f"{mlp}.{rest[len(head):]}": info for rest, info in tensors.items() if rest.startswith(head)}
 
 
@@ -272,7 +363,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if "shared_expert" in n:
         # Under the code's name for it (HY-V3's checkpoints keep shared_mlp for the code's shared_experts).
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
-        shared = code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight").split(".")[1]
+        shared = (n["shared_expert"] if spec.shared_expert_on_layer
+                  else code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight").split(".")[1])
         _shared_width(spec, ckpt, sources, shared, n["down_proj"])
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
@@ -298,9 +390,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 shapes[f"{mlp}.{n['experts']}.{e}.{n[role]}.weight"] = shape
     if "shared_expert" in n:
         shared = spec.shared_expert_intermediate_size
-        for proj, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
-                            ("down_proj", (hidden, shared))):
-            shapes[f"{mlp}.{n['shared_expert']}.{proj}.weight"] = shape
+        where_shared = n["shared_expert"] if spec.shared_expert_on_layer else f"{mlp}.{n['shared_expert']}"
+        for role, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
+                            ("gate_up_proj", (2 * shared, hidden)), ("down_proj", (hidden, shared))):
+            if role in shared_projection_roles(spec):
+                shapes[f"{where_shared}.{n[role]}.weight"] = shape
         if "shared_expert_gate" in n:
             shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
     expert_tensors: dict[int, list[str]] = {}
