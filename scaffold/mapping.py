@@ -98,12 +98,27 @@ def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
     halves = (("w1", 0), ("w3", inter)) if spec.expert_gate_up_order == "gate_first" else (("w3", 0), ("w1", inter))
     # Experts stored [in, out]: the halves are columns of each expert's slice, transposed on load.
     rows, t = ("columns", " transposed") if spec.expert_storage == "in_out" else ("rows", "")
-    gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
-                f"expert {e}, {shard}: {rows} {a}:{a + inter} of [{e}]{t}")
-               for e in range(spec.num_experts) for shard, a in halves]
+    if spec.expert_activation == "swigluoai":
+        # vLLM's swigluoai kernel takes w13 with gate and up alternating row by row; each rank's rows are the
+        # pairs of its share of the width, handed to the loader as its w1 and w3 halves.
+        source = "alternating" if spec.expert_gate_up_order == "interleaved" else "interleaved from the halves of"
+        gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                    f"expert {e}, {shard}: gate and up {rows} {source} [{e}]{t}, in swigluoai's alternating order")
+                   for e in range(spec.num_experts) for shard in ("w1", "w3")]
+    else:
+        gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                    f"expert {e}, {shard}: {rows} {a}:{a + inter} of [{e}]{t}")
+                   for e in range(spec.num_experts) for shard, a in halves]
     down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]{t}")
             for e in range(spec.num_experts)]
-    return {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
+    out = {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
+    if spec.expert_bias:
+        w13, w2 = (f"{experts}.{EXPERT_PARAMS[s].replace('_weight', '_bias')}" for s in ("w1", "w2"))
+        out[f"{mlp}.{n['stacked_gate_up_bias']}"] = [(w13, (e, shard), f"expert {e}, {shard} bias, as its weight")
+                                                     for e in range(spec.num_experts) for shard in ("w1", "w3")]
+        out[f"{mlp}.{n['stacked_down_bias']}"] = [(w2, (e, "w2"), f"expert {e}, w2 bias")
+                                                  for e in range(spec.num_experts)]
+    return out
 
 
 def split_modules(spec: Spec) -> list[tuple[str, tuple]]:

@@ -137,6 +137,10 @@ ARCHITECTURES = {
     # block's output: the port keeps it in its MoE block and maps the names on load.
     "granitemoeshared": ("granitemoeshared", {"num_local_experts": 4, "num_experts_per_tok": 2,
                                               "shared_intermediate_size": 64, "residual_multiplier": 0.22}),
+    # GPT-OSS: biased experts stored [in, out] with gate and up alternating column by column, its clamped SwiGLU
+    # (vLLM's swigluoai), a router with a bias, attention sinks, sliding layers with a window shorter than the
+    # prompts, YaRN.
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
 }
 
 # Spec values detection must find for the entry's feature to be exercised at all.
@@ -210,6 +214,9 @@ EXPECTED_SPEC = {
                   "shared_expert_intermediate_size": 512},
     "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
                          "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
+                "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
+                "attention_sinks": "sinks", "sliding_window": 8},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -385,7 +392,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss")
 
 
 @pytest.mark.engine

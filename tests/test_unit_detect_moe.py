@@ -200,8 +200,6 @@ def test_biased_3d_experts_are_refused_by_name(tmp_path):
 @pytest.mark.parametrize("model_type, gate_up, problem", [
     ("granitemoe", "gate_up_proj", None),
     ("mixtral", "gate_up_proj", None),
-    ("gpt_oss", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved column by column"),
-    ("minimax_m3_vl", "gate_up_proj", r"a clamped SwiGLU|gate and up interleaved"),
     ("llama4", "gate_up_proj", None),
     ("aria", "gate_up_proj", None),
 ])
@@ -315,3 +313,75 @@ def test_a_shared_mlp_on_the_layer_is_the_one_summed_with_the_block(body, summed
 
     forward = ast_.parse(LAB_LAYER.replace("BODY", body)).body[0].body[0]
     assert moe._summed_with_block(forward, "always_on", "sparse") == summed
+
+
+@pytest.mark.parametrize("model_type, interleaved", [("gpt_oss", True), ("minimax_m3_vl", False)])
+def test_gpt_oss_and_minimax_experts_compute_vllms_swigluoai(model_type, interleaved):
+    """GPT-OSS cuts gate and up as even and odd columns, MiniMax-M3 as halves; both clamp, then
+    (up + 1) * gate * sigmoid(alpha * gate), with alpha and the limit read from the config."""
+    from scaffold.detect import stacked
+
+    config = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+    read_code = stacked.experts_code(_transformers_source(model_type), ("down_proj", "gate_up_proj"), config)
+    assert read_code.problem is None and read_code.interleaved is interleaved
+    assert read_code.swigluoai.alpha == (1.702, "config.swiglu_alpha")
+    assert read_code.swigluoai.limit == (7.0, "config.swiglu_limit")
+    # Another limit in the config: not what vLLM's kernel computes, named with the values read.
+    read_code = stacked.experts_code(_transformers_source(model_type), ("down_proj", "gate_up_proj"),
+                                     {**config, "swiglu_limit": 10.0})
+    assert "not vLLM's swigluoai" in read_code.problem and "config.swiglu_limit (10)" in read_code.problem
+
+
+LAB_CLAMPED = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class FfnBank(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.empty(4, 8, 4))
+        self.w_out = nn.Parameter(torch.empty(4, 4, 4))
+        self.cap = config.glu_cap
+        self.beta = 1.702
+
+    def forward(self, x, e):
+        h = F.linear(x, self.w_in[e])
+        CUT
+        BODY
+        return F.linear(out, self.w_out[e])
+'''
+
+
+@pytest.mark.parametrize("cut, body, interleaved, problem", [
+    ("a, b = h.chunk(2, dim=-1)",
+     ("a = torch.clamp(a, max=self.cap)\n        b = b.clip(-self.cap, self.cap)\n"
+      "        out = (1 + b) * (a * F.sigmoid(self.beta * a))"), False, None),
+    ("b, a = h[..., 1::2], h[..., ::2]",
+     ("a = a.clamp(min=None, max=self.cap)\n        b = torch.clamp(b, min=-self.cap, max=self.cap)\n"
+      "        glu = a * torch.sigmoid(a * self.beta)\n        out = glu * (b + 1.0)"), True, None),
+    # No +1 on the up half, a gate clamped from below too, the halves swapped: other formulas, refused.
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = b * a * torch.sigmoid(self.beta * a)",
+     False, "its values differ from swigluoai's"),
+    ("a, b = h.chunk(2, dim=-1)",
+     ("a = a.clamp(-self.cap, self.cap)\n        b = b.clamp(-self.cap, self.cap)\n"
+      "        out = (b + 1) * a * torch.sigmoid(self.beta * a)"), False, "its values differ"),
+    ("b, a = h.chunk(2, dim=-1)",
+     "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = (b + 1) * a * torch.sigmoid(self.beta * a)",
+     False, "its values differ"),
+    # An operation the reader does not follow is named, not guessed.
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = (b + 1) * F.silu(a)",
+     False, "the gate computes F.silu"),
+])
+def test_a_labs_clamped_swiglu_is_read_by_what_it_computes(cut, body, interleaved, problem):
+    from scaffold.detect import stacked
+
+    source = LAB_CLAMPED.replace("CUT", cut).replace("BODY", body)
+    read_code = stacked.experts_code({"m.py": source}, ("w_in", "w_out"), {"glu_cap": 7.0})
+    if problem is None:
+        assert read_code.problem is None, read_code.problem
+        assert (read_code.gate_up, read_code.interleaved, read_code.in_out) == ("w_in", interleaved, False)
+        assert read_code.swigluoai.limit == (7.0, "config.glu_cap") and read_code.swigluoai.alpha == (1.702, "1.702")
+    else:
+        assert problem in read_code.problem, read_code.problem

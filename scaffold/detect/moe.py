@@ -145,14 +145,14 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         raise unsupported(f"stacked experts with the 3-D tensors {sorted(found.values())} (a gate-and-up tensor and "
                           "a down tensor expected)", where, spec.model_type)
     tensors = per_layer[first]
-    biases = sorted(rest for rest in tensors if any(rest == f"{t}_bias" or t.endswith(".weight")
-                                                    and rest == f"{t.removesuffix('.weight')}.bias"
-                                                    for t in found.values()))
-    if biases:
-        raise unsupported(f"biased experts ({prefix}.layers.{first}.{biases[0]}; the port's FusedMoE experts have "
-                          "no bias)", where, spec.model_type)
+    # A bias per expert and projection: P_bias beside P (GPT-OSS's gate_up_proj_bias), or P.bias beside P.weight.
+    biases = {t: rest for t in found.values() for rest in tensors
+              if rest == f"{t}_bias" or t.endswith(".weight") and rest == f"{t.removesuffix('.weight')}.bias"}
+    if biases and t_weight_only(found):
+        raise unsupported(f"biased experts stored as {', '.join(sorted(found.values()))} (a bias the port "
+                          "does not cut)", where, spec.model_type)
     try:
-        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)))
+        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)), ckpt.config)
     except ValueError as exc:
         raise unsupported(f"stacked experts whose gate half the code does not tell: {exc}", where,
                           spec.model_type) from None
@@ -161,6 +161,15 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                           f"{' and '.join(sorted(found))} as parameters", where, spec.model_type)
     if read.problem:
         raise unsupported(f"{read.problem}, in {read.cls}", where, spec.model_type)
+    # Each bias must be one the experts' code adds, as self.<attribute>_bias (GPT-OSS's gate_up_proj_bias).
+    code_name = {t: a for a, t in found.items()}  # the checkpoint's 3-D tensor -> the code's attribute
+    unread = sorted((b, f"{code_name[t]}_bias") for t, b in biases.items() if f"{code_name[t]}_bias" not in read.added)
+    if unread:
+        raise unsupported(f"biased experts ({prefix}.layers.{first}.{unread[0][0]}) whose bias {read.cls} does not "
+                          f"add (no self.{unread[0][1]} in a sum)", where, spec.model_type)
+    if biases and len(biases) != 2:
+        raise unsupported(f"biased experts with a bias for {', '.join(sorted(biases))} only (one for each of "
+                          f"{' and '.join(sorted(found.values()))} expected)", where, spec.model_type)
     gate_up, down = found[read.gate_up][len(mlp) + 1:], found[read.down][len(mlp) + 1:]
     count = tensors[found[read.gate_up]].shape[0]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
@@ -172,9 +181,24 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     spec.set("experts_layout", "stacked", Source("tensor", f"{layer_name}.{gate_up} is "
                                                            f"{list(tensors[found[read.gate_up]].shape)}: every "
                                                            "expert's gate and up in one tensor"))
-    spec.set("expert_gate_up_order", "up_first" if read.up_first else "gate_first", Source("code", read.evidence))
+    order = "interleaved" if read.interleaved else "up_first" if read.up_first else "gate_first"
+    spec.set("expert_gate_up_order", order, Source("code", read.evidence))
     spec.set("expert_storage", "in_out" if read.in_out else "out_in", Source("code", read.storage_evidence))
+    if read.swigluoai is not None:
+        spec.set("expert_activation", "swigluoai", Source("code", read.swigluoai.evidence))
+        for field, (value, origin) in (("expert_swiglu_alpha", read.swigluoai.alpha),
+                                       ("expert_swiglu_limit", read.swigluoai.limit)):
+            spec.set(field, value, Source("config", f"config.json {origin[7:]}", origin) if origin.startswith(
+                "config.") else Source("code", f"{read.swigluoai.evidence}: {origin}"))
+    if biases:
+        names.update(stacked_gate_up_bias=biases[found[read.gate_up]][len(mlp) + 1:],
+                     stacked_down_bias=biases[found[read.down]][len(mlp) + 1:])
+        spec.set("expert_bias", True, Source("tensor", f"{layer_name}.{names['stacked_gate_up_bias']} beside "
+                                                       f"{layer_name}.{gate_up}"))
     claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
+    claimed |= {f"{mlp}.{names[r]}" for r in ("stacked_gate_up_bias", "stacked_down_bias") if r in names}
+    if f"{mlp}.{router}.bias" in tensors:  # GPT-OSS's router linear has a bias
+        spec.set("router_bias", True, Source("tensor", f"{layer_name}.{router}.bias"))
     # A 3-D tensor without a .weight suffix is claimed as itself (its `module` is the whole name).
     claimed |= {f"{mlp}.{t}".removesuffix(".weight") for t in (gate_up, down)}
     dense = sorted(set(per_layer) - set(sparse))
@@ -262,6 +286,12 @@ def _summed_with_block(forward: ast.FunctionDef, shared: str, block: str) -> int
             if term(a, shared) and term(b, block) and (call_of(a, shared) and not uses or len(uses) == 1):
                 return node.lineno
     return None
+
+
+def t_weight_only(found: dict[str, str]) -> bool:
+    """Whether the 3-D expert tensors are `.weight`s of modules (whose `.bias` the port would have to cut too):
+    the port cuts P and P_bias tensors only."""
+    return any(t.endswith(".weight") for t in found.values())
 
 
 def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
@@ -369,7 +399,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
-    if spec.hidden_act not in MOE_ACTIVATIONS:
+    if spec.expert_activation == "act_and_mul" and spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
     path = routing.routing(sources, n["experts"])
@@ -381,6 +411,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
     shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
+    if spec.router_bias:
+        shapes[f"{mlp}.{n['router']}.bias"] = (experts,)
     if spec.experts_layout == "stacked":
         shapes.update(stacked_shapes(spec))
     else:

@@ -112,6 +112,12 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
     params: dict[str, tuple] = {f"{mlp}.{port_names(n)['router']}.weight": (None,)}
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w1']}"] = tuple((e, w) for e in experts for w in ("w1", "w3"))
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w2']}"] = tuple((e, "w2") for e in experts)
+    if spec.expert_bias:  # FusedMoE(has_bias=True): a bias per expert, filled like its weight
+        for shard in ("w1", "w2"):
+            params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS[shard].replace('_weight', '_bias')}"] = params[
+                f"{mlp}.{n['experts']}.{EXPERT_PARAMS[shard]}"]
+    if spec.router_bias:
+        params[f"{mlp}.{port_names(n)['router']}.bias"] = (None,)
     if "shared_expert" in n:
         shared = f"{mlp}.{n['shared_expert']}"
         params[f"{shared}.{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
@@ -257,8 +263,11 @@ def check_expert_roles(report: Report, spec: Spec, model_file) -> None:
     if spec.experts_layout == "stacked":
         # The 3-D tensors: which per-expert projections each one's rows hold, in row order.
         halves = (n["expert_gate_proj"], n["expert_up_proj"])
-        expect = {n["stacked_gate_up"]: halves if spec.expert_gate_up_order == "gate_first" else halves[::-1],
-                  n["stacked_down"]: (n["expert_down_proj"],)}
+        if spec.expert_gate_up_order != "gate_first" and spec.expert_activation != "swigluoai":
+            halves = halves[::-1]
+        expect = {n["stacked_gate_up"]: halves, n["stacked_down"]: (n["expert_down_proj"],)}
+        if spec.expert_bias:
+            expect.update({n["stacked_gate_up_bias"]: halves, n["stacked_down_bias"]: (n["expert_down_proj"],)})
         table = module_constant(model_file, "STACKED_EXPERTS")
         if not isinstance(table, dict) or {k: tuple(v) for k, v in table.items()} != expect:
             wrong.insert(0, f"STACKED_EXPERTS is {table!r}, the checkpoint's 3-D expert tensors hold {expect!r}")
