@@ -819,9 +819,16 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
         return
     final = names["norm"].rsplit(".", 1)[-1]
 
+    embed = names["embed_tokens"].rsplit(".", 1)[-1] if "embed_tokens" in names else None
+
     def norms(ll) -> set[str]:
         # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class whose
-        # name says norm: a hint, the call's place before the loop is what counts).
+        # name says norm: a hint, the call's place before the loop is what counts). Only in a class that builds
+        # the token embedding: a vision tower's layer list in the same file (MiniMax-M3-VL's pre_layrnorm before
+        # its encoder layers) is not the language model's.
+        built = {a for _f, c, _fn, a, _v in codekeys.self_assignments(sources) if c.name == ll.owner}
+        if embed is not None and embed not in built:
+            return set()
         return {final} | {a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
                           if c.name == ll.owner and isinstance(v, ast.Call)
                           and (a in weightless or "norm" in codekeys.callee(v).lower())}

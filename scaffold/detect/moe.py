@@ -99,6 +99,10 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
+    elif (clamped := _clamped_block_module(ckpt, tensors, mlp, router)) is not None:
+        # MiniMax-M3's shared experts compute the experts' clamped SwiGLU: the port's dense MLP computes act(gate) * up.
+        raise unsupported(f"a shared expert computing a clamped SwiGLU ({clamped}), which the port's dense MLP "
+                          "does not compute", ckpt.config_file, spec.model_type)
     elif (beside := layer_shared_mlp(ckpt, spec, names, tensors, mlp)) is not None:
         # GraniteMoE-Shared's shared_mlp: on the decoder layer, its output added to the block's.
         attr, projections, evidence = beside
@@ -205,6 +209,30 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
                          f"layers without the 3-D expert tensors of {mlp}" if dense
                          else f"every layer has {mlp}'s 3-D expert tensors")
+
+
+def _clamped_block_module(ckpt: Checkpoint, tensors: dict, mlp: str, router: str) -> str | None:
+    """'attr, Class, file:line' of a module of the MoE block (besides its experts and router) that holds weights
+    and whose class's forward clamps (torch.clamp, .clamp, .clip): a dense MLP computing a clamped SwiGLU."""
+    held = {rest.split(".")[1] for rest in tensors if rest.startswith(f"{mlp}.") and rest.endswith(".weight")
+            and rest.count(".") == 3} - {"experts", router.split(".")[0]}
+    if not held:
+        return None
+    sources = sourcecode.modeling_sources(ckpt)
+    classes = sourcecode._classes(sources)
+    for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr not in held or func.name != "__init__" or not isinstance(value, ast.Call):
+            continue
+        found = classes.get(codekeys.callee(value))
+        if found is None:
+            continue
+        file, cls = found
+        forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        clamps = [n for n in subtree(forward) if isinstance(n, ast.Call) and codekeys.callee(n) in ("clamp", "clip")
+                  ] if forward is not None else []
+        if clamps:
+            return f"{mlp}.{attr}, {cls.name}, {file}:{clamps[0].lineno}: {ast.unparse(clamps[0])[:50]}"
+    return None
 
 
 def layer_shared_mlp(ckpt: Checkpoint, spec: Spec, names: dict, tensors: dict,
