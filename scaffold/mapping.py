@@ -69,7 +69,7 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
     mlp = n["mlp"]
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate" and spec.has_dense_mlp:
         rows += [(f"{mlp}.{n[r]}", f"{mlp}.{n['gate_up_proj']}", s) for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
-    if "shared_expert" in n:
+    if "shared_expert" in n and spec.gate_up_layout == "separate":
         shared = f"{mlp}.{n['shared_expert']}"
         rows += [(f"{shared}.{n[r]}", f"{shared}.{n['gate_up_proj']}", s)
                  for r, s in zip(("gate_proj", "up_proj"), GATE_UP)]
@@ -96,10 +96,29 @@ def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
     mlp, inter = n["mlp"], spec.moe_intermediate_size
     experts = f"{mlp}.{n['experts']}"
     halves = (("w1", 0), ("w3", inter)) if spec.expert_gate_up_order == "gate_first" else (("w3", 0), ("w1", inter))
-    gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard), f"expert {e}, {shard}: rows {a}:{a + inter} of [{e}]")
-               for e in range(spec.num_experts) for shard, a in halves]
-    down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]") for e in range(spec.num_experts)]
-    return {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
+    # Experts stored [in, out]: the halves are columns of each expert's slice, transposed on load.
+    rows, t = ("columns", " transposed") if spec.expert_storage == "in_out" else ("rows", "")
+    if spec.expert_activation == "swigluoai":
+        # vLLM's swigluoai kernel takes w13 with gate and up alternating row by row; each rank's rows are the
+        # pairs of its share of the width, handed to the loader as its w1 and w3 halves.
+        source = "alternating" if spec.expert_gate_up_order == "interleaved" else "interleaved from the halves of"
+        gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                    f"expert {e}, {shard}: gate and up {rows} {source} [{e}]{t}, in swigluoai's alternating order")
+                   for e in range(spec.num_experts) for shard in ("w1", "w3")]
+    else:
+        gate_up = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                    f"expert {e}, {shard}: {rows} {a}:{a + inter} of [{e}]{t}")
+                   for e in range(spec.num_experts) for shard, a in halves]
+    down = [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]{t}")
+            for e in range(spec.num_experts)]
+    out = {f"{mlp}.{n['stacked_gate_up']}": gate_up, f"{mlp}.{n['stacked_down']}": down}
+    if spec.expert_bias:
+        w13, w2 = (f"{experts}.{EXPERT_PARAMS[s].replace('_weight', '_bias')}" for s in ("w1", "w2"))
+        out[f"{mlp}.{n['stacked_gate_up_bias']}"] = [(w13, (e, shard), f"expert {e}, {shard} bias, as its weight")
+                                                     for e in range(spec.num_experts) for shard in ("w1", "w3")]
+        out[f"{mlp}.{n['stacked_down_bias']}"] = [(w2, (e, "w2"), f"expert {e}, w2 bias")
+                                                  for e in range(spec.num_experts)]
+    return out
 
 
 def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
@@ -110,7 +129,11 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
         rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
         # Shard ids in row order: a tensor holding the up half first fills shard 1 from its first rows.
-        rows.append((f"{n['mlp']}.{n['gate_up_proj']}", GATE_UP if spec.gate_up_order == "gate_first" else UP_GATE))
+        order = GATE_UP if spec.gate_up_order == "gate_first" else UP_GATE
+        if spec.has_dense_mlp:
+            rows.append((f"{n['mlp']}.{n['gate_up_proj']}", order))
+        if "shared_expert" in n:  # a shared expert whose gate and up sit in one tensor (GraniteMoE-Shared's)
+            rows.append((f"{n['mlp']}.{n['shared_expert']}.{n['gate_up_proj']}", order))
     return rows
 
 
@@ -164,12 +187,14 @@ def layer_prefix(spec: Spec) -> str:
     return f"{spec.names['model']}.{spec.names['layers']}."
 
 
-def shard_rows(spec: Spec, shards: tuple) -> list[tuple[str | int, int, int]]:
-    """(shard id, first row, rows) of a split tensor, in checkpoint row order."""
+def shard_rows(spec: Spec, shards: tuple, module: str = "") -> list[tuple[str | int, int, int]]:
+    """(shard id, first row, rows) of a split tensor (`module` inside a decoder layer), in checkpoint row order."""
     if shards == QKV:
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         return [("q", 0, q), ("k", q, kv), ("v", q + kv, kv)]
-    inter = spec.intermediate_size
+    n = spec.names
+    shared = "shared_expert" in n and module.startswith(f"{n['mlp']}.{n['shared_expert']}.")
+    inter = spec.shared_expert_intermediate_size if shared else spec.intermediate_size
     return [(shards[0], 0, inter), (shards[1], inter, inter)]
 
 
@@ -276,7 +301,7 @@ def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) 
             return [(rest, s, f"rows of every head's {s} block") for s in shards]
         if spec.qkv_layout == "grouped" and shards == QKV:
             return [(rest, s, f"rows of every KV group's {s} block") for s in shards]
-        return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards)]
+        return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards, module)]
     if module in modules.plain:
         return [(rest, None, "")]
     return None

@@ -77,10 +77,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "moe": moe,
         # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.
         "stacked_experts": moe and spec.experts_layout == "stacked",
-        "stacked_projections": ({spec.names["stacked_gate_up"]: ("gate_proj", "up_proj")
-                                 if spec.expert_gate_up_order == "gate_first" else ("up_proj", "gate_proj"),
-                                 spec.names["stacked_down"]: ("down_proj",)}
-                                if moe and spec.experts_layout == "stacked" else {}),
+        "stacked_projections": stacked_projections(spec) if moe and spec.experts_layout == "stacked" else {},
         "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
@@ -130,6 +127,19 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def stacked_projections(spec: Spec) -> dict[str, tuple[str, ...]]:
+    """Each 3-D expert tensor (and bias) by its path inside the MoE block -> the per-expert projections its rows
+    hold, in row order, as the port's load_weights hands them on (swigluoai's gate-and-up tensors are rearranged
+    first into a w1 half and a w3 half)."""
+    n = spec.names
+    gate_up = (("gate_proj", "up_proj") if spec.expert_gate_up_order == "gate_first"
+               or spec.expert_activation == "swigluoai" else ("up_proj", "gate_proj"))
+    out = {n["stacked_gate_up"]: gate_up, n["stacked_down"]: ("down_proj",)}
+    if spec.expert_bias:
+        out.update({n["stacked_gate_up_bias"]: gate_up, n["stacked_down_bias"]: ("down_proj",)})
+    return out
 
 
 def interfaces(moe: bool) -> tuple[str, ...]:

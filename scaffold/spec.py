@@ -107,6 +107,7 @@ NAME_ROLES = (
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
     "expert_down_proj", "shared_expert", "shared_expert_gate", "stacked_gate_up", "stacked_down",
+    "stacked_gate_up_bias", "stacked_down_bias",
     # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
     # where position_scheme is "learned".
     "embed_positions",
@@ -134,8 +135,9 @@ NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", 
 # Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
-BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down")
+BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down", "stacked_gate_up_bias", "stacked_down_bias")
 STACKED_ROLES = ("stacked_gate_up", "stacked_down")
+STACKED_BIAS_ROLES = ("stacked_gate_up_bias", "stacked_down_bias")
 
 
 # ------------------------------------------------------------ field declarations
@@ -321,6 +323,11 @@ class Spec:
                                        doc="the top-k routing weights are rescaled to sum to 1")
     shared_expert_intermediate_size: int = spec_field(0, group="moe", probe="mlp",
                                                       doc="the shared expert's width; 0: none")
+    shared_expert_on_layer: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the checkpoint keeps the shared expert on the decoder layer beside the MoE block (GraniteMoE-Shared's "
+            "shared_mlp), which adds its output to the block's from the same input; the port keeps it in its MoE "
+            "block and maps the names on load")
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
@@ -340,8 +347,34 @@ class Spec:
         doc="per_expert: one tensor per expert and projection (MLP.experts.N.PROJ.weight); stacked: one 3-D "
             "tensor per projection holding every expert (names.stacked_gate_up, names.stacked_down)")
     expert_gate_up_order: str = spec_field(
-        "gate_first", group="moe", probe="mlp", choices=("gate_first", "up_first"), omit_when_empty=True,
-        doc="stacked experts: which half of each expert's rows in names.stacked_gate_up is the gate")
+        "gate_first", group="moe", probe="mlp", choices=("gate_first", "up_first", "interleaved"),
+        omit_when_empty=True,
+        doc="stacked experts: which half of each expert's rows in names.stacked_gate_up is the gate; interleaved: "
+            "gate and up alternate row by row (gate on the even rows, GPT-OSS's [..., ::2])")
+    expert_activation: str = spec_field(
+        "act_and_mul", group="moe", probe="mlp", choices=("act_and_mul", "swigluoai"), omit_when_empty=True,
+        doc="what the experts compute of gate and up: act_and_mul: hidden_act(gate) * up; swigluoai: GPT-OSS's "
+            "clamped SwiGLU (up.clamp(-limit, limit) + 1) * g * sigmoid(alpha * g), g = gate.clamp(max=limit), "
+            "vLLM's FusedMoE activation of that name (alpha 1.702, limit 7.0 in its kernel)")
+    expert_swiglu_alpha: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="swigluoai experts: the alpha the code reads (the port refuses a config whose alpha is not the "
+            "kernel's 1.702)")
+    expert_swiglu_limit: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="swigluoai experts: the clamp limit the code reads (the port refuses a config whose limit is not the "
+            "kernel's 7.0)")
+    expert_bias: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="stacked experts with a bias per expert and projection (names.stacked_gate_up_bias, "
+            "names.stacked_down_bias: GPT-OSS's gate_up_proj_bias, down_proj_bias)")
+    router_bias: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
+                                   doc="the router linear has a bias (GPT-OSS's router.bias)")
+    expert_storage: str = spec_field(
+        "out_in", group="moe", probe="mlp", choices=("out_in", "in_out"), omit_when_empty=True,
+        doc="stacked experts: out_in: each expert's slice is [out, in] (F.linear's weight, "
+            "[experts, 2 x width, hidden]); in_out: [in, out], multiplied as the right-hand matrix "
+            "(x @ w[e], [experts, hidden, 2 x width]), transposed by the port when it loads")
     dense_layers: list[int] = spec_field([], group="moe", probe="mlp", layer_list=True,
                                          doc="layers with a dense MLP in an MoE model")
 
@@ -734,10 +767,16 @@ def validate_names(spec: Spec, origin: str) -> None:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
         if spec.experts_layout == "stacked":
-            for role in STACKED_ROLES:
+            for role in STACKED_ROLES + (STACKED_BIAS_ROLES if spec.expert_bias else ()):
                 if role not in names:
                     raise SpecError(f"experts_layout is \"stacked\" but 'names' has no tensor name for role {role!r}.",
                                     origin)
+        elif spec.expert_bias or spec.expert_activation != "act_and_mul" or spec.expert_gate_up_order == "interleaved":
+            raise SpecError("expert_bias, expert_activation and an interleaved expert_gate_up_order are read for "
+                            "experts stored 3-D (experts_layout \"stacked\") only.", origin)
+        if (spec.expert_gate_up_order == "interleaved") != (spec.expert_activation == "swigluoai") and (
+                spec.expert_gate_up_order == "interleaved"):
+            raise SpecError("an interleaved expert_gate_up_order is computed by the swigluoai experts only.", origin)
         # A router kept deeper keeps its last component in the port, beside the block's other modules.
         router = names.get("router")
         if isinstance(router, str) and "." in router:
@@ -762,7 +801,7 @@ def port_names(names: dict[str, str]) -> dict[str, str]:
     block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; every other
     role is named as in the checkpoint."""
     return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES else value
-            for role, value in names.items() if role not in STACKED_ROLES}
+            for role, value in names.items() if role not in STACKED_ROLES + STACKED_BIAS_ROLES}
 
 
 def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
@@ -799,7 +838,35 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
     if router is not None and router != names["router"]:
         mlp = spec.names["mlp"]
         out[f".{mlp}.{router}.weight"] = f".{mlp}.{names['router']}.weight"
+    if spec.shared_expert_on_layer and "shared_expert" in names:
+        # The shared expert the checkpoint keeps on the decoder layer: the port's sits in its MoE block.
+        mlp, shared = names["mlp"], names["shared_expert"]
+        for role in shared_projection_roles(spec):
+            for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
+                out[f".{shared}.{names[role]}.{kind}"] = f".{mlp}.{shared}.{names[role]}.{kind}"
     return out
+
+
+def stacked_shapes(spec: Spec) -> dict[str, tuple[int, int, int]]:
+    """The 3-D expert tensors' shapes, by their name inside a layer: [experts, rows, columns] of each expert's
+    [out, in] weight, or [experts, in, out] where the code multiplies them as right-hand matrices."""
+    n, experts, inter, hidden = spec.names, spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
+    gate_up, down = (experts, 2 * inter, hidden), (experts, hidden, inter)
+    if spec.expert_storage == "in_out":
+        gate_up, down = (experts, hidden, 2 * inter), (experts, inter, hidden)
+    out = {f"{n['mlp']}.{n['stacked_gate_up']}": gate_up, f"{n['mlp']}.{n['stacked_down']}": down}
+    if spec.expert_bias:
+        out.update({f"{n['mlp']}.{n['stacked_gate_up_bias']}": (experts, 2 * inter),
+                    f"{n['mlp']}.{n['stacked_down_bias']}": (experts, hidden)})
+    return out
+
+
+def shared_projection_roles(spec: Spec) -> tuple[str, ...]:
+    """The roles of the shared expert's projections (read like a dense MLP's: names gate_proj, up_proj or
+    gate_up_proj, down_proj)."""
+    if spec.gate_up_layout == "fused":
+        return ("gate_up_proj", "down_proj")
+    return ("gate_proj", "up_proj", "down_proj")
 
 
 def load_overrides(path: str | Path) -> dict[str, Any]:

@@ -149,6 +149,17 @@ ARCHITECTURES = {
                               "num_kv_heads": 2}),
     "falcon-rw": ("falcon", {"head_dim": None, "num_key_value_heads": None, "multi_query": False, "alibi": True,
                              "parallel_attn": False, "bias": True}),
+    # Experts stored [in, out] (x @ gate_up_proj[e]), cut and transposed per expert on load; shared experts as
+    # wide as config.intermediate_size * config.moe_num_shared_experts (the expression their class builds with).
+    "aria_text": ("aria_text", {"moe_num_experts": 4, "moe_topk": 2, "moe_num_shared_experts": 2}),
+    # A shared MLP on the decoder layer beside the MoE block (its gate and up in one input_linear), added to the
+    # block's output: the port keeps it in its MoE block and maps the names on load.
+    "granitemoeshared": ("granitemoeshared", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                              "shared_intermediate_size": 64, "residual_multiplier": 0.22}),
+    # GPT-OSS: biased experts stored [in, out] with gate and up alternating column by column, its clamped SwiGLU
+    # (vLLM's swigluoai), a router with a bias, attention sinks, sliding layers with a window shorter than the
+    # prompts, YaRN.
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -228,6 +239,13 @@ EXPECTED_SPEC = {
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
               "moe_renormalize": True, "shared_expert_intermediate_size": 64, "dense_layers": [0]},
+    "aria_text": {"experts_layout": "stacked", "expert_storage": "in_out", "num_experts": 4,
+                  "shared_expert_intermediate_size": 512},
+    "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
+                         "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
+                "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
+                "attention_sinks": "sinks", "sliding_window": 8},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -239,6 +257,9 @@ UNSUPPORTED = {
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
     "phimoe-sparsemixer": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
                            "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:"),
+    # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
+    "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
+                                  "routing weights applied to the experts' input: Llama4TextMoe"),
 }
 
 RESULTS: dict[str, dict] = {}
@@ -400,7 +421,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss")
 
 
 @pytest.mark.engine

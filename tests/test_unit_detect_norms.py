@@ -54,6 +54,12 @@ def test_the_final_norm_applied_to_the_embeddings_too_is_read_from_the_base_mode
                         weightless_norm_attributes(sources))
         assert spec.embedding_norm is expected, model
         assert (spec.source("embedding_norm").kind == "code") is expected
+    # MiniMax-M3-VL's file holds a vision tower whose forward calls pre_layrnorm before its own loop over
+    # self.layers: not the language model's (the class does not build the token embedding).
+    spec = Spec()
+    _embedding_norm(spec, transformers_code("minimax_m3_vl"), {"layers": "layers", "norm": "norm",
+                                                               "embed_tokens": "embed_tokens"}, "config.json", set())
+    assert spec.embedding_norm is False
 
 
 def test_a_rotation_by_minus_theta_is_named():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from scaffold.detect.moe import correction_bias, expert_width_key, shared_width_expr
+from scaffold.detect.moe import correction_bias, expert_width_key, shared_class_width_expr, shared_width_expr
 from scaffold.detect.routing import routing
 
 MODELS = Path(transformers.__file__).parent / "models"
@@ -251,3 +251,74 @@ def test_a_correction_bias_the_checkpoint_keeps_under_another_name_is_found_by_t
         return rest.replace("mlp.expert_bias", "mlp.e_score_correction_bias")
     name, why = correction_bias(source, tensors, "mlp", claimed, code)
     assert name == "expert_bias" and "reads e_score_correction_bias" in why and "checkpoint's expert_bias" in why
+
+
+def test_aria_shared_experts_width_is_the_expression_its_class_builds_with():
+    """Aria builds its shared experts from the config alone; the class sizes them
+    config.intermediate_size * config.moe_num_shared_experts (one key alone would read half the width)."""
+    found = shared_class_width_expr(transformers_source("aria"), "shared_experts")
+    assert found is not None and found[:2] == ("config.intermediate_size * config.moe_num_shared_experts",
+                                               ("intermediate_size", "moe_num_shared_experts"))
+    assert found[2].startswith("transformers/models/aria/modeling_aria.py:")
+    # HunYuan-MoE's dense MLP class: the one key, as before.
+    assert shared_class_width_expr(transformers_source("hunyuan_v1_moe"), "shared_mlp")[:2] == (
+        "config.intermediate_size", ("intermediate_size",))
+
+
+LAB_INPUT_WEIGHTED = '''
+import torch
+import torch.nn as nn
+
+
+class Chooser(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.w = nn.Linear(cfg.d, cfg.n, bias=False)
+
+    def forward(self, x):
+        logits = self.w(x)
+        top, idx = logits.topk(1, dim=-1)
+        return torch.sigmoid(top), idx
+
+
+class Bank(nn.Module):
+    def forward(self, x, idx):
+        return x
+
+
+class SparseFfn(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.chooser = Chooser(cfg)
+        self.bank = Bank(cfg)
+
+    def forward(self, x):
+        gates, idx = self.chooser(x)
+        BODY
+'''
+
+
+@pytest.mark.parametrize(("body", "line"), [
+    # The input scaled by the router's scores before the experts (Llama 4's form, under a lab's names).
+    ("scaled = x * gates\n        return self.bank(scaled, idx)", 30),
+    ("x = x.repeat(1, 1)\n        x *= gates\n        y = x.view(-1)\n        return self.bank(y, idx)", 31),
+    ("return self.bank(gates * x, idx)", 30),
+    # The experts' outputs weighted (what FusedMoE computes), or the input indexed by the choice: no problem.
+    ("return self.bank(x, idx) * gates", None),
+    ("picked = x[idx]\n        return self.bank(picked, idx) * gates", None),
+    ("out = self.bank(x, idx)\n        out = out * gates\n        return self.bank(out, idx)", 31),
+])
+def test_routing_weights_applied_to_the_experts_input_are_refused_by_name(body, line):
+    found = routing({"modeling_lab.py": LAB_INPUT_WEIGHTED.replace("BODY", body)}, "bank")
+    assert found is not None and found.block == "SparseFfn"
+    if line is None:
+        assert found.weighted_input is None and found.problem() is None, found.weighted_input
+    else:
+        assert found.weighted_input.startswith(f"modeling_lab.py:{line}:"), found.weighted_input
+        assert found.problem().startswith("routing weights applied to the experts' input: SparseFfn (modeling_lab.py:")
+
+
+def test_llama4_weights_its_experts_input():
+    found = routing(transformers_source("llama4"), "experts")
+    assert "routed_in * router_scores" in found.weighted_input
+    assert found.weighted_input.startswith("transformers/models/llama4/modeling_llama4.py:")

@@ -372,11 +372,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             ref_layer = spec.dense_layers[0]
             ref, ref_name = per_layer[ref_layer], f"layer {ref_layer}"
         elif "shared_expert" in names:
-            ref, ref_layer = moe.shared_expert_tensors(per_layer[sparse], names), sparse
+            ref, ref_layer = moe.shared_expert_tensors(per_layer[sparse], names, spec.shared_expert_on_layer), sparse
             ref_name = f"layer {sparse}'s shared expert"
         else:
             ref = None
     code_mlp = flow.mlp_flow if flow is not None and expert_modules is None else None
+    if spec.shared_expert_on_layer and flow is not None and flow.mlp == names.get("shared_expert"):
+        # The shared MLP the decoder layer holds beside its MoE block: read from its class's code, like a dense
+        # MLP's (GraniteMoE-Shared's input_linear holds gate and up, cut by chunk(2)).
+        code_mlp = flow.mlp_flow
     # OPT-style layouts: the MLP's projections are the layer's own; the port keeps them in a module `mlp`.
     on_layer = code_mlp is not None and flow.mlp_on_layer and not any(r.startswith("mlp.") for r in layer0)
     mlp = (names["mlp"] if expert_modules is not None else ("mlp" if on_layer else flow.mlp)
@@ -886,9 +890,16 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
         return
     final = names["norm"].rsplit(".", 1)[-1]
 
+    embed = names["embed_tokens"].rsplit(".", 1)[-1] if "embed_tokens" in names else None
+
     def norms(ll) -> set[str]:
         # The final norm, and what else the class builds as a norm (a parameter-free norm class, or a class whose
-        # name says norm: a hint, the call's place before the loop is what counts).
+        # name says norm: a hint, the call's place before the loop is what counts). Only in a class that builds
+        # the token embedding: a vision tower's layer list in the same file (MiniMax-M3-VL's pre_layrnorm before
+        # its encoder layers) is not the language model's.
+        built = {a for _f, c, _fn, a, _v in codekeys.self_assignments(sources) if c.name == ll.owner}
+        if embed is not None and embed not in built:
+            return set()
         return {final} | {a for _f, c, _fn, a, v in codekeys.self_assignments(sources)
                           if c.name == ll.owner and isinstance(v, ast.Call)
                           and (a in weightless or "norm" in codekeys.callee(v).lower())}

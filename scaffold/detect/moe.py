@@ -20,11 +20,11 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, renamings, routing, sourcecode, stacked
+from scaffold.detect import codekeys, dataflow, renamings, routing, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, shared_projection_roles, stacked_shapes
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
@@ -99,6 +99,19 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
+    elif (clamped := _clamped_block_module(ckpt, tensors, mlp, router)) is not None:
+        # MiniMax-M3's shared experts compute the experts' clamped SwiGLU: the port's dense MLP computes act(gate) * up.
+        raise unsupported(f"a shared expert computing a clamped SwiGLU ({clamped}), which the port's dense MLP "
+                          "does not compute", ckpt.config_file, spec.model_type)
+    elif (beside := layer_shared_mlp(ckpt, spec, names, tensors, mlp)) is not None:
+        # GraniteMoE-Shared's shared_mlp: on the decoder layer, its output added to the block's.
+        attr, projections, evidence = beside
+        if dense:
+            raise unsupported(f"a shared MLP on the decoder layer ({attr}, {evidence}) in a model with dense "
+                              f"layers ({', '.join(map(str, dense))})", ckpt.config_file, spec.model_type)
+        names.update(shared_expert=attr)
+        spec.set("shared_expert_on_layer", True, Source("code", evidence))
+        claimed |= {f"{attr}.{p}" for p in projections}
     bias = correction_bias(sourcecode.modeling_sources(ckpt), tensors, mlp, claimed,
                            code_names(ckpt, f"{prefix}.layers.{first}."))
     if bias is not None:
@@ -136,14 +149,14 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         raise unsupported(f"stacked experts with the 3-D tensors {sorted(found.values())} (a gate-and-up tensor and "
                           "a down tensor expected)", where, spec.model_type)
     tensors = per_layer[first]
-    biases = sorted(rest for rest in tensors if any(rest == f"{t}_bias" or t.endswith(".weight")
-                                                    and rest == f"{t.removesuffix('.weight')}.bias"
-                                                    for t in found.values()))
-    if biases:
-        raise unsupported(f"biased experts ({prefix}.layers.{first}.{biases[0]}; the port's FusedMoE experts have "
-                          "no bias)", where, spec.model_type)
+    # A bias per expert and projection: P_bias beside P (GPT-OSS's gate_up_proj_bias), or P.bias beside P.weight.
+    biases = {t: rest for t in found.values() for rest in tensors
+              if rest == f"{t}_bias" or t.endswith(".weight") and rest == f"{t.removesuffix('.weight')}.bias"}
+    if biases and t_weight_only(found):
+        raise unsupported(f"biased experts stored as {', '.join(sorted(found.values()))} (a bias the port "
+                          "does not cut)", where, spec.model_type)
     try:
-        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)))
+        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)), ckpt.config)
     except ValueError as exc:
         raise unsupported(f"stacked experts whose gate half the code does not tell: {exc}", where,
                           spec.model_type) from None
@@ -152,6 +165,15 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                           f"{' and '.join(sorted(found))} as parameters", where, spec.model_type)
     if read.problem:
         raise unsupported(f"{read.problem}, in {read.cls}", where, spec.model_type)
+    # Each bias must be one the experts' code adds, as self.<attribute>_bias (GPT-OSS's gate_up_proj_bias).
+    code_name = {t: a for a, t in found.items()}  # the checkpoint's 3-D tensor -> the code's attribute
+    unread = sorted((b, f"{code_name[t]}_bias") for t, b in biases.items() if f"{code_name[t]}_bias" not in read.added)
+    if unread:
+        raise unsupported(f"biased experts ({prefix}.layers.{first}.{unread[0][0]}) whose bias {read.cls} does not "
+                          f"add (no self.{unread[0][1]} in a sum)", where, spec.model_type)
+    if biases and len(biases) != 2:
+        raise unsupported(f"biased experts with a bias for {', '.join(sorted(biases))} only (one for each of "
+                          f"{' and '.join(sorted(found.values()))} expected)", where, spec.model_type)
     gate_up, down = found[read.gate_up][len(mlp) + 1:], found[read.down][len(mlp) + 1:]
     count = tensors[found[read.gate_up]].shape[0]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
@@ -163,14 +185,141 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     spec.set("experts_layout", "stacked", Source("tensor", f"{layer_name}.{gate_up} is "
                                                            f"{list(tensors[found[read.gate_up]].shape)}: every "
                                                            "expert's gate and up in one tensor"))
-    spec.set("expert_gate_up_order", "up_first" if read.up_first else "gate_first", Source("code", read.evidence))
+    order = "interleaved" if read.interleaved else "up_first" if read.up_first else "gate_first"
+    spec.set("expert_gate_up_order", order, Source("code", read.evidence))
+    spec.set("expert_storage", "in_out" if read.in_out else "out_in", Source("code", read.storage_evidence))
+    if read.swigluoai is not None:
+        spec.set("expert_activation", "swigluoai", Source("code", read.swigluoai.evidence))
+        for field, (value, origin) in (("expert_swiglu_alpha", read.swigluoai.alpha),
+                                       ("expert_swiglu_limit", read.swigluoai.limit)):
+            spec.set(field, value, Source("config", f"config.json {origin[7:]}", origin) if origin.startswith(
+                "config.") else Source("code", f"{read.swigluoai.evidence}: {origin}"))
+    if biases:
+        names.update(stacked_gate_up_bias=biases[found[read.gate_up]][len(mlp) + 1:],
+                     stacked_down_bias=biases[found[read.down]][len(mlp) + 1:])
+        spec.set("expert_bias", True, Source("tensor", f"{layer_name}.{names['stacked_gate_up_bias']} beside "
+                                                       f"{layer_name}.{gate_up}"))
     claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
+    claimed |= {f"{mlp}.{names[r]}" for r in ("stacked_gate_up_bias", "stacked_down_bias") if r in names}
+    if f"{mlp}.{router}.bias" in tensors:  # GPT-OSS's router linear has a bias
+        spec.set("router_bias", True, Source("tensor", f"{layer_name}.{router}.bias"))
     # A 3-D tensor without a .weight suffix is claimed as itself (its `module` is the whole name).
     claimed |= {f"{mlp}.{t}".removesuffix(".weight") for t in (gate_up, down)}
     dense = sorted(set(per_layer) - set(sparse))
     return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
                          f"layers without the 3-D expert tensors of {mlp}" if dense
                          else f"every layer has {mlp}'s 3-D expert tensors")
+
+
+def _clamped_block_module(ckpt: Checkpoint, tensors: dict, mlp: str, router: str) -> str | None:
+    """'attr, Class, file:line' of a module of the MoE block (besides its experts and router) that holds weights
+    and whose class's forward clamps (torch.clamp, .clamp, .clip): a dense MLP computing a clamped SwiGLU."""
+    held = {rest.split(".")[1] for rest in tensors if rest.startswith(f"{mlp}.") and rest.endswith(".weight")
+            and rest.count(".") == 3} - {"experts", router.split(".")[0]}
+    if not held:
+        return None
+    sources = sourcecode.modeling_sources(ckpt)
+    classes = sourcecode._classes(sources)
+    for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr not in held or func.name != "__init__" or not isinstance(value, ast.Call):
+            continue
+        found = classes.get(codekeys.callee(value))
+        if found is None:
+            continue
+        file, cls = found
+        forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        clamps = [n for n in subtree(forward) if isinstance(n, ast.Call) and codekeys.callee(n) in ("clamp", "clip")
+                  ] if forward is not None else []
+        if clamps:
+            return f"{mlp}.{attr}, {cls.name}, {file}:{clamps[0].lineno}: {ast.unparse(clamps[0])[:50]}"
+    return None
+
+
+def layer_shared_mlp(ckpt: Checkpoint, spec: Spec, names: dict, tensors: dict,
+                     mlp: str) -> tuple[str, tuple[str, ...], str] | None:
+    """(attribute, its projections, evidence) of a gated MLP the decoder layer holds beside its MoE block and
+    adds to the block's output, both computed from the same input: `moe_out + self.shared_mlp(x)`
+    (GraniteMoE-Shared's). Read from the layer's code: the one MLP module the layer builds besides the block
+    (scaffold.detect.dataflow), its input the block's input, and its output a term of a sum with the block's
+    output and used nowhere else. None when the layer holds no tensors of such a module; refused by name when
+    it does but the code combines the two otherwise."""
+    sources = sourcecode.modeling_sources(ckpt)
+    flow = dataflow.analyze_layer(sources, ckpt.config, names.get("layers"))
+    if flow is None or flow.mlp is None or flow.mlp == mlp or flow.mlp_flow is None:
+        return None
+    attr, code = flow.mlp, flow.mlp_flow
+    projections = tuple(sorted({p for p in (code.gate, code.up, code.down) if p}))
+    if not all(f"{attr}.{p}.weight" in tensors for p in projections):
+        return None
+    where = ckpt.config_file
+    if code.kind != "gated":
+        raise unsupported(f"an MLP on the decoder layer beside the MoE block ({attr}: {code.evidence}) that is not "
+                          "gated", where, spec.model_type)
+    found = dataflow.layer_class(sources, names.get("layers"))
+    file, cls, _ = found
+    forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+    summed = _summed_with_block(forward, attr, mlp) if forward is not None else None
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    interp = dataflow.Interpreter(sources, file, cls, set(dataflow._init_assignments(init)), ckpt.config)
+    interp.run_method("forward", [frozenset({dataflow.Origin("<input>")})])
+    inputs = interp.events.inputs
+    same = (attr in inputs and mlp in inputs
+            and {o for _, got in inputs[attr] for o in got} == {o for _, got in inputs[mlp] for o in got})
+    if summed is None or not same:
+        why = "takes another input than the block" if summed is not None else (
+            "is not added to the block's output as it is (one sum of the two, its output used nowhere else)")
+        raise unsupported(f"a shared MLP on the decoder layer beside the MoE block ({attr}, {cls.name}, {file}) "
+                          f"that {why}", where, spec.model_type)
+    return attr, projections, (f"{file}:{summed}: {cls.name} adds {attr}(x) to {mlp}(x), the same input "
+                               f"({code.evidence})")
+
+
+def _summed_with_block(forward: ast.FunctionDef, shared: str, block: str) -> int | None:
+    """The line where the layer's forward adds `self.<shared>(x)` to the MoE block's output (`self.<block>(x)`,
+    or a name bound to it), when the shared module is called once and its output goes nowhere else."""
+    def call_of(node: ast.AST, attr: str) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+
+    calls = [n for n in subtree(forward) if call_of(n, shared)]
+    if len(calls) != 1:
+        return None
+    bound: dict[str, set[str]] = {shared: set(), block: set()}  # locals holding each module's whole output
+    for node in subtree(forward):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Tuple) and target.elts:  # `out, router_logits = self.block(x)`
+                target = target.elts[0]
+            for attr, held in bound.items():
+                if call_of(node.value, attr) and isinstance(target, ast.Name):
+                    held.add(target.id)
+
+    def term(node: ast.AST, attr: str) -> bool:
+        return call_of(node, attr) or (isinstance(node, ast.Name) and node.id in bound[attr])
+
+    uses = [n for n in subtree(forward) if isinstance(n, ast.Name) and n.id in bound[shared]
+            and isinstance(n.ctx, ast.Load)]
+    for node in subtree(forward):
+        pair = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            pair = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            pair = (node.target, node.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_"
+              and len(node.args) == 1):
+            pair = (node.func.value, node.args[0])
+        if pair is None:
+            continue
+        for a, b in (pair, pair[::-1]):
+            if term(a, shared) and term(b, block) and (call_of(a, shared) and not uses or len(uses) == 1):
+                return node.lineno
+    return None
+
+
+def t_weight_only(found: dict[str, str]) -> bool:
+    """Whether the 3-D expert tensors are `.weight`s of modules (whose `.bias` the port would have to cut too):
+    the port cuts P and P_bias tensors only."""
+    return any(t.endswith(".weight") for t in found.values())
 
 
 def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> str:
@@ -227,7 +376,7 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
         return None
     experts = {c for c in claimed if ".experts." in c}
     read = sorted(rest[len(mlp) + 1:] for rest in tensors
-                  if rest.startswith(f"{mlp}.") and rest.rsplit(".", 1)[0] not in experts
+                  if rest.startswith(f"{mlp}.") and rest not in claimed and rest.rsplit(".", 1)[0] not in experts
                   and not rest.endswith((".weight", ".bias")) and code(rest).rsplit(".", 1)[-1] in path.attributes)
     if len(read) != 1:
         return None
@@ -237,10 +386,11 @@ def correction_bias(sources: dict[str, str], tensors: dict, mlp: str, claimed: s
         else "")
 
 
-def shared_expert_tensors(tensors: dict, names: dict) -> dict:
-    """A sparse layer's shared-expert tensors, named as if they were a dense MLP's (MLP.gate_proj.weight...)."""
+def shared_expert_tensors(tensors: dict, names: dict, on_layer: bool = False) -> dict:
+    """A sparse layer's shared-expert tensors, named as if they were a dense MLP's (MLP.gate_proj.weight...);
+    `on_layer`: the checkpoint keeps the shared expert on the decoder layer, not in the MoE block."""
     mlp, shared = names["mlp"], names["shared_expert"]
-    head = f"{mlp}.{shared}."
+    head = f"{shared}." if on_layer else f"{mlp}.{shared}."
     return {f"{mlp}.{rest[len(head):]}": info for rest, info in tensors.items() if rest.startswith(head)}
 
 
@@ -271,12 +421,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if "shared_expert" in n:
         # Under the code's name for it (HY-V3's checkpoints keep shared_mlp for the code's shared_experts).
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
-        shared = code(f"{n['mlp']}.{n['shared_expert']}.down_proj.weight").split(".")[1]
-        _shared_width(spec, ckpt, sources, shared)
+        shared = (n["shared_expert"] if spec.shared_expert_on_layer
+                  else code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight").split(".")[1])
+        _shared_width(spec, ckpt, sources, shared, n["down_proj"])
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
-    if spec.hidden_act not in MOE_ACTIVATIONS:
+    if spec.expert_activation == "act_and_mul" and spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
     path = routing.routing(sources, n["experts"])
@@ -288,9 +439,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
     shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
+    if spec.router_bias:
+        shapes[f"{mlp}.{n['router']}.bias"] = (experts,)
     if spec.experts_layout == "stacked":
-        shapes[f"{mlp}.{n['stacked_gate_up']}"] = (experts, 2 * inter, hidden)
-        shapes[f"{mlp}.{n['stacked_down']}"] = (experts, hidden, inter)
+        shapes.update(stacked_shapes(spec))
     else:
         for e in range(experts):
             for role, shape in (("expert_gate_proj", (inter, hidden)), ("expert_up_proj", (inter, hidden)),
@@ -298,9 +450,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 shapes[f"{mlp}.{n['experts']}.{e}.{n[role]}.weight"] = shape
     if "shared_expert" in n:
         shared = spec.shared_expert_intermediate_size
-        for proj, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
-                            ("down_proj", (hidden, shared))):
-            shapes[f"{mlp}.{n['shared_expert']}.{proj}.weight"] = shape
+        where_shared = n["shared_expert"] if spec.shared_expert_on_layer else f"{mlp}.{n['shared_expert']}"
+        for role, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
+                            ("gate_up_proj", (2 * shared, hidden)), ("down_proj", (hidden, shared))):
+            if role in shared_projection_roles(spec):
+                shapes[f"{where_shared}.{n[role]}.weight"] = shape
         if "shared_expert_gate" in n:
             shapes[f"{mlp}.{n['shared_expert_gate']}.weight"] = (1, hidden)
     expert_tensors: dict[int, list[str]] = {}
@@ -345,11 +499,13 @@ def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
                               f"experts needs [{experts}] (or [1, {experts}]).", ckpt.config_file)
 
 
-def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str) -> None:
+def _shared_width(spec: Spec, ckpt: Checkpoint, sources: dict[str, str], shared: str, down: str) -> None:
     """The shared expert's width: the expression over config the code builds it with
     (`intermediate_size=config.moe_intermediate_size * config.n_shared_experts`), else the one width key
     its class reads, else the config's shared_expert_intermediate_size."""
-    found = shared_width_expr(sources, shared)
+    # Else the width its class builds its gate projection with from the config alone (Aria's shared experts:
+    # config.intermediate_size * config.moe_num_shared_experts).
+    found = shared_width_expr(sources, shared) or shared_class_width_expr(sources, shared, down)
     if found is None or len(found[1]) == 1:
         # Else the one width key its class reads (HunYuan-MoE's shared_mlp is the dense MLP class).
         key = found[1][0] if found else expert_width_key(sources, shared, ckpt.config)
@@ -377,6 +533,35 @@ def shared_width_expr(sources: dict[str, str], shared: str) -> tuple[str, tuple[
         found = codekeys.config_expr(given[0], func) if len(given) == 1 else None
         if found is not None and found[1]:
             return found[0], found[1], f"{file}:{value.lineno}"
+    return None
+
+
+def shared_class_width_expr(sources: dict[str, str], shared: str,
+                            down: str = "down_proj") -> tuple[str, tuple[str, ...], str] | None:
+    """(expression over config, its keys, file:line) of the inputs of the down projection that the class built
+    as `self.<shared> = Class(config)` (or `None if ... else Class(config)`) gives itself:
+    `self.down_proj = nn.Linear(WIDTH, hidden)`. None when the class is built with more than the config, or the
+    width is not an expression over config."""
+    classes = sourcecode._classes(sources)
+    built = set()
+    for _file, _cls, func, attr, value in codekeys.self_assignments(sources):
+        if attr != shared or func.name != "__init__":
+            continue
+        for call in (n for n in subtree(value) if isinstance(n, ast.Call) and codekeys.callee(n) in classes):
+            if len(call.args) + len(call.keywords) == 1:
+                built.add(codekeys.callee(call))
+    if len(built) != 1:
+        return None
+    file, cls = classes[built.pop()]
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    for node in subtree(init) if init else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and node.targets[0].attr == down and isinstance(node.value, ast.Call)):
+            call = node.value
+            given = [kw.value for kw in call.keywords if kw.arg == "in_features"] or call.args[0:1]
+            found = codekeys.config_expr(given[0], init) if len(given) == 1 else None
+            if found is not None and found[1]:
+                return found[0], found[1], f"{file}:{call.lineno}"
     return None
 
 

@@ -41,6 +41,8 @@ class Routing:
     divisor_attrs: frozenset[str] = frozenset()  # `self.G` in `... // self.G`
     factor_attrs: frozenset[str] = frozenset()  # `self.S` in `... * self.S` or `*= self.S`
     test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:` guarding a division
+    # file:line and code where the block multiplies the experts' input (not their output) by the routing weights
+    weighted_input: str | None = None
 
     @property
     def scoring(self) -> str | None:
@@ -62,6 +64,10 @@ class Routing:
 
     def problem(self) -> str | None:
         """Why FusedMoE's softmax top-k routing would not compute this block's, or None."""
+        if self.weighted_input:
+            return (f"routing weights applied to the experts' input: {self.block} ({self.weighted_input}) multiplies "
+                    "what its experts take by the router's scores, where the port's FusedMoE weights the experts' "
+                    "outputs")
         if self.standard:
             return None
         via = f" in {', '.join(self.helpers)}" if self.helpers else ""
@@ -146,6 +152,76 @@ def _divides(body: list[ast.stmt]) -> bool:
                for stmt in body for node in subtree(stmt))
 
 
+def _weighted_input(forward: ast.FunctionDef, experts: str, file: str) -> str | None:
+    """Where the block's forward hands its experts an input multiplied by what a module of its own (the router)
+    computed: Llama 4's `routed_in = routed_in * router_scores...; self.experts(routed_in)`. Dataflow over the
+    forward's locals: a name is scored when assigned from a call of `self.X(...)` (X other than the experts) or
+    from a scored name; weighted when assigned a product with a scored factor, or from a weighted name. An input
+    that is only indexed by the selection (Qwen2-MoE's `hidden_states[top_x]`, whose expert outputs are weighted
+    after) is not weighted. None when nothing is."""
+    def names(node: ast.AST) -> set[str]:
+        return {n.id for n in subtree(node) if isinstance(n, ast.Name)}
+
+    def module_call(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and (attr := _self_attr(n.func)) is not None and attr != experts
+                   for n in subtree(node))
+
+    def product(node: ast.AST, scored: set[str]) -> ast.AST | None:
+        for n in subtree(node):
+            if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ast.Mult):
+                operands = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
+                if any(names(o) & scored or module_call(o) for o in operands):
+                    return n
+        return None
+
+    scored: set[str] = set()
+    weighted: dict[str, str] = {}  # name -> file:line: code
+    expert_modules: set[str] = set()  # locals bound to one expert (`expert_layer = self.experts[e]`)
+    checked: set[int] = set()
+
+    def check(node: ast.AST) -> str | None:
+        """The experts' calls inside `node` (before its assignment binds anything): a weighted input?"""
+        for call in (n for n in subtree(node) if isinstance(n, ast.Call) and id(n) not in checked):
+            checked.add(id(call))
+            func = call.func.value if isinstance(call.func, ast.Subscript) else call.func
+            if not call.args or not (_self_attr(func) == experts
+                                     or (isinstance(func, ast.Name) and func.id in expert_modules)):
+                continue
+            if (found := product(call.args[0], scored)) is not None:
+                return f"{file}:{call.lineno}: {ast.unparse(found)[:70]}"
+            hit = sorted(names(call.args[0]) & set(weighted))
+            if hit:
+                return weighted[hit[0]]
+        return None
+
+    for node in sorted((n for n in subtree(forward) if isinstance(n, (ast.Assign, ast.AugAssign, ast.Call))),
+                       key=lambda n: (n.lineno, n.col_offset)):
+        if (found := check(node)) is not None:
+            return found
+        if not isinstance(node, (ast.Assign, ast.AugAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        bound = {n.id for t in targets for n in subtree(t) if isinstance(n, ast.Name)}
+        value = node.value
+        if isinstance(value, ast.Subscript) and _self_attr(value.value) == experts:
+            expert_modules |= bound
+            continue
+        read = names(value) | (bound if isinstance(node, ast.AugAssign) else set())
+        if isinstance(node, ast.Assign):  # rebinding a name forgets what it held
+            for name in bound:
+                weighted.pop(name, None)
+        if (found := product(node if isinstance(node, ast.AugAssign) else value, scored)):
+            for name in bound:
+                weighted[name] = f"{file}:{node.lineno}: {ast.unparse(found)[:70]}"
+        elif read & set(weighted):
+            source = weighted[min(read & set(weighted))]
+            for name in bound:
+                weighted[name] = source
+        if module_call(value) or read & scored:
+            scored |= bound
+    return None
+
+
 def routing(sources: dict[str, str], experts: str) -> Routing | None:
     """The routing path of the class whose __init__ builds `self.<experts>`: its forward and the forwards of the
     other modules it builds from classes of the source (the router, whatever the code calls it: checkpoints saved
@@ -210,5 +286,6 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
         config_attrs = set().union(*(_config_attrs(c) for c in path_classes))
         return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers), frozenset(router_calls),
                        frozenset(uses.attributes), tuple(sorted(config_attrs)), frozenset(uses.topk),
-                       frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test))
+                       frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test),
+                       _weighted_input(forward, experts, file))
     return None

@@ -20,7 +20,7 @@ from scaffold.mapping import (
     transposed_modules,
     weight_table,
 )
-from scaffold.spec import FIELDS, Spec, port_names
+from scaffold.spec import FIELDS, Spec, port_names, stacked_shapes
 from scaffold.verify.port import Port
 from scaffold.verify.report import Report
 
@@ -115,6 +115,12 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
     params: dict[str, tuple] = {f"{mlp}.{port_names(n)['router']}.weight": (None,)}
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w1']}"] = tuple((e, w) for e in experts for w in ("w1", "w3"))
     params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS['w2']}"] = tuple((e, "w2") for e in experts)
+    if spec.expert_bias:  # FusedMoE(has_bias=True): a bias per expert, filled like its weight
+        for shard in ("w1", "w2"):
+            params[f"{mlp}.{n['experts']}.{EXPERT_PARAMS[shard].replace('_weight', '_bias')}"] = params[
+                f"{mlp}.{n['experts']}.{EXPERT_PARAMS[shard]}"]
+    if spec.router_bias:
+        params[f"{mlp}.{port_names(n)['router']}.bias"] = (None,)
     if "shared_expert" in n:
         shared = f"{mlp}.{n['shared_expert']}"
         params[f"{shared}.{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
@@ -179,9 +185,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want[f"{mlp}.{n['router']}"] = spec.num_experts
     stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
     if spec.is_moe and spec.experts_layout == "stacked":
-        experts, width = spec.num_experts, spec.moe_intermediate_size
-        stacked = {f"{mlp}.{n['stacked_gate_up']}": (experts, 2 * width, hidden),
-                   f"{mlp}.{n['stacked_down']}": (experts, hidden, width)}
+        stacked = stacked_shapes(spec)
     elif spec.is_moe:
         for e in range(spec.num_experts):
             experts = f"{mlp}.{n['experts']}.{e}"
@@ -262,8 +266,11 @@ def check_expert_roles(report: Report, spec: Spec, model_file) -> None:
     if spec.experts_layout == "stacked":
         # The 3-D tensors: which per-expert projections each one's rows hold, in row order.
         halves = (n["expert_gate_proj"], n["expert_up_proj"])
-        expect = {n["stacked_gate_up"]: halves if spec.expert_gate_up_order == "gate_first" else halves[::-1],
-                  n["stacked_down"]: (n["expert_down_proj"],)}
+        if spec.expert_gate_up_order != "gate_first" and spec.expert_activation != "swigluoai":
+            halves = halves[::-1]
+        expect = {n["stacked_gate_up"]: halves, n["stacked_down"]: (n["expert_down_proj"],)}
+        if spec.expert_bias:
+            expect.update({n["stacked_gate_up_bias"]: halves, n["stacked_down_bias"]: (n["expert_down_proj"],)})
         table = module_constant(model_file, "STACKED_EXPERTS")
         if not isinstance(table, dict) or {k: tuple(v) for k, v in table.items()} != expect:
             wrong.insert(0, f"STACKED_EXPERTS is {table!r}, the checkpoint's 3-D expert tensors hold {expect!r}")

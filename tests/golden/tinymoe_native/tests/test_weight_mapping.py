@@ -144,7 +144,9 @@ def expected_pieces(name: str) -> list[tuple]:
 
 def quantized(name: str) -> bool:
     """A tensor of the checkpoint's quantization method (qweight, scales, ...), not a float weight or bias."""
-    return not name.endswith((".weight", ".bias"))
+    return not name.endswith(
+        (".weight", ".bias", ".experts.gate_up_proj", ".experts.down_proj")
+    )
 
 
 def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int, int]:

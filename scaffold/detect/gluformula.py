@@ -1,0 +1,178 @@
+"""A clamped SwiGLU read from the experts' code: is it what vLLM's swigluoai computes?
+
+GPT-OSS's experts (and MiniMax-M3's, on halves instead of alternating columns) compute
+
+    gate = gate.clamp(max=limit); up = up.clamp(-limit, limit)
+    (up + 1) * gate * sigmoid(gate * alpha)
+
+which vLLM's FusedMoE computes as its "swigluoai" activation, with alpha 1.702 and limit 7.0 fixed in the kernel
+(measured on the CPU build: vLLM's cpu_fused_moe, activation "swigluoai", takes gate from the even rows of w13 and
+up from the odd ones and agrees with that formula to float32 rounding). A lab may write the same formula with
+other names, another operand order, torch.clamp or F.sigmoid; or write another one (a different clamp, no +1).
+
+So the formula is not matched as text: the statements after the cut are interpreted over numbers (a small
+expression language: + - * /, unary minus, clamp/clip with min and max, sigmoid, dtype casts, numbers, and
+`self.A` read from __init__ as `self.A = config.KEY` or a number), at sample points where the clamps matter,
+and compared with swigluoai's values. Anything else the statements compute is named, not guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+
+from scaffold.detect.sourcecode import subtree
+
+# vLLM's swigluoai kernel constants (the CUDA and the CPU kernels alike).
+ALPHA = 1.702
+LIMIT = 7.0
+# Gate and up values where both clamps, both signs and the sigmoid's curve matter.
+SAMPLES = [x / 2 for x in range(-24, 25, 3)]
+
+
+@dataclass(frozen=True)
+class SwigluOai:
+    alpha: tuple[float, str]  # (value, where it comes from: config.KEY or the number in the code)
+    limit: tuple[float, str]
+    evidence: str
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _receiver(call: ast.Call) -> ast.AST | None:
+    """x of `x.method(...)` when the call is a method of a value (not torch.f / F.f / a module)."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id in (
+            "torch", "F", "nn", "functional")) and not (isinstance(func.value, ast.Attribute)
+                                                       and func.value.attr in ("functional", "nn")):
+        return func.value
+    return None
+
+
+class _Eval:
+    """Evaluates an expression of the cut's halves at one sample point."""
+
+    def __init__(self, env: dict[str, float], values: dict[str, tuple[float, str]], used: dict[str, tuple]):
+        self.env, self.values, self.used = env, values, used
+
+    def __call__(self, node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.Name) and node.id in self.env:
+            return self.env[node.id]
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and node.attr in self.values):
+            self.used[node.attr] = self.values[node.attr]
+            return self.values[node.attr][0]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            value = self(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            a, b = self(node.left), self(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if b == 0:
+                raise _Unknown(ast.unparse(node))
+            return a / b
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        raise _Unknown(ast.unparse(node))
+
+    def call(self, node: ast.Call) -> float:
+        name, receiver = _call_name(node), _receiver(node)
+        args = ([receiver] if receiver is not None else []) + list(node.args)
+        keywords = {kw.arg: kw.value for kw in node.keywords}
+        if name in ("float", "contiguous", "to", "type_as") and receiver is not None:
+            return self(receiver)
+        if name == "sigmoid" and len(args) == 1 and not keywords:
+            x = self(args[0])
+            return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+        if name in ("clamp", "clip") and args:
+            x = self(args[0])
+            low = keywords.get("min", args[1] if len(args) > 1 else None)
+            high = keywords.get("max", args[2] if len(args) > 2 else None)
+            if set(keywords) - {"min", "max"}:
+                raise _Unknown(ast.unparse(node))
+            for bound, pick in ((low, max), (high, min)):
+                if bound is not None and not (isinstance(bound, ast.Constant) and bound.value is None):
+                    x = pick(x, self(bound))
+            return x
+        raise _Unknown(ast.unparse(node))
+
+
+def _result(func: ast.FunctionDef, start: int, down: str) -> tuple[list[ast.stmt], ast.AST] | None:
+    """The statements after the cut (line `start`) and the expression whose value is the gated output: what the
+    function returns, or what it multiplies by self.<down>."""
+    body = [s for s in func.body if s.lineno > start]
+    steps = []
+    for stmt in body:
+        for node in subtree(stmt):
+            if isinstance(node, ast.Call) and _call_name(node) == "linear" and len(node.args) > 1 and any(
+                    isinstance(n, ast.Attribute) and n.attr == down for n in subtree(node.args[1])):
+                return steps, node.args[0]
+            if isinstance(node, ast.Call) and _call_name(node) in ("bmm", "matmul", "mm") and len(node.args) == 2 \
+                    and any(isinstance(n, ast.Attribute) and n.attr == down for n in subtree(node.args[1])):
+                return steps, node.args[0]
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and any(
+                    isinstance(n, ast.Attribute) and n.attr == down for n in subtree(node.right)):
+                return steps, node.left
+        if isinstance(stmt, ast.Return) and stmt.value is not None:
+            return steps, stmt.value
+        steps.append(stmt)
+    return None
+
+
+def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]],
+                   down: str, file: str) -> SwigluOai | str:
+    """The clamped SwiGLU the statements of `func` after the cut into `first` (even columns or first half) and
+    `second` compute, when it is swigluoai with `first` as the gate; else why not (a str)."""
+    cut = next(n.lineno for n in subtree(func) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Tuple) and [getattr(e, "id", None) for e in t.elts] in ([first, second], [second, first])
+        for t in n.targets))
+    found = _result(func, cut, down)
+    if found is None:
+        return f"{file}:{cut}: no return and no product with self.{down} after the cut"
+    steps, result = found
+    used: dict[str, tuple] = {}
+    worst = 0.0
+    try:
+        for g in SAMPLES:
+            for u in SAMPLES:
+                env = {first: g, second: u}
+                evaluate = _Eval(env, values, used)
+                for stmt in steps:
+                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                        env[stmt.targets[0].id] = evaluate(stmt.value)
+                    elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                        env[stmt.target.id] = evaluate(ast.BinOp(stmt.target, stmt.op, stmt.value))
+                    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                        continue  # a docstring
+                    else:
+                        raise _Unknown(ast.unparse(stmt).splitlines()[0])
+                got = evaluate(result)
+                gate = min(g, LIMIT)
+                want = (max(-LIMIT, min(u, LIMIT)) + 1.0) * gate / (1.0 + math.exp(-ALPHA * gate))
+                worst = max(worst, abs(got - want) / max(1.0, abs(want)))
+    except _Unknown as exc:
+        return f"{file}:{cut}: the gate computes {str(exc)[:60]}, which the formula reader does not follow"
+    read = ", ".join(f"self.{a} = {w} ({v:g})" for a, (v, w) in sorted(used.items()))
+    if worst > 1e-6:
+        return (f"{file}:{cut}: with {read or 'no constants'}, its values differ from swigluoai's "
+                f"((up.clamp(-{LIMIT:g}, {LIMIT:g}) + 1) * g * sigmoid({ALPHA:g} * g), g = gate.clamp(max={LIMIT:g})) "
+                f"by up to {worst:.2g}")
+    # Which of the values read is the alpha and which the limit: the one equal to each constant.
+    alpha = next((v for v in used.values() if v[0] == ALPHA), (ALPHA, "a number in the code"))
+    limit = next((v for v in used.values() if v[0] == LIMIT), (LIMIT, "a number in the code"))
+    return SwigluOai(alpha, limit, f"{file}:{cut}: {first} is the gate of swigluoai ({read})")
