@@ -8,7 +8,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
-from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config, stored_shape
+from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config, stored_shape, unsupported
 from scaffold.detect.sourcecode import _parsed, declared_linears, modeling_sources, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
@@ -53,6 +53,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if act is not None:
         _check_activation(act, spec, where)
     n = spec.names
+    if not spec.mlp_on_layer and (altered := altered_projection(
+            modeling_sources(ckpt), n.get("mlp", "mlp"),
+            {n[r] for r in ("gate_proj", "up_proj", "gate_up_proj") if r in n})) is not None:
+        raise unsupported(f"the MLP changes its projections' outputs before their product ({altered}), which the "
+                          "port's act(gate) * up does not compute", where, spec.model_type)
     base = f"{n['model']}.{n['layers']}"
     inter, hidden = spec.intermediate_size, spec.hidden_size
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
@@ -172,6 +177,42 @@ def _unread_activation(sources: dict[str, str], mlp_attr: str, projections: set[
                         and node.func.attr in built):
                     return f"{file}:{node.lineno}: self.{node.func.attr}"
     return None
+
+
+CLAMPS = frozenset({"clamp", "clip", "clamp_", "clip_", "clamp_min", "clamp_max", "clamp_min_", "clamp_max_"})
+
+
+def altered_projection(sources: dict[str, str], mlp_attr: str, projections: set[str]) -> str | None:
+    """"FILE:LINE: code" where the MLP module's forward changes a projection's output before the product the port
+    computes (act(gate) * up, or act(up)): a clamp (GPT-OSS-style `gate.clamp(max=limit)`), or a number added to
+    or taken from a projection's output (`up + 1`). None where it does neither."""
+    classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
+               if attr == mlp_attr and isinstance(value, ast.Call)}
+    for file, cls, func in codekeys.methods(sources):
+        if cls.name not in classes or func.name != "forward":
+            continue
+
+        def projected(node: ast.AST) -> bool:
+            return isinstance(node, ast.Call) and ast.unparse(node.func) in {f"self.{p}" for p in projections}
+
+        derived: set[str] = set()
+        for node in subtree(func):  # names holding a projection's output (or a piece of it)
+            if isinstance(node, ast.Assign) and any(projected(n) or (isinstance(n, ast.Name) and n.id in derived)
+                                                    for n in subtree(node.value)):
+                derived.update(n.id for t in node.targets for n in subtree(t) if isinstance(n, ast.Name))
+        for node in subtree(func):
+            if isinstance(node, ast.Call) and _call_name(node) in CLAMPS:
+                return f"{file}:{node.lineno}: {ast.unparse(node)}"
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+                sides = (node.left, node.right)
+                if any(isinstance(x, ast.Constant) and isinstance(x.value, (int, float)) for x in sides) and any(
+                        projected(x) or (isinstance(x, ast.Name) and x.id in derived) for x in sides):
+                    return f"{file}:{node.lineno}: {ast.unparse(node)}"
+    return None
+
+
+def _call_name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
 
 
 def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
