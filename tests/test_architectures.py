@@ -149,6 +149,10 @@ ARCHITECTURES = {
                               "num_kv_heads": 2}),
     "falcon-rw": ("falcon", {"head_dim": None, "num_key_value_heads": None, "multi_query": False, "alibi": True,
                              "parallel_attn": False, "bias": True}),
+    # GPT-Neo: the attention's projections one module below a wrapper (attn.attention.q_proj), scores not scaled
+    # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
+    # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
+    "gpt_neo": ("gpt_neo", {"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -224,6 +228,8 @@ EXPECTED_SPEC = {
     "falcon-new": {"qkv_layout": "grouped", "block": "parallel", "num_kv_heads": 2},
     "falcon-rw": {"qkv_layout": "interleaved", "position_scheme": "alibi", "alibi_scaled": True, "qkv_bias": True,
                   "block": "pre_norm"},
+    "gpt_neo": {"attention_scale": 1.0, "sliding_window": 8, "sliding_window_layers": [1],
+                "position_scheme": "learned", "qkv_bias": False, "o_bias": True, "mlp_kind": "plain"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

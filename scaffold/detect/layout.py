@@ -54,7 +54,8 @@ CANDIDATES = {
 }
 # The q/k norms' names where the attention's code does not name them (first pair present wins).
 QK_NORM_HINTS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
-# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj).
+# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj), where no modeling
+# code shows the wrapper that hands on to them (with code, dataflow reads the wrapper: names.attn_inner).
 NESTED_ATTENTION = re.compile(r"\w+\.\w+\.(q_proj|k_proj|v_proj|qkv_proj|c_attn|query_key_value)\.weight\Z")
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
@@ -293,7 +294,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     attn = flow.attention_path if code_attn is not None else first("self_attn")
     if attn is None:
         nested = sorted(r for r in layer0 if NESTED_ATTENTION.match(r))
-        if nested:  # GPT-Neo's attn.attention.q_proj: the projections sit two modules below the layer
+        if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
