@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.spec import Spec, port_names, renamed_prefixes, renamed_suffixes
+from scaffold.spec import Spec, port_names, renamed_prefixes, renamed_substrings, renamed_suffixes
 
 # (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
@@ -246,8 +246,13 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
 
 def renamed_name(spec: Spec, name: str) -> str:
     """The checkpoint name as the port loads it: a norm scale kept under another parameter name becomes its
-    `weight` (the port's hf_to_vllm_mapper, spec.renamed_suffixes)."""
+    `weight` (the port's hf_to_vllm_mapper, spec.renamed_suffixes); the projections an attention wrapper keeps
+    one module deeper move up to it (spec.renamed_substrings)."""
     dotted = f".{name}"  # `name` may be a whole name or one inside a layer (pre_attn_norm.scale)
+    for old, new in renamed_substrings(spec).items():
+        if old in dotted:
+            dotted = dotted.replace(old, new, 1)
+            name = dotted[1:]
     for old, new in renamed_suffixes(spec).items():
         if dotted.endswith(old):
             return (dotted[: -len(old)] + new)[1:]

@@ -64,6 +64,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     mlp_class = spec.has_dense_mlp or shared
     literal_tie = "tie_word_embeddings" in overridden
     literal_layers = "sliding_window_layers" in overridden
+    # The code's own condition for a sliding-window layer (over config and layer_idx), read by the port at run time
+    # (GPT-Neo's `config.attention_layers[layer_idx] == 'local'`).
+    window_condition = (spec.source("sliding_window_layers").expr
+                        if spec.sliding_window and spec.source("sliding_window_layers").kind == "code"
+                        and not literal_layers else None)
     literal_no_rope = "no_rope_layers" in overridden
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
@@ -99,6 +104,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "assumed_rope": not literal_rope and spec.source("rope_parameters").kind == "default",
         "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
+        "window_condition": window_condition,
         "literal_no_rope": literal_no_rope,
         # The code's own condition for rotating a layer (over config and layer_idx), read by the port at run time.
         "rope_condition": (spec.source("no_rope_layers").expr
@@ -108,7 +114,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # (rope_parameters.full_attention, ...) at run time.
         "per_type_rope": per_type_rope,
         # The port reads config.layer_types at run time (which layers slide, which rotary set).
-        "reads_layer_types": (bool(spec.sliding_window) and not literal_layers) or per_type_rope,
+        "reads_layer_types": (bool(spec.sliding_window) and not literal_layers and not window_condition)
+                             or per_type_rope,
         # Any override the port writes as a literal (the constants partial says so once).
         "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
         # MoE ports whose listed layers keep a dense MLP.

@@ -44,6 +44,7 @@ from scaffold.spec import (
     field_problem,
     port_names,
     renamed_prefixes,
+    renamed_substrings,
     renamed_suffixes,
     validate_identifiers,
 )
@@ -276,8 +277,9 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "port_names": port_names(spec.names),
         "renamed_prefixes": renamed_prefixes(spec),
         "renamed_suffixes": renamed_suffixes(spec),
-        # The port maps checkpoint names (hf_to_vllm_mapper) where either renames something.
-        "weights_mapper": bool(renamed_prefixes(spec) or renamed_suffixes(spec)),
+        "renamed_substrings": renamed_substrings(spec),
+        # The port maps checkpoint names (hf_to_vllm_mapper) where any of these renames something.
+        "weights_mapper": bool(renamed_prefixes(spec) or renamed_suffixes(spec) or renamed_substrings(spec)),
         # The rotary parameters as vLLM's get_rope takes them, partial rotary included.
         "rope_parameters_literal": {**spec.rope_parameters, **({"partial_rotary_factor": spec.partial_rotary_factor}
                                                                if spec.partial_rotary_factor != 1.0

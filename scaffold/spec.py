@@ -121,6 +121,10 @@ NAME_ROLES = (
     # Gated attention: the projection of the attention's input whose activation scales the attention output
     # before o_proj (AfMoE's gate_proj, Laguna's g_proj); present only where attn_output_gate is not "none".
     "attn_gate",
+    # An attention wrapper: the module inside self_attn that holds the projections (GPT-Neo's attn.attention,
+    # self_attn being attn). The port keeps the projections on self_attn itself and maps the checkpoint's
+    # `.self_attn.attn_inner.` onto `.self_attn.` on load (renamed_substrings).
+    "attn_inner",
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -818,6 +822,23 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
         out[f"{names['lm_head']}."] = f"{port['lm_head']}."
     out.update(dict.fromkeys(spec.skipped_tensors))
     return out
+
+
+def attention_module(names: dict[str, str]) -> str:
+    """The checkpoint's module holding the attention's projections, inside a decoder layer: self_attn, or
+    self_attn.attn_inner behind an attention wrapper (GPT-Neo's attn.attention)."""
+    inner = names.get("attn_inner")
+    return f"{names['self_attn']}.{inner}" if inner else names["self_attn"]
+
+
+def renamed_substrings(spec: Spec) -> dict[str, str]:
+    """Checkpoint name pieces -> the port's, for vLLM's WeightsMapper(orig_to_new_substr=...): the module an
+    attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`). Dots on both sides: whole
+    module names only, so no other module's tensor matches."""
+    names = spec.names
+    if not names.get("attn_inner"):
+        return {}
+    return {f".{attention_module(names)}.": f".{names['self_attn']}."}
 
 
 NORM_ROLES = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm", "norm")

@@ -160,6 +160,10 @@ ARCHITECTURES = {
     # (vLLM's swigluoai), a router with a bias, attention sinks, sliding layers with a window shorter than the
     # prompts, YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
+    # GPT-Neo: the attention's projections one module below a wrapper (attn.attention.q_proj), scores not scaled
+    # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
+    # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
+    "gpt_neo": ("gpt_neo", {"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -235,6 +239,8 @@ EXPECTED_SPEC = {
     "falcon-new": {"qkv_layout": "grouped", "block": "parallel", "num_kv_heads": 2},
     "falcon-rw": {"qkv_layout": "interleaved", "position_scheme": "alibi", "alibi_scaled": True, "qkv_bias": True,
                   "block": "pre_norm"},
+    "gpt_neo": {"attention_scale": 1.0, "sliding_window": 8, "sliding_window_layers": [1],
+                "position_scheme": "learned", "qkv_bias": False, "o_bias": True, "mlp_kind": "plain"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

@@ -171,9 +171,33 @@ def test_gpt2_attention_scaling_flags_are_read_or_refused_by_name(tmp_path):
         detect(read_checkpoint(tiny("gpt2", tmp_path / "inverse", scale_attn_by_inverse_layer_idx=True)))
 
 
+def test_gpt_neo_wrapper_unscaled_scores_and_local_window_are_read_from_its_code(tmp_path):
+    """GPT-Neo: q/k/v/out_proj one module below the attention wrapper (attn.attention), loaded onto the port's
+    attn by whole name components; scores not divided by sqrt(head_dim); the local layers' window built into the
+    causal mask (tril(bias, -config.window_size)) on the layers config.attention_layers calls local."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.spec import renamed_substrings
+
+    ckpt = read_checkpoint(tiny("gpt_neo", tmp_path / "ckpt", window_size=8,
+                                attention_types=[[["global", "local"], 1], [["global"], 1]]))
+    spec = detect(ckpt)
+    assert (spec.names["self_attn"], spec.names["attn_inner"]) == ("attn", "attention")
+    assert (spec.names["q_proj"], spec.names["o_proj"], spec.qkv_layout) == ("q_proj", "out_proj", "separate")
+    assert (spec.qkv_bias, spec.o_bias, spec.position_scheme) == (False, True, "learned")
+    assert spec.attention_scale == 1.0 and spec.source("attention_scale").kind == "code"
+    assert "modeling_gpt_neo.py:" in spec.source("attention_scale").detail
+    assert spec.sliding_window == 8 and spec.source("sliding_window").expr == "config.window_size"
+    assert spec.sliding_window_layers == [1]
+    assert spec.source("sliding_window_layers").expr == "config.attention_layers[layer_idx] == 'local'"
+    assert renamed_substrings(spec) == {".attn.attention.": ".attn."}
+    rows, homeless = weight_table(spec, ckpt)
+    assert not homeless
+    loads = {r.checkpoint: (r.param, r.shard) for r in rows}
+    assert loads["transformer.h.1.attn.attention.k_proj.weight"] == ("transformer.h.1.attn.qkv_proj.weight", "k")
+    assert loads["transformer.h.1.attn.attention.out_proj.bias"] == ("transformer.h.1.attn.out_proj.bias", None)
+
+
 @pytest.mark.parametrize("model_type, overrides, feature", [
-    ("gpt_neo", {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
-     r"attention projections sit two modules deep \(attn\.attention\.\w_proj\.weight\)"),
     ("opt", {"do_layer_norm_before": False}, r"post-LN: config.json do_layer_norm_before = false"),
     ("xglm", {}, r"absolute positions computed by XGLMSinusoidalPositionalEmbedding"),
 ])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import window
 from scaffold.detect.common import config_value, stored_shape, unsupported
+from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import Source, Spec, attention_module
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -23,7 +25,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         expected["o_proj"] = spec.hidden_size
     for layer in range(spec.num_layers):
         for role, rows in expected.items():
-            name = f"{n['model']}.{n['layers']}.{layer}.{n['self_attn']}.{n[role]}.weight"
+            name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
@@ -41,6 +43,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     key, window = config_value(ckpt, "sliding_window")
     enabled = ckpt.config.get("use_sliding_window", True) is not False
+    found = _code_window(ckpt, spec) if key is None else None
+    if found is not None:
+        spec.set("sliding_window", found.size, Source("code", f"{found.evidence}: the last config.{found.key} "
+                                                              "positions, the query's own included",
+                                                      f"config.{found.key}"))
+        spec.set("sliding_window_layers", found.layers, Source("code", f"{found.evidence}: the layers where "
+                                                                       f"{found.expr}", found.expr))
+        return
     if key is None or not enabled:
         spec.set("sliding_window", None, Source("config", "no sliding_window in config.json" if key is None
                                                  else "config.json use_sliding_window is false"))
@@ -62,6 +72,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("sliding_window_layers", list(range(spec.num_layers)),
                  Source("config", "sliding_window without layer_types: every layer"))
+
+
+def _code_window(ckpt: Checkpoint, spec: Spec):
+    """The window the attention's code narrows its causal mask to (scaffold.detect.window), where config.json
+    names none; None without such code."""
+    sources = modeling_sources(ckpt)
+    if not sources or "layers" not in spec.names:
+        return None
+    try:
+        return window.code_window(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], spec.num_layers,
+                                  ckpt.config_file, spec.model_type)
+    except RecursionError:
+        return None
 
 
 def _number(ckpt: Checkpoint, key: str):

@@ -38,6 +38,10 @@ ACTIVATIONS = ("silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "swish", "
 SPLITTERS = ("split", "chunk", "unbind", "tensor_split")
 RESHAPERS = ("view", "reshape", "unflatten")
 MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
+# Keywords by which a call scales what it computes (baddbmm's alpha, an attention function's scale), and tensor
+# methods and functions that multiply or divide: a scaling of the attention scores where q or k reach them.
+SCALE_KEYWORDS = ("alpha", "scale", "scaling", "softmax_scale")
+SCALERS = ("mul", "mul_", "div", "div_", "multiply", "divide", "true_divide")
 # Tensor methods whose result is metadata, not data derived from the tensor.
 METADATA = ("size", "dim", "numel", "stride", "data_ptr", "element_size", "get_device")
 # A call that rotates q and k by name (apply_rotary_pos_emb, self.rotary_emb, apply_rope): the call the rotary
@@ -111,6 +115,10 @@ class Events:
     # innermost last: ((test, True for the `if` body / False for its `else`), ...)
     guards: dict = field(default_factory=dict)
     callees: dict = field(default_factory=dict)  # line of such a call -> the callee as written (dotted)
+    # Values multiplied or divided by something not derived from the projections, or handed to a call with a
+    # scaling keyword (alpha=, scale=): (line, origins of the scaled value).
+    scalings: list = field(default_factory=list)
+    inlined: set = field(default_factory=set)  # lines of calls run as the source's own functions
 
 
 class Interpreter:
@@ -294,6 +302,8 @@ class Interpreter:
             self.events.products.append((line, lf, rf))
         if isinstance(op, ast.MatMult) and lf and rf:
             self.events.matmuls.append((line, lf, rf))
+        if isinstance(op, (ast.Mult, ast.Div)) and bool(lf) != bool(rf):
+            self.events.scalings.append((line, lf | rf))
         return lf | rf
 
     def subscript(self, node: ast.Subscript, env: dict):
@@ -364,10 +374,18 @@ class Interpreter:
         if short in MATMULS and len(derived) >= 2:
             pos = [_flat(a) for a in args if _flat(a)]
             self.events.matmuls.append((line, pos[-2], pos[-1]))
+        if derived and any(k.arg in SCALE_KEYWORDS and not (isinstance(k.value, ast.Constant)
+                                                           and k.value.value in (1, 1.0, None))
+                           for k in node.keywords):
+            self.events.scalings.append((line, _join_all(derived)))
+        if short in SCALERS and len(args) >= 2 and len(derived) == 1:
+            self.events.scalings.append((line, derived[0]))  # torch.mul(x, s)
         # Methods on a tensor: x.view(...), x.split(...), x.size().
         if isinstance(func, ast.Attribute) and not name.startswith("self.") and short not in ("cat", "stack"):
             base = _flat(self.expr(func.value, env))
             if base:
+                if short in SCALERS and not derived:
+                    self.events.scalings.append((line, base))  # x.mul(s), x.div_(s)
                 return self.tensor_method(base, short, node, env)
         if short in SPLITTERS and derived:
             return self.tensor_method(derived[0], short, node, env, first_arg=1)
@@ -379,6 +397,7 @@ class Interpreter:
         target = self.resolve(func)
         if target is not None:
             fn, bound = target
+            self.events.inlined.add(line)
             return self.call_function(fn, ([EMPTY] if bound else []) + args, kwargs)
         joined = _flat(_join_all([*args, *kwargs.values()]))
         if self.is_activation(func):
@@ -689,6 +708,10 @@ class Attention:
     rotary_guard: str | None = None
     rotary_guard_when: bool = True
     rotary_guard_evidence: str = ""
+    # FILE:LINE where forward computes the scores itself, q @ k^T, with nothing multiplying or dividing q, k or
+    # the scores on the way and no attention function of another source taking q, k and v (GPT-Neo's _attn:
+    # unscaled scores, where vLLM's Attention would take head_dim ** -0.5); "" otherwise.
+    unscaled_scores: str = ""
 
 
 @dataclass(frozen=True)
@@ -722,6 +745,17 @@ class Layer:
     # Whether the MLP's norm reads the layer's input untouched by the attention (GPT-NeoX's parallel residual,
     # Falcon's ln_mlp): True, False where it reads the attention's output, None where the code does not say.
     mlp_norm_parallel: bool | None = None
+    # An attention wrapper (GPT-Neo's attn: GPTNeoAttention holds no projection and hands its input to its
+    # `attention`): the module inside it that attention_flow reads, and FILE:LINE of the call handing it on.
+    attention_inner: str | None = None
+    attention_inner_evidence: str = ""
+
+    @property
+    def attention_path(self) -> str | None:
+        """The module holding the attention's projections, relative to the layer (attn.attention)."""
+        if self.attention is None or self.attention_inner is None:
+            return self.attention
+        return f"{self.attention}.{self.attention_inner}"
 
 
 class Undecided(Exception):
@@ -794,10 +828,29 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     after = [a for a, calls in interp.events.inputs.items() if a not in used and any(o for _, o in calls)]
     o_proj = after[0] if len(after) == 1 else None
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
+                     unscaled_scores=_unscaled_scores(interp.events, keys, file),
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
                      **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file),
                      **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values, interp.init,
                                      _parameters(interp.methods.get("forward")), file))
+
+
+def _unscaled_scores(events: Events, keys: dict, file: str) -> str:
+    """Where the scores are q @ k^T as forward computes them, nothing scaling q, k or the scores (a product or
+    quotient with anything not derived from the projections, a call's alpha= or scale=) and no call that the
+    interpreter did not run taking q, k and v (an attention function with a scale of its own); else ""."""
+    q, k, v = keys["q"], keys["k"], keys["v"]
+    scores = [line for line, left, right in events.matmuls
+              if {o.key for o in left} == {q} and {o.key for o in right} == {k}]
+    opaque = [line for line, args in events.calls if line not in events.inlined
+              and events.callees.get(line, "").rsplit(".", 1)[-1] not in MATMULS
+              and {q, k, v} <= {o.key for a in args for o in a}]
+    scaled = [line for line, origins in events.scalings
+              if {o.key for o in origins} & {q, k} and v not in {o.key for o in origins}]
+    if not scores or opaque or scaled:
+        return ""
+    return _where(file, scores[0], "scores = q @ k^T, neither q, k nor the scores multiplied or divided before "
+                                   "the softmax")
 
 
 def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: str) -> dict:
@@ -1032,6 +1085,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either
     attention = mlp = None
     attn_attr = mlp_attr = None
+    inner = None  # (attribute, evidence) of the attention inside a wrapper
     for attr, value in subs.items():
         sub = _submodule_class(sources, value)
         if sub is None:
@@ -1040,6 +1094,11 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             flow = analyze_attention(sources, sub[0], sub[1], config)
         except Undecided as e:
             flow = None
+            if (wrapped := _wrapped_attention(sources, sub[0], sub[1], config)) is not None:
+                if attention is not None:
+                    return _undecided_layer(file, cls, undecided + [f"two attention modules: {attn_attr}, {attr}"])
+                inner, attention, attn_attr = wrapped[:2], wrapped[2], attr
+                continue
             if any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in MATMULS + ("softmax",)
                    for n in subtree(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
                 undecided.append(f"{attr} ({sub[1].name}): {e}")
@@ -1104,7 +1163,39 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             parallel = (False if attending in read or norms.get("attn_post_norm") in read
                         else True if read == {"<input>"} else None)
     return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer,
-                 parallel)
+                 parallel, *(inner or (None, "")))
+
+
+def _wrapped_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> tuple[str, str, Attention] | None:
+    """(attribute, evidence, its attention) where `cls` holds no projection of its own but builds exactly one
+    module (dropouts aside), an attention analyze_attention reads, and its forward hands the layer's input to
+    that module and returns what it gives, nothing else added (GPT-Neo's GPTNeoAttention: `self.attention =
+    GPT_NEO_ATTENTION_CLASSES[...](...)`, `return self.attention(hidden_states, ...)`; not DBRX's
+    NormAttentionNorm, whose norms and residual sit around its attention). One level only; None otherwise."""
+    if linears(file, cls, set(linear_classes(sources))):
+        return None
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    modules = {}
+    for attr, value in _init_assignments(init).items():
+        value = conditions.selected(value, config)
+        if isinstance(value, ast.Call) and not any(w in _dotted(value.func).rsplit(".", 1)[-1]
+                                                   for w in ("Dropout", "Identity")):
+            modules[attr] = _submodule_class(sources, value)
+    if len(modules) != 1 or None in modules.values():
+        return None
+    (attr, (inner_file, inner_cls)), = modules.items()
+    if inner_cls is cls:
+        return None
+    try:
+        flow = analyze_attention(sources, inner_file, inner_cls, config)
+    except Undecided:
+        return None
+    interp = Interpreter(sources, file, cls, {attr}, config)
+    out = _flat(interp.run_method("forward", [frozenset({Origin("<input>")})]))
+    calls = interp.events.inputs.get(attr, [])
+    if not any(Origin("<input>") in origins for _, origins in calls) or {o.src for o in out} != {attr}:
+        return None
+    return attr, _where(file, calls[0][0], f"{cls.name} hands its input to self.{attr} ({inner_cls.name})"), flow
 
 
 def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:

@@ -31,13 +31,16 @@ from scaffold.detect.sourcecode import (
     weightless_norms,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import GATE_ACTIVATIONS, Source, Spec, Undetermined, Unknown
+from scaffold.spec import GATE_ACTIVATIONS, Source, Spec, Undetermined, Unknown, attention_module
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
     (re.compile(r"\.(mamba|ssm|mixer)\.|\.A_log$|\.dt_bias$|\.conv1d\."), "state-space (Mamba-style) blocks"),
     (re.compile(r"\.linear_attn\.|\.(recurrent|rwkv|time_mix)\w*\."), "linear or recurrent attention"),
 )
+
+
+STATE_SPACE_TENSOR = re.compile(r"\.A_log$|\.dt_bias$|\.conv1d\.")
 
 
 # Module names a role goes by in the checkpoints the generator knows (first match wins).
@@ -51,7 +54,8 @@ CANDIDATES = {
 }
 # The q/k norms' names where the attention's code does not name them (first pair present wins).
 QK_NORM_HINTS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
-# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj).
+# An attention whose projections sit inside a second module (GPT-Neo's attn.attention.q_proj), where no modeling
+# code shows the wrapper that hands on to them (with code, dataflow reads the wrapper: names.attn_inner).
 NESTED_ATTENTION = re.compile(r"\w+\.\w+\.(q_proj|k_proj|v_proj|qkv_proj|c_attn|query_key_value)\.weight\Z")
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
@@ -163,6 +167,20 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
     return embeds[0], norms[0], head, embed_norm
 
 
+def _not_code_attention(ckpt: Checkpoint, hits: list[str]) -> list[str]:
+    """`hits` of the state-space marker, less those under a module the decoder layer's code reads as its
+    attention (a lab's attention wrapper named `mixer`, as Mamba names its own block); a state-space tensor
+    itself (A_log, dt_bias, conv1d) still counts."""
+    sources = modeling_sources(ckpt)
+    try:
+        flow = dataflow.analyze_layer(sources, ckpt.config) if sources else None
+    except RecursionError:
+        flow = None
+    if flow is None or flow.attention_flow is None:
+        return hits
+    return [h for h in hits if f".{flow.attention}." not in h or STATE_SPACE_TENSOR.search(h)]
+
+
 def _norms_before_layers(sources: dict, candidates, layers: str | None = None) -> list[tuple[str, str, int]]:
     """(attribute, file, line) of each norm the forward of the class holding the layer list (`layers`, any when
     None) calls on self before its loop over the layers: a norm applied to the embeddings. `candidates`: the
@@ -189,6 +207,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     for pattern, feature in UNSUPPORTED_MARKERS:
         hits = sorted(n for n in ckpt.tensors if pattern.search(n))
+        if hits and pattern is UNSUPPORTED_MARKERS[0][0]:
+            hits = _not_code_attention(ckpt, hits)
         if hits:
             raise UnsupportedArchitecture(
                 f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}), which the generator cannot express "
@@ -269,17 +289,21 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
     flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless)
     code_attn = flow.attention_flow if flow is not None else None
-    attn = flow.attention if code_attn is not None else first("self_attn")
+    # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
+    # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
+    attn = flow.attention_path if code_attn is not None else first("self_attn")
     if attn is None:
         nested = sorted(r for r in layer0 if NESTED_ATTENTION.match(r))
-        if nested:  # GPT-Neo's attn.attention.q_proj: the projections sit two modules below the layer
+        if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
     names["self_attn"] = attn
-    if code_attn is not None and (per_layer_read := _per_layer_attention_argument(sources, flow, attn)):
+    if code_attn is not None and flow.attention_inner is not None:
+        names["self_attn"], names["attn_inner"] = flow.attention, flow.attention_inner
+    if code_attn is not None and (per_layer_read := _per_layer_attention_argument(sources, flow, flow.attention)):
         raise _unsupported(f"per-layer attention sizes: the decoder layer builds {attn} with {per_layer_read}, a "
                            "value of its own for each layer (the port builds every layer's attention from one "
                            "config value)", where, spec.model_type)
@@ -586,7 +610,7 @@ def _transposed(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow: 
     classes = linear_classes(sources) if sources else {}
     owners = []
     if flow is not None and flow.attention_flow is not None:
-        owners.append((flow.attention_flow.cls, names["self_attn"], ATTENTION_PROJECTIONS))
+        owners.append((flow.attention_flow.cls, attention_module(names), ATTENTION_PROJECTIONS))
     if flow is not None and flow.mlp_flow is not None:
         owners.append((flow.mlp_flow.cls, names["mlp"], MLP_PROJECTIONS))
     roles, evidence = [], set()
@@ -728,7 +752,7 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
         return module is not None and all(f"{module}.{p}.weight" in layer0 for p in projections if p)
 
     attn = flow.attention_flow
-    if attn is not None and not present(flow.attention, attn.q, attn.k, attn.v):
+    if attn is not None and not present(flow.attention_path, attn.q, attn.k, attn.v):
         attn = None
     mlp = flow.mlp_flow
     if flow.mlp_on_layer and mlp is not None:
@@ -758,7 +782,7 @@ def _undecided(flow: dataflow.Layer | None) -> str:
 def _code_qkv(ckpt: Checkpoint, spec: Spec, names: dict, code: dataflow.Attention, module: str,
               layer0: dict) -> None:
     """q/k/v names, layout and bias from the attention's code."""
-    attn = names["self_attn"]
+    attn = attention_module(names)
     source = Source("code", code.evidence)
     if code.layout == "separate":
         names.update(q_proj=code.q, k_proj=code.k, v_proj=code.v, qkv_proj="qkv_proj")
@@ -867,7 +891,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
              else Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.weight"))
     if weightless and code is not None:
         spec.set("norm_offset", 0.0, Source("code", f"{code.where}: {code.cls} has no scale"))
-    qk_weightless = spec.qk_norm != "none" and f"{names['self_attn']}.{names['q_norm']}.weight" not in layer0
+    qk_weightless = spec.qk_norm != "none" and f"{attention_module(names)}.{names['q_norm']}.weight" not in layer0
     if spec.qk_norm != "none" and qk_weightless != weightless:
         raise _unsupported("q/k norms and layer norms that differ in holding parameters", where, spec.model_type)
     final_bias = f"{names['norm']}.bias" in inside

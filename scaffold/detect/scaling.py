@@ -6,7 +6,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, conditions, configexpr
+from scaffold.detect import codekeys, conditions, configexpr, dataflow
 from scaffold.detect.attention import _number
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import Found, modeling_sources, sqrt_hidden_scale, subtree, walk
@@ -73,6 +73,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("logits_scale", None, Source("default", "logits as the head computes them"))
     if spec.source("attention_scale").kind == "default" and (found := _scaled_scores(ckpt)) is not None:
         spec.set("attention_scale", *_as_multiplier(ckpt, found, "q @ k^T (in place of head_dim ** -0.5)"))
+    elif spec.source("attention_scale").kind == "default" and (unscaled := _unscaled_scores(ckpt, spec)):
+        # GPT-Neo's _attn: softmax(q @ k^T + mask), the scores not divided by sqrt(head_dim).
+        spec.set("attention_scale", 1.0, Source("code", f"{unscaled} (unscaled: 1.0 in place of head_dim ** -0.5)"))
     if (cap := _number(ckpt, "final_logit_softcapping")) is not None:
         spec.set("final_logit_softcap", cap, Source("config", "config.json final_logit_softcapping",
                                                     "config.final_logit_softcapping"))
@@ -234,6 +237,22 @@ def _scaled_scores(ckpt: Checkpoint) -> tuple[str, bool, str] | None:
     # One config key (Granite's attention_multiplier): an expression such as head_dim ** -0.5 is the default
     # scale written out, which the port computes as it is.
     return _unique([f for f in _products(ckpt, scores) if re.fullmatch(r"config\.\w+", f[0])])
+
+
+def _unscaled_scores(ckpt: Checkpoint, spec: Spec) -> str:
+    """FILE:LINE where the attention's code computes its scores as q @ k^T and nothing scales them
+    (dataflow.Attention.unscaled_scores); "" where the code does not say so."""
+    sources = modeling_sources(ckpt)
+    if not sources or spec.qkv_layout == "latent":
+        return ""
+    layers = spec.names.get("layers") if isinstance(spec.names, dict) else None
+    try:
+        flow = (dataflow.analyze_layer(sources, ckpt.config, layers.rsplit(".", 1)[-1]) if layers else None) \
+            or dataflow.analyze_layer(sources, ckpt.config)
+    except RecursionError:
+        return ""
+    attention = flow.attention_flow if flow is not None else None
+    return attention.unscaled_scores if attention is not None else ""
 
 
 def _as_multiplier(ckpt: Checkpoint, found: tuple[str, bool, str], what: str) -> tuple[float, Source]:

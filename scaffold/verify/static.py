@@ -16,6 +16,7 @@ from scaffold.mapping import (
     embedding_tensor,
     head_tensor,
     port_rest,
+    renamed_name,
     stacked_modules,
     transposed_modules,
     weight_table,
@@ -205,7 +206,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             continue
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
-        module = port_rest(spec, name[len(prefix):].split(".", 1)[1]).rsplit(".", 1)[0]
+        module = port_rest(spec, renamed_name(spec, name[len(prefix):].split(".", 1)[1])).rsplit(".", 1)[0]
         if module in want:
             seen.add(module)
             # GPT-2's Conv1D stores [in, out]: its output rows are the last dimension.
