@@ -193,6 +193,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             want.update({f"{experts}.{n['expert_gate_proj']}": spec.moe_intermediate_size,
                          f"{experts}.{n['expert_up_proj']}": spec.moe_intermediate_size,
                          f"{experts}.{n['expert_down_proj']}": hidden})
+    # Compared under the port's names: the checkpoint's tensors are renamed below as the port loads them (a
+    # router kept one module deeper, gate.wg, loads as the port's wg), so the modules expected are renamed too.
+    want = {renamed_name(spec, f"{module}.weight").rsplit(".", 1)[0]: rows for module, rows in want.items()}
     prefix = f"{n['model']}.{n['layers']}."
     transposed = transposed_modules(spec)
     problems, seen = [], set()
