@@ -280,6 +280,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "attention sinks, one per head")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
+        if spec.act_tensors and module == f"{n['mlp']}.{n['act_fn']}" and kind in spec.act_tensors:
+            return [(rest, None, f"the activation's {kind}")]
         return None
     targets = _in_layer(spec, rest, module, kind, modules)
     if targets is not None and kind == "weight" and module in modules.transposed:

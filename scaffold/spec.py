@@ -121,6 +121,9 @@ NAME_ROLES = (
     # Gated attention: the projection of the attention's input whose activation scales the attention output
     # before o_proj (AfMoE's gate_proj, Laguna's g_proj); present only where attn_output_gate is not "none".
     "attn_gate",
+    # The MLP's activation module, inside the MLP, where it holds tensors of its own (Apertus' xIELU act_fn:
+    # alpha_p, alpha_n, beta, eps); present only where act_tensors is not empty.
+    "act_fn",
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -304,6 +307,10 @@ class Spec:
     gate_up_order: str = spec_field("gate_first", group="mlp", probe="mlp", choices=("gate_first", "up_first"),
                                     doc="which half of a fused gate_up tensor holds the gate rows")
     hidden_act: str = spec_field("silu", group="mlp", probe="mlp", doc="the MLP's activation (vLLM's name)")
+    act_tensors: list[str] = spec_field(
+        [], group="mlp", probe="mlp", omit_when_empty=True,
+        doc="the tensors the MLP's activation module (names.act_fn) holds, loaded under these names into vLLM's "
+            "activation of hidden_act, which has the same ones (xIELU's alpha_p, alpha_n, beta, eps); empty: none")
     mlp_bias: bool = spec_field(False, group="mlp", probe="mlp", doc="the MLP's projections have a bias")
     gate_extra_bias: str | None = spec_field(None, group="mlp", probe="mlp", identifier=True,
                                              doc="a bias parameter added to the gate, by name; None: none")
@@ -747,6 +754,12 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
         raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
                         origin)
+    if bool(spec.act_tensors) != ("act_fn" in names):
+        raise SpecError(f"act_tensors is {spec.act_tensors!r} but 'names' {'has a' if 'act_fn' in names else 'has no'} "
+                        "module name for role 'act_fn' (the MLP's activation module holding them).", origin)
+    for tensor in spec.act_tensors:
+        if not isinstance(tensor, str) or not IDENTIFIER.match(tensor) or keyword.iskeyword(tensor):
+            raise SpecError(f"spec field act_tensors lists {tensor!r}, which is not a tensor name.", origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

@@ -160,6 +160,10 @@ ARCHITECTURES = {
     # (vLLM's swigluoai), a router with a bias, attention sinks, sliding layers with a window shorter than the
     # prompts, YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
+    # Apertus: a plain MLP whose activation is xIELU, a module with tensors of its own (alpha_p, alpha_n stored
+    # before their softplus, beta, eps; random in the tiny checkpoint), loaded into vLLM's XIELU built per layer;
+    # q/k norms per head, the llama3 rotary scaling.
+    "apertus": ("apertus", {}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -235,6 +239,8 @@ EXPECTED_SPEC = {
     "falcon-new": {"qkv_layout": "grouped", "block": "parallel", "num_kv_heads": 2},
     "falcon-rw": {"qkv_layout": "interleaved", "position_scheme": "alibi", "alibi_scaled": True, "qkv_bias": True,
                   "block": "pre_norm"},
+    "apertus": {"mlp_kind": "plain", "hidden_act": "xielu", "act_tensors": ["alpha_n", "alpha_p", "beta", "eps"],
+                "qk_norm": "per_head"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

@@ -104,6 +104,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{mlp}.{n['down_proj']}.{kind}"] = (None,)
         if spec.gate_extra_bias:
             params[f"{p}{mlp}.{spec.gate_extra_bias}"] = (None,)
+        for tensor in spec.act_tensors:  # the activation's own (xIELU's alpha_p, ...)
+            params[f"{p}{mlp}.{n['act_fn']}.{tensor}"] = (None,)
     return params
 
 
