@@ -159,6 +159,10 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if "shared_expert_gate" in n:
         out.append(f"{n['mlp']}.{n['shared_expert_gate']}")
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
+    if spec.attn_sub_norm:  # replicated: every rank normalizes the whole attention output
+        out.append(f"{n['self_attn']}.{n['attn_sub_norm']}")
+    if spec.mlp_sub_norm:
+        out.append(f"{n['mlp']}.{n['mlp_sub_norm']}")
     return out
 
 

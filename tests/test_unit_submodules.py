@@ -177,3 +177,101 @@ def test_the_tensors_read_from_source_are_the_real_modules_state():
     assert both.transformers_tensors == set(XIELUActivation().state_dict())
     assert both.same_formula
     assert vllm_activation_call("xielu") == "XIELU()"
+
+
+# A lab's BitNet-style sublayers written unlike BitNet's: other names (out_norm, inner_norm, w1/w3/w2), the norm
+# applied through locals, the attention's output kept per head until the norm's input is flattened.
+NORM_CODE = LAB_CODE.replace("from transformers.activations import XIELUActivation\n", "").replace(
+    "        return self.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))",
+    "        flat = ctx.transpose(1, 2).reshape(b, t, -1)\n"
+    "        normed = self.out_norm(flat)\n"
+    "        return self.o_proj(normed)").replace(
+    "        self.o_proj = nn.Linear(config.num_attention_heads * self.d_head, config.hidden_size, bias=False)\n",
+    "        self.o_proj = nn.Linear(config.num_attention_heads * self.d_head, config.hidden_size, bias=False)\n"
+    "        self.out_norm = LabRMSNorm(config.num_attention_heads * self.d_head)\n").replace(
+    LAB_CODE[LAB_CODE.index("class LabFeedForward"):LAB_CODE.index("class LabLayer")],
+    '''class LabFeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w3 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.inner_norm = LabRMSNorm(config.intermediate_size)
+
+    def forward(self, x):
+        h = nn.functional.silu(self.w1(x)) * self.w3(x)
+        h = self.inner_norm(h)
+        return self.w2(h)
+
+
+''')
+
+
+def _norm_checkpoint(tmp_path, code=NORM_CODE, widths=None):
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_subnorm", layers=2)
+    tensors = tensors_for(shape)
+    for i in range(shape.layers):
+        base = f"model.layers.{i}"
+        for old, new in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            tensors[f"{base}.mlp.{new}.weight"] = tensors.pop(f"{base}.mlp.{old}.weight")
+        attn_width, mlp_width = widths or (shape.heads * shape.head_dim, shape.intermediate)
+        tensors[f"{base}.self_attn.out_norm.weight"] = [attn_width]
+        tensors[f"{base}.mlp.inner_norm.weight"] = [mlp_width]
+    read(tmp_path, shape, tensors=tensors)
+    (tmp_path / "modeling_lab.py").write_text(code)
+    from scaffold.checkpoint import read_checkpoint
+
+    return read_checkpoint(tmp_path)
+
+
+def test_norms_inside_the_sublayers_are_read_from_the_dataflow(tmp_path):
+    spec = detect_until(_norm_checkpoint(tmp_path), layout)
+    assert (spec.names["attn_sub_norm"], spec.names["mlp_sub_norm"]) == ("out_norm", "inner_norm")
+    assert spec.attn_sub_norm and spec.mlp_sub_norm
+    assert (spec.names["gate_proj"], spec.names["up_proj"], spec.names["down_proj"]) == ("w1", "w3", "w2")
+    line = next(i for i, text in enumerate(NORM_CODE.splitlines(), 1) if "h = self.inner_norm(h)" in text)
+    assert spec.source("mlp_sub_norm").detail.startswith(
+        f"modeling_lab.py:{line}: LabFeedForward applies self.inner_norm to what w1, w3 computed, and w2 reads its "
+        "output alone")
+    assert "applies self.out_norm to what k_proj, q_proj, v_proj computed" in spec.source("attn_sub_norm").detail
+
+
+def test_a_norm_on_one_factor_of_the_gated_product_is_not_a_sub_norm(tmp_path):
+    # inner_norm(w3(x)) * silu(w1(x)): the norm sees the up projection alone; the port's norm would see the product.
+    code = NORM_CODE.replace("        h = nn.functional.silu(self.w1(x)) * self.w3(x)\n        h = self.inner_norm(h)\n",
+                             "        h = nn.functional.silu(self.w1(x)) * self.inner_norm(self.w3(x))\n")
+    with pytest.raises(UnsupportedArchitecture, match=r"no part of the port computes with \(.*mlp\.inner_norm"):
+        detect_until(_norm_checkpoint(tmp_path, code=code), layout)
+
+
+def test_a_sub_norm_built_unlike_the_layers_norms_or_of_another_width_is_refused(tmp_path):
+    code = NORM_CODE.replace("self.out_norm = LabRMSNorm(config.num_attention_heads * self.d_head)",
+                             "self.out_norm = LabRMSNorm(config.num_attention_heads * self.d_head, eps=1e-3)")
+    with pytest.raises(UnsupportedArchitecture, match=r"self.out_norm .* built as LabRMSNorm\(\.\.\., eps=0.001\), "
+                                                      r"not as the layer's norms are \(LabRMSNorm\(\.\.\.\)\)"):
+        detect_until(_norm_checkpoint(tmp_path / "eps", code=code), layout)
+    with pytest.raises(UnsupportedArchitecture, match=r"a norm over the activated width one of 96, but layer 0 "
+                                                      r"holds \{'mlp.inner_norm.weight': \[48\]\}"):
+        detect_until(_norm_checkpoint(tmp_path / "width", widths=(64, 48)), layout)
+
+
+def test_bitnet_sub_norms_are_read_from_its_code():
+    sources = transformers_code("bitnet")
+    flow = dataflow.analyze_layer(sources, {})
+    a, m = flow.attention_flow, flow.mlp_flow
+    (attn,) = submodules.norm_before(sources, {}, a.cls, set(a.linears), a.o, {"attn_sub_norm", "rotary_fn"}, a.v,
+                                     False)
+    (mlp_norm,) = submodules.norm_before(sources, {}, m.cls, set(m.linears), m.down, {"ffn_sub_norm", "act_fn"}, m.up,
+                                         True)
+    assert (attn.attr, attn.cls, mlp_norm.attr, mlp_norm.cls) == ("attn_sub_norm", "BitNetRMSNorm", "ffn_sub_norm",
+                                                                  "BitNetRMSNorm")
+    assert attn.arguments == mlp_norm.arguments == ("eps=config.rms_norm_eps",)
+
+
+def test_a_bitnet_quantized_checkpoint_is_refused_by_its_method(tmp_path):
+    from scaffold.quantized import check_supported
+
+    config = {"quantization_config": {"quant_method": "bitnet", "linear_class": "bitlinear",
+                                      "quantization_mode": "offline"}}
+    with pytest.raises(UnsupportedArchitecture, match=r"quantized \(quantization_config.quant_method 'bitnet'\)"):
+        check_supported(config, tmp_path / "config.json")

@@ -432,6 +432,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     _norms_and_block(ckpt, spec, names, layer0, sources, inside, weightless, flow)
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
+    # Norms inside the sublayers (BitNet's attn_sub_norm before o_proj, ffn_sub_norm before down_proj).
+    try:
+        sub_norms = submodules.sub_norms(spec, names, flow if code_attn is not None else None, sources, ckpt.config,
+                                         layer0, attn, mlp if code_mlp is not None and not on_layer else None)
+    except submodules.Unmatched as exc:
+        raise _unsupported(str(exc), where, spec.model_type) from None
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -447,6 +453,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:
         dense.add(f"{mlp}.{act_module.attr}")
+    claimed |= {m for m in sub_norms if m.startswith(f"{attn}.")}
+    dense |= {m for m in sub_norms if m.startswith(f"{mlp}.")}
     if on_layer:
         dense |= {names["up_proj"], names["down_proj"]}  # as the checkpoint names them
     sparse_layers = sorted(set(per_layer) - set(spec.dense_layers)) if expert_modules is not None else []
