@@ -200,7 +200,6 @@ EXPECTED_SPEC = {
                 "dense_layers": []},
     "qwen3_moe": {"num_experts": 4, "moe_intermediate_size": 64, "moe_renormalize": True, "dense_layers": [1],
                   "qk_norm": "per_head"},
-    "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
     "qwen2_moe": {"num_experts": 4, "moe_renormalize": False, "shared_expert_intermediate_size": 96,
                   "qkv_bias": True},
     "glm4_moe": {"num_experts": 8, "moe_sigmoid": True, "moe_correction_bias": "gate.e_score_correction_bias",
