@@ -159,6 +159,10 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if "shared_expert_gate" in n:
         out.append(f"{n['mlp']}.{n['shared_expert_gate']}")
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
+    if spec.attn_sub_norm:  # replicated: every rank normalizes the whole attention output
+        out.append(f"{n['self_attn']}.{n['attn_sub_norm']}")
+    if spec.mlp_sub_norm:
+        out.append(f"{n['mlp']}.{n['mlp_sub_norm']}")
     return out
 
 
@@ -285,6 +289,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "attention sinks, one per head")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
+        if spec.act_tensors and module == f"{n['mlp']}.{n['act_fn']}" and kind in spec.act_tensors:
+            return [(rest, None, f"the activation's {kind}")]
         return None
     targets = _in_layer(spec, rest, module, kind, modules)
     if targets is not None and kind == "weight" and module in modules.transposed:

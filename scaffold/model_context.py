@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scaffold.detect.activations import vllm_activation_call
+from scaffold.errors import SpecError
 from scaffold.spec import Spec, port_names
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
@@ -92,6 +94,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rotary": spec.position_scheme == "rotary",
         # Gated attention: the function the port applies to the gate projection's output.
         "gate_fn": GATE_FUNCTIONS[spec.attn_gate_act] if spec.attn_output_gate != "none" else None,
+        # Norms inside a sublayer (BitNet's): the port's full_width_norm gathers the TP slices they span.
+        "sub_norm": spec.attn_sub_norm or spec.mlp_sub_norm,
+        # An activation with tensors of its own: how the port builds it, one per layer (XIELU()).
+        "act_call": activation_call(spec),
         # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
         "latent": spec.qkv_layout == "latent",
         "alibi": spec.position_scheme == "alibi",
@@ -235,7 +241,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     """
     moe, alibi, mlp_class, latent = flags["moe"], flags["alibi"], flags["mlp_class"], flags["latent"]
     low_rank_q = latent and bool(spec.q_lora_rank)
-    full_qk_norm = spec.qk_norm == "full"
+    # A norm over a tensor-parallel-sharded width: q/k norms over all heads, norms inside a sublayer.
+    sharded_norm = spec.qk_norm == "full" or bool(flags["sub_norm"])
     gate_bias = bool(spec.gate_extra_bias)
     # Parameters the port loads with a per-rank slice of their own (the gate bias, the attention sinks).
     sliced = gate_bias or bool(spec.attention_sinks)
@@ -258,13 +265,14 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", full_qk_norm or alibi),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi),
             ("get_tensor_model_parallel_world_size", True),
-            ("tensor_model_parallel_all_gather", full_qk_norm),
+            ("tensor_model_parallel_all_gather", sharded_norm),
         ), one_per_line=True),
-        *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if full_qk_norm else []),
+        *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation",
-                  ("get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
+                  (flags["act_call"].split("(", 1)[0] if flags["act_call"] else
+                   "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         # LayerNorm1P is the port's own class.
@@ -301,6 +309,18 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
 
 def _present(*names: tuple[str, bool]) -> tuple[str, ...]:
     return tuple(name for name, wanted in names if wanted)
+
+
+def activation_call(spec: Spec) -> str | None:
+    """How the port builds an activation holding tensors of its own (spec.act_tensors): as vLLM's registry
+    builds it (`XIELU()`), one instance per layer; None for an activation without tensors."""
+    if not spec.act_tensors:
+        return None
+    call = vllm_activation_call(spec.hidden_act.lower())
+    if call is None:
+        raise SpecError(f"act_tensors lists {', '.join(spec.act_tensors)}, but vLLM's activation registry builds "
+                        f"no module class for hidden_act {spec.hidden_act!r} to load them into.")
+    return call
 
 
 def model_context(spec: Spec, overridden: set[str], cfg: Callable[[str], str], act_and_mul: bool) -> dict:

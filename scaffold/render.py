@@ -253,7 +253,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
 
     # A gated MLP uses vLLM's fused act-and-mul kernel where the registry has one for the activation,
     # else act(gate) * up with get_act_fn (unknown without vLLM installed: the fused form).
-    act_and_mul = (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul"
+    # An activation with tensors of its own is built per layer from its class (model_context.activation_call).
+    act_and_mul = not spec.act_tensors and (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul"
     overridden = {name for name in FIELDS if spec.source(name).kind == "override"}
     context = {
         "spec": spec,

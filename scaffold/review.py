@@ -194,6 +194,11 @@ def decisions(spec) -> list[str]:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "
                    "rank loads its heads' slice.")
+    if spec.attn_sub_norm:
+        out.append(f"- a norm over the whole attention output, `{spec.names['self_attn']}.{spec.names['attn_sub_norm']}`"
+                   f", before `{spec.names['o_proj']}` ({_md(spec.source('attn_sub_norm').detail)}); its weight is "
+                   "whole on every tensor-parallel rank, which gathers the heads' outputs to apply it "
+                   "(`full_width_norm`).")
     if spec.qk_norm != "none":
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
     out.append(f"- {_positions(spec)}.")
@@ -214,6 +219,15 @@ def decisions(spec) -> list[str]:
     else:
         out.append(f"- MLP: plain, `{n['mlp']}.{n['up_proj']}` (`ColumnParallelLinear`) then `{_md(spec.hidden_act)}` "
                    f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`).")
+    if spec.act_tensors:
+        out.append(f"- the activation holds tensors of its own, `{n['mlp']}.{n['act_fn']}.`"
+                   f"{{{', '.join(spec.act_tensors)}}} ({_md(spec.source('act_tensors').detail)}): the port builds "
+                   "vLLM's class for it in every layer (get_act_fn would share one) in the model's dtype, and loads "
+                   "them, replicated on every rank.")
+    if spec.mlp_sub_norm:
+        out.append(f"- a norm over the activated width, `{n['mlp']}.{n['mlp_sub_norm']}`, before "
+                   f"`{n['mlp']}.{n['down_proj']}` ({_md(spec.source('mlp_sub_norm').detail)}); its weight is whole "
+                   "on every tensor-parallel rank, which gathers the MLP's columns to apply it (`full_width_norm`).")
     if spec.gate_extra_bias:
         out.append(f"- `mlp.{spec.gate_extra_bias}` is added to the gate half of gate_up_proj's output before the "
                    f"activation ({_md(spec.source('gate_extra_bias').detail)}); it is sharded like the gate rows.")

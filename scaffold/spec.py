@@ -125,6 +125,14 @@ NAME_ROLES = (
     # self_attn being attn). The port keeps the projections on self_attn itself and maps the checkpoint's
     # `.self_attn.attn_inner.` onto `.self_attn.` on load (renamed_substrings).
     "attn_inner",
+    # The MLP's activation module, inside the MLP, where it holds tensors of its own (Apertus' xIELU act_fn:
+    # alpha_p, alpha_n, beta, eps); present only where act_tensors is not empty.
+    "act_fn",
+    # Norms inside a sublayer: over the attention output before o_proj (in the attention module), over the MLP's
+    # act(gate) * up before down_proj (in the MLP module): BitNet's attn_sub_norm, ffn_sub_norm; present only
+    # where attn_sub_norm, mlp_sub_norm are true.
+    "attn_sub_norm",
+    "mlp_sub_norm",
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -259,6 +267,10 @@ class Spec:
                                     omit_when_empty=True, doc="the activation of that gate")
     attn_gate_bias: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
                                       doc="the gate projection has a bias")
+    attn_sub_norm: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="a norm (names.attn_sub_norm, built as the layer's norms are) over the whole attention output, every "
+            "head, before the output projection (BitNet's attn_sub_norm)")
     # Multi-head latent attention's sizes (qkv_layout "latent"); 0 elsewhere.
     q_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
                                   doc="the low-rank query's width; 0: the queries come from one projection")
@@ -308,6 +320,14 @@ class Spec:
     gate_up_order: str = spec_field("gate_first", group="mlp", probe="mlp", choices=("gate_first", "up_first"),
                                     doc="which half of a fused gate_up tensor holds the gate rows")
     hidden_act: str = spec_field("silu", group="mlp", probe="mlp", doc="the MLP's activation (vLLM's name)")
+    act_tensors: list[str] = spec_field(
+        [], group="mlp", probe="mlp", omit_when_empty=True,
+        doc="the tensors the MLP's activation module (names.act_fn) holds, loaded under these names into vLLM's "
+            "activation of hidden_act, which has the same ones (xIELU's alpha_p, alpha_n, beta, eps); empty: none")
+    mlp_sub_norm: bool = spec_field(
+        False, group="mlp", probe="mlp", omit_when_empty=True,
+        doc="a norm (names.mlp_sub_norm, built as the layer's norms are) over the whole activated width, "
+            "act(gate) * up, before the down projection (BitNet's ffn_sub_norm)")
     mlp_bias: bool = spec_field(False, group="mlp", probe="mlp", doc="the MLP's projections have a bias")
     gate_extra_bias: str | None = spec_field(None, group="mlp", probe="mlp", identifier=True,
                                              doc="a bias parameter added to the gate, by name; None: none")
@@ -751,6 +771,21 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
         raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
                         origin)
+    for role in ("attn_sub_norm", "mlp_sub_norm"):
+        if bool(getattr(spec, role)) != (role in names):
+            raise SpecError(f"{role} is {getattr(spec, role)!r} but 'names' {'has a' if role in names else 'has no'} "
+                            f"module name for role {role!r}.", origin)
+    if spec.attn_sub_norm and spec.qkv_layout == "latent":
+        raise SpecError("a norm over the attention output (attn_sub_norm) is not supported with latent attention.",
+                        origin)
+    if spec.mlp_sub_norm and spec.num_experts:
+        raise SpecError("a norm inside the MLP (mlp_sub_norm) is not supported with a mixture of experts.", origin)
+    if bool(spec.act_tensors) != ("act_fn" in names):
+        raise SpecError(f"act_tensors is {spec.act_tensors!r} but 'names' {'has a' if 'act_fn' in names else 'has no'} "
+                        "module name for role 'act_fn' (the MLP's activation module holding them).", origin)
+    for tensor in spec.act_tensors:
+        if not isinstance(tensor, str) or not IDENTIFIER.match(tensor) or keyword.iskeyword(tensor):
+            raise SpecError(f"spec field act_tensors lists {tensor!r}, which is not a tensor name.", origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

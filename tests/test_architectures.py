@@ -164,6 +164,13 @@ ARCHITECTURES = {
     # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
     # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
     "gpt_neo": ("gpt_neo", {"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8}),
+    # Apertus: a plain MLP whose activation is xIELU, a module with tensors of its own (alpha_p, alpha_n stored
+    # before their softplus, beta, eps; random in the tiny checkpoint), loaded into vLLM's XIELU built per layer;
+    # q/k norms per head, the llama3 rotary scaling.
+    "apertus": ("apertus", {}),
+    # BitNet (float weights): an RMSNorm over the whole attention output before o_proj and one over the MLP's
+    # relu2(gate) * up before down_proj, each spanning a width tensor parallelism shards.
+    "bitnet": ("bitnet", {}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -241,6 +248,9 @@ EXPECTED_SPEC = {
                   "block": "pre_norm"},
     "gpt_neo": {"attention_scale": 1.0, "sliding_window": 8, "sliding_window_layers": [1],
                 "position_scheme": "learned", "qkv_bias": False, "o_bias": True, "mlp_kind": "plain"},
+    "apertus": {"mlp_kind": "plain", "hidden_act": "xielu", "act_tensors": ["alpha_n", "alpha_p", "beta", "eps"],
+                "qk_norm": "per_head"},
+    "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
@@ -505,6 +515,8 @@ DEFAULTS = {
     "moe_sigmoid": False, "moe_correction_bias": None, "moe_groups": 0, "moe_topk_groups": 0,
     "moe_routed_scaling_factor": None,
     "norm_weight_name": "weight",
+    # Left out when absent: an activation holding tensors (Apertus' xIELU), norms inside the sublayers (BitNet's).
+    "act_tensors": [], "attn_sub_norm": False, "mlp_sub_norm": False,
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, positions
+from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -443,8 +443,25 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
         spec.set("gate_extra_bias", name, Source("code", f"{found}: added to gate_proj(x)"))
 
+    # An activation module holding tensors of its own (Apertus' xIELU), read from what the MLP's code applies.
+    act_module = None
+    if code_mlp is not None and not on_layer and ref is not None:
+        try:
+            act_module = submodules.activation_module(sources, ckpt.config, code_mlp, mlp, ref)
+        except submodules.Unmatched as exc:
+            raise _unsupported(str(exc), where, spec.model_type) from None
+    if act_module is not None:
+        names["act_fn"] = act_module.attr
+        spec.set("act_tensors", list(act_module.tensors), Source("code", act_module.evidence))
+
     _norms_and_block(ckpt, spec, names, layer0, sources, inside, weightless, flow)
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
+    # Norms inside the sublayers (BitNet's attn_sub_norm before o_proj, ffn_sub_norm before down_proj).
+    try:
+        sub_norms = submodules.sub_norms(spec, names, flow if code_attn is not None else None, sources, ckpt.config,
+                                         layer0, attn, mlp if code_mlp is not None and not on_layer else None)
+    except submodules.Unmatched as exc:
+        raise _unsupported(str(exc), where, spec.model_type) from None
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
     claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -458,6 +475,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
+    if act_module is not None:
+        dense.add(f"{mlp}.{act_module.attr}")
+    claimed |= {m for m in sub_norms if m.startswith(f"{attn}.")}
+    dense |= {m for m in sub_norms if m.startswith(f"{mlp}.")}
     if on_layer:
         dense |= {names["up_proj"], names["down_proj"]}  # as the checkpoint names them
     sparse_layers = sorted(set(per_layer) - set(spec.dense_layers)) if expert_modules is not None else []

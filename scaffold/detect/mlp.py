@@ -7,7 +7,13 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
-from scaffold.detect.activations import gated_forms, transformers_activations, vllm_registry
+from scaffold.detect.activations import (
+    gated_forms,
+    tensor_activation,
+    transformers_activation_classes,
+    transformers_activations,
+    vllm_registry,
+)
 from scaffold.detect.common import BACKEND_HINT, config_value, set_from_config, stored_shape, unsupported
 from scaffold.detect.sourcecode import _parsed, declared_linears, modeling_sources, subtree, walk
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -52,6 +58,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         act = set_from_config(spec, ckpt, "hidden_act", keys, str, default="silu", runtime=False)
     if act is not None:
         _check_activation(act, spec, where)
+        _check_activation_tensors(act, spec, where)
     n = spec.names
     if not spec.mlp_on_layer and (altered := altered_projection(
             modeling_sources(ckpt), n.get("mlp", "mlp"),
@@ -222,6 +229,8 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
                if attr == mlp_attr and isinstance(value, ast.Call)}
     formulas = _activation_functions(sources)
     modules = _activation_classes(sources, formulas)
+    table_classes = transformers_activation_classes()
+    defined = {cls.name for _f, cls, _fn in codekeys.methods(sources)}
     found: dict[str, str] = {}
     for file, cls, func in codekeys.methods(sources):
         if cls.name not in classes or func.name not in ("__init__", "forward"):
@@ -233,6 +242,10 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
                 found.setdefault(formulas[node.func.id], f"{file}:{node.lineno}")
             elif isinstance(node, ast.Call) and codekeys.callee(node) in modules:
                 found.setdefault(modules[codekeys.callee(node)], f"{file}:{node.lineno}")
+            elif (isinstance(node, ast.Call) and codekeys.callee(node) in table_classes
+                  and codekeys.callee(node) not in defined):
+                # One of transformers' activation classes by its name (XIELUActivation(...)): its table's name.
+                found.setdefault(table_classes[codekeys.callee(node)], f"{file}:{node.lineno}")
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Call)
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):
@@ -258,6 +271,22 @@ def _check_activation(act: str, spec: Spec, where) -> None:
     side = "vLLM's activation registry" if not usable else "transformers' ACT2FN (so its meaning is unknown)"
     raise UnsupportedArchitecture(f"{what} {act!r} is not in {side}; names both know: {', '.join(names)}.", where,
                                   hint=BACKEND_HINT if spec.model_type else "")
+
+
+def _check_activation_tensors(act: str, spec: Spec, where) -> None:
+    """An activation vLLM builds with tensors of its own (xIELU's alpha_p, ...) is right only with the
+    checkpoint's values loaded into it: the tensors the MLP's activation module holds (act_tensors) must be
+    those, and an activation without tensors must not be given any."""
+    if vllm_registry() is None:
+        return
+    wanted = tensor_activation(act.lower()).vllm_tensors or frozenset()
+    if wanted == set(spec.act_tensors):
+        return
+    held = ", ".join(spec.act_tensors) or "none"
+    raise UnsupportedArchitecture(
+        f"MLP activation {act!r}: vLLM builds it with the tensors {', '.join(sorted(wanted)) or 'none'}, but the "
+        f"MLP's activation module holds {held} in the checkpoint ({spec.source('act_tensors')})", where,
+        hint=BACKEND_HINT if spec.model_type else "")
 
 
 def _check_declared(ckpt: Checkpoint, spec: Spec, shapes: dict) -> None:

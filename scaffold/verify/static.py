@@ -94,6 +94,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             for kind in kinds:
                 params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
                 params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
+        if spec.attn_sub_norm:  # likewise
+            for kind in kinds:
+                params[f"{p}{attn}.{n['attn_sub_norm']}.{kind}"] = (None,)
         if i in sparse:
             params.update(_expert_params(spec, p))
             continue
@@ -105,6 +108,11 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{mlp}.{n['down_proj']}.{kind}"] = (None,)
         if spec.gate_extra_bias:
             params[f"{p}{mlp}.{spec.gate_extra_bias}"] = (None,)
+        if spec.mlp_sub_norm:
+            for kind in kinds:
+                params[f"{p}{mlp}.{n['mlp_sub_norm']}.{kind}"] = (None,)
+        for tensor in spec.act_tensors:  # the activation's own (xIELU's alpha_p, ...)
+            params[f"{p}{mlp}.{n['act_fn']}.{tensor}"] = (None,)
     return params
 
 
