@@ -151,7 +151,7 @@ def code_window(sources: dict, config: dict, layers_attr: str | None, num_layers
             break
     if branch is None:
         return None
-    test, stmt, mask, key = branch
+    test, stmt, _mask, key = branch
     said = f"{file}:{stmt.lineno}: where {ast.unparse(test.test)}, {ast.unparse(stmt)}"
     size = config.get(key)
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
