@@ -915,7 +915,7 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
         query_gate = _query_gate(interp.events, keys, file)
         whole["q"] = (keys["q"][0], None, None)
     elif keys["q"][0] in interp.events.pair_views:
-        line, view = interp.events.pair_views[keys["q"][0]]
+        line, view, _ = interp.events.pair_views[keys["q"][0]]
         cuts = [f"line {at}: {how}" for at, src, read, how in interp.events.pair_cuts if src == keys["q"][0]]
         query_gate = {"query_gate_refusal": _where(
             file, line, f"{keys['q'][0]}'s output is viewed per head as a pair ({view}), "
