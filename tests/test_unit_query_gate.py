@@ -219,3 +219,16 @@ def test_an_mlp_cut_per_block_in_pairs_is_not_read_as_halves():
     except dataflow.Undecided:
         return
     assert not mlp.fused, mlp
+
+
+def test_a_rotary_reshape_of_queries_viewed_per_head_is_no_pair():
+    """Only the projection's own output viewed as a pair counts: a plain attention whose rotary helper reshapes each
+    head into (2, head_dim // 2) keeps porting as plain q, k, v."""
+    code = LAB_CODE.replace("both = self.wq(x).reshape(b, t, self.n_heads, 2 * self.d_head)",
+                            "q = self.wq(x).view(b, t, -1, self.d_head)").replace(SPLIT, "").replace(
+        "return self.wo(ctx * F.silu(g.reshape(b, t, -1)))", "return self.wo(ctx)").replace(
+        "    x1, x2 = x.chunk(2, dim=-1)",
+        "    x1, x2 = x.reshape(*x.shape[:-1], 2, x.shape[-1] // 2).unbind(-2)")
+    flow = dataflow.analyze_layer({"modeling_lab.py": code}, {}).attention_flow
+    assert (flow.layout, flow.q, flow.output_gate, flow.query_gate, flow.query_gate_refusal) == \
+        ("separate", "wq", None, "", "")

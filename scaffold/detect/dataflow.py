@@ -452,13 +452,12 @@ class Interpreter:
             for o in base:
                 if o.piece is None and o.stage == "flat" and dims:
                     self.events.head_views.setdefault(o.src, ast.unparse(dims[-1]))
-            if stage is None and self.read_pairs and any(o.piece is None and o.stage in ("flat", "shaped")
-                                                         for o in base):
+            # A pair view of the projection's own output (not a rotary reshape of q already viewed per head).
+            if stage is None and self.read_pairs and all(o.piece is None and o.stage == "flat" for o in base):
                 unit = self.pair_unit(dims, env)
                 if unit is not None:
                     for o in base:
-                        if o.piece is None:
-                            self.events.pair_views.setdefault(o.src, (node.lineno, ast.unparse(node), unit))
+                        self.events.pair_views.setdefault(o.src, (node.lineno, ast.unparse(node), unit))
                     # (…, heads, 2 * unit) reads as halves; (…, heads, 2, unit) stays unread
                     stage = "per_head_pair" if unit else None
             stage = stage or "shaped"
