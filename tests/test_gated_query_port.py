@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 from gated_query_ckpt import build
 from helpers import scaffold, verified_at_parity
 
@@ -38,6 +38,6 @@ def test_query_gate_ports_at_parity(partial_rotary_factor, tmp_path):
     stage = stage_install(load_port(out))
     env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS="gatedq_vllm")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                           str(out / "tests" / "test_weight_mapping.py")], capture_output=True, text=True, env=env,
-                          cwd=out)
+                           str(out / "tests" / "test_weight_mapping.py")], check=False, capture_output=True, text=True,
+                          env=env, cwd=out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
