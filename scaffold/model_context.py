@@ -278,7 +278,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         # LayerNorm1P is the port's own class.
         *([] if flags["layer_norm_1p"] else [Import("vllm.model_executor.layers.layernorm", (norm_class(spec),))]),
         Import("vllm.model_executor.layers.linear", _present(
-            ("ColumnParallelLinear", not flags["gated"] or latent or spec.attn_output_gate != "none"),
+            ("ColumnParallelLinear", not flags["gated"] or latent
+             or spec.attn_output_gate not in ("none", "in_query")),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q),
             ("QKVParallelLinear", not latent),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q),

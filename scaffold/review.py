@@ -166,7 +166,7 @@ def _latent(spec) -> str:
 def decisions(spec) -> list[str]:
     """What the port computes, in the order a reader meets it in model.py."""
     n = spec.names
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q, kv = spec.query_rows, spec.num_kv_heads * spec.head_dim
     qkv = f"{n['self_attn']}.{n['qkv_proj']}"
     how = {
         "separate": f"q, k, v are separate tensors, loaded into `{qkv}` (`QKVParallelLinear`) as shards q, k, v",
@@ -184,7 +184,12 @@ def decisions(spec) -> list[str]:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
-    if spec.attn_output_gate != "none":
+    if spec.attn_output_gate == "in_query":
+        out.append(f"- gated attention, the gate folded into `{n['q_proj']}`: its rows hold, per head, the query "
+                   f"then the gate ({q} rows); `{qkv}` is built with twice the query heads so each "
+                   "tensor-parallel rank takes its heads' [query | gate] pairs, cut in two after the projection; the "
+                   f"attention output is multiplied by {spec.attn_gate_act}(gate) before `{n['o_proj']}`.")
+    elif spec.attn_output_gate != "none":
         per = "one value per head" if spec.attn_output_gate == "per_head" else "one value per output element"
         out.append(f"- gated attention: the attention output is multiplied by {spec.attn_gate_act}"
                    f"(`{spec.names['self_attn']}.{spec.names['attn_gate']}`(x)), {per}, before "

@@ -260,9 +260,12 @@ class Spec:
             "by its parameter's name in the attention module; None: none")
     # Gated attention: output * act(names.attn_gate(x)) before the output projection, x the attention's input.
     attn_output_gate: str = spec_field(
-        "none", group="attention", probe="self_attn", choices=("none", "elementwise", "per_head"), omit_when_empty=True,
+        "none", group="attention", probe="self_attn", choices=("none", "elementwise", "per_head", "in_query"),
+        omit_when_empty=True,
         doc="the attention output scaled by an activation of names.attn_gate(x) before the output projection: one "
-            "gate value per output element (AfMoE's), or one per head (Laguna's per-head gate); none: ungated")
+            "gate value per output element (AfMoE's), or one per head (Laguna's per-head gate); in_query: the gate "
+            "is folded into the query projection, each head's rows [query | gate] (Qwen3-Next's; no attn_gate "
+            "module); none: ungated")
     attn_gate_act: str = spec_field("sigmoid", group="attention", probe="self_attn", choices=GATE_ACTIVATIONS,
                                     omit_when_empty=True, doc="the activation of that gate")
     attn_gate_bias: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
@@ -515,6 +518,12 @@ class Spec:
         return [i for i in range(self.num_layers) if i not in set(self.dense_layers)]
 
     @property
+    def query_rows(self) -> int:
+        """The query projection's rows: heads x head_dim, twice that where it also holds the output gate per head
+        (attn_output_gate "in_query")."""
+        return self.num_heads * self.head_dim * (2 if self.attn_output_gate == "in_query" else 1)
+
+    @property
     def layers_with_window(self) -> set[int]:
         return set(self.sliding_window_layers) if self.sliding_window else set()
 
@@ -764,7 +773,7 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
-    if (spec.attn_output_gate != "none") != ("attn_gate" in names):
+    if (spec.attn_output_gate not in ("none", "in_query")) != ("attn_gate" in names):
         raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
                         f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "
                         "projection).", origin)
@@ -786,6 +795,9 @@ def validate_names(spec: Spec, origin: str) -> None:
     for tensor in spec.act_tensors:
         if not isinstance(tensor, str) or not IDENTIFIER.match(tensor) or keyword.iskeyword(tensor):
             raise SpecError(f"spec field act_tensors lists {tensor!r}, which is not a tensor name.", origin)
+    if spec.attn_output_gate == "in_query" and spec.qkv_layout != "separate":
+        raise SpecError("a gate folded into the query projection (attn_output_gate 'in_query') needs separate q, k, v "
+                        f"projections, not qkv_layout {spec.qkv_layout!r}.", origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

@@ -14,11 +14,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     n = spec.names
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    # The rows the query projection has: twice q where it also holds the output gate per head (Qwen3-Next's).
+    q_rows = spec.query_rows
     if spec.qkv_layout == "latent":
         # scaffold.detect.latent checked layer 0's projections; the policy check holds every layer to layer 0's shapes.
         expected = {}
     elif spec.qkv_layout == "separate":
-        expected = {"q_proj": q, "k_proj": kv, "v_proj": kv}
+        expected = {"q_proj": q_rows, "k_proj": kv, "v_proj": kv}
     else:  # fused or interleaved: one tensor
         expected = {"qkv_proj": q + 2 * kv}
     if expected:
@@ -31,10 +33,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
             shape = stored_shape(spec, role, (rows, q if role == "o_proj" else spec.hidden_size))
             if info.shape != shape:
+                doubled = (role == "q_proj" and spec.attn_output_gate != "in_query"
+                           and info.shape == stored_shape(spec, role, (2 * q, spec.hidden_size)))
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.num_heads} query heads and "
                     f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
-                    f"need {list(shape)}.",
+                    f"need {list(shape)}"
+                    + (": twice the query rows, as where the query projection also emits an output gate per head "
+                       "(Qwen3-Next's [query | gate] per head), a form the attention's code was not read as"
+                       if doubled else "") + ".",
                     where,
                 )
     _scale_and_softcap(ckpt, spec)

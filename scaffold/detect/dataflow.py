@@ -62,6 +62,9 @@ class Origin:
     pending: str | None = None  # cut by split/chunk, not yet unpacked into pieces
     act: bool = False
     line: int = 0
+    # stage "per_head_pair": the output viewed per head as 2 x <unit> (Qwen3-Next's q_proj, query and gate per
+    # head); the unit as the code writes it. Cut in two halves of <unit> each, its pieces have layout "halves".
+    unit: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -119,6 +122,15 @@ class Events:
     # scaling keyword (alpha=, scale=): (line, origins of the scaled value).
     scalings: list = field(default_factory=list)
     inlined: set = field(default_factory=set)  # lines of calls run as the source's own functions
+    # A projection's output viewed per head as a pair (…, heads, 2 * unit) or (…, heads, 2, unit): producer ->
+    # (line, the view as written, the unit as written or "" for (…, 2, unit)), the first one (read only by
+    # analyze_attention: Interpreter.read_pairs).
+    pair_views: dict = field(default_factory=dict)
+    # producer -> the last dimension of the first view of its whole output, as written (k's `self.head_dim`)
+    head_views: dict = field(default_factory=dict)
+    # How such a view was cut: (line, producer, True where into two halves of `unit` along the last axis (chunk(2),
+    # split(unit)), False for any other cut, the cut as written).
+    pair_cuts: list = field(default_factory=list)
 
 
 class Interpreter:
@@ -141,6 +153,9 @@ class Interpreter:
         self.depth = 0
         self.inlined = 0
         self.branch: list = []  # (test, polarity) of the undecided branches being run
+        # Read a per-head pair view (…, heads, 2 * head_dim) cut in two as two pieces ("halves"): the attention's
+        # query and output gate folded into one projection. Off elsewhere (an MLP cut that way stays unread).
+        self.read_pairs = False
 
     # ------------------------------------------------------------------ statements
     def run_method(self, name: str, args: list) -> object:
@@ -329,6 +344,9 @@ class Interpreter:
         """The piece of a fused output that `[index]` takes, when the index picks one."""
         if o.piece is not None or index is None:
             return o
+        if o.stage == "per_head_pair":  # x[..., :head_dim]: a cut this does not read as halves
+            self.events.pair_cuts.append((line, o.src, False, f"[{ast.unparse(index)}]"))
+            return replace(o, stage="shaped")
         number = _int(index)
         if o.pending and number is not None:
             return _piece(o, number, o.pending, line)
@@ -411,6 +429,14 @@ class Interpreter:
             return EMPTY
         rest = node.args[first_arg:]
         if method in SPLITTERS:
+            pairs = {o for o in base if o.stage == "per_head_pair" and o.piece is None}
+            if pairs:
+                halves = self.halves(method, rest, node, env, {o.unit for o in pairs})
+                how = f"{method}(…, {', '.join([*map(ast.unparse, rest), *map(ast.unparse, node.keywords)])})"
+                for o in sorted(pairs, key=lambda o: o.src):
+                    self.events.pair_cuts.append((node.lineno, o.src, halves, how))
+                return frozenset((replace(o, pending="halves") if halves else replace(o, stage="shaped"))
+                                 if o in pairs else o for o in base)
             # Cutting a projection already viewed as heads (rotate_half's chunk(2)) takes halves of each head,
             # not pieces of a fused output.
             if all(o.stage == "shaped" or o.piece is not None for o in base):
@@ -420,9 +446,65 @@ class Interpreter:
         if method in RESHAPERS:
             # A shape this does not recognize ("shaped") stops slices from reading as pieces
             # (rotate_half's x[..., : d // 2] on a q already viewed per head).
-            stage = self.shape_stage(method, rest, node, env) or "shaped"
-            return frozenset(replace(o, stage=stage) if o.piece is None else o for o in base)
+            stage = self.shape_stage(method, rest, node, env)
+            unit = None
+            dims = self.dims(method, rest, env)
+            for o in base:
+                if o.piece is None and o.stage == "flat" and dims:
+                    self.events.head_views.setdefault(o.src, ast.unparse(dims[-1]))
+            # A pair view of the projection's own output (not a rotary reshape of q already viewed per head).
+            if stage is None and self.read_pairs and all(o.piece is None and o.stage == "flat" for o in base):
+                unit = self.pair_unit(dims, env)
+                if unit is not None:
+                    for o in base:
+                        self.events.pair_views.setdefault(o.src, (node.lineno, ast.unparse(node), unit))
+                    # (…, heads, 2 * unit) reads as halves; (…, heads, 2, unit) stays unread
+                    stage = "per_head_pair" if unit else None
+            stage = stage or "shaped"
+            return frozenset(replace(o, stage=stage, unit=unit or None) if o.piece is None else o for o in base)
         return base
+
+    def dims(self, method: str, args: list, env: dict) -> list:
+        """The dimensions a view/reshape/unflatten gives, as written (locals replaced by what they hold)."""
+        exprs = [self.local_expr(a, env) for a in args]
+        if method == "unflatten":
+            dims = exprs[1].elts if len(exprs) >= 2 and isinstance(exprs[1], (ast.Tuple, ast.List)) else []
+        else:
+            dims = exprs[0].elts if len(exprs) == 1 and isinstance(exprs[0], (ast.Tuple, ast.List)) else exprs
+        return [self.local_expr(d, env) for d in dims]
+
+    def pair_unit(self, dims: list, env: dict) -> str | None:
+        """A view per head as a pair: (…, heads, 2 * unit) gives the unit as written (`self.head_dim` in
+        Qwen3-Next's `.view(*input_shape, -1, self.head_dim * 2)`), (…, heads, 2, unit) gives "" (a pair this does
+        not read as halves); None for any other shape."""
+        if len(dims) < 2:
+            return None
+        last = dims[-1]
+        if isinstance(last, ast.BinOp) and isinstance(last.op, ast.Mult):
+            for factor, other in ((last.left, last.right), (last.right, last.left)):
+                if _int(factor) == 2 and _int(other) is None:
+                    return ast.unparse(self.local_expr(other, env))
+        if len(dims) >= 3 and _int(dims[-2]) == 2 and _int(dims[-1]) is None:
+            return ""
+        return None
+
+    def halves(self, method: str, args: list, node: ast.Call, env: dict, units: set) -> bool:
+        """Whether a cut of a per-head pair view takes its two halves along the last axis: chunk(2, dim=-1),
+        split(unit, dim=-1) or split([unit, unit], dim=-1) (tensor_split(2, dim=-1) as chunk)."""
+        if len(units) != 1:
+            return False
+        (unit,) = units
+        dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
+        if dim is None or _int(self.local_expr(dim, env)) != -1 or not args:
+            return False
+        size = self.local_expr(args[0], env)
+        if method in ("chunk", "tensor_split"):
+            return _int(size) == 2
+        if method == "split":
+            sizes = size.elts if isinstance(size, (ast.Tuple, ast.List)) else [size]
+            written = [ast.unparse(self.local_expr(s, env)) for s in sizes]
+            return len(sizes) in (1, 2) and all(w == unit for w in written)
+        return False
 
     def shape_stage(self, method: str, args: list, node: ast.Call, env: dict) -> str | None:
         """What a view/reshape/unflatten does to a fused output: per head (…, heads, 3 * head_dim), grouped per KV
@@ -712,6 +794,14 @@ class Attention:
     # the scores on the way and no attention function of another source taking q, k and v (GPT-Neo's _attn:
     # unscaled scores, where vLLM's Attention would take head_dim ** -0.5); "" otherwise.
     unscaled_scores: str = ""
+    # The output gate folded into the query projection (Qwen3-Next's): q's output viewed per head as
+    # [query | gate], 2 x head_dim, and cut in two, the first half the queries, an activation of the second scaling
+    # the attention output before o_proj. Then output_gate is q's projection, output_gate_act its activation, and
+    # this FILE:LINE: what was read; "" where there is none.
+    query_gate: str = ""
+    # Where q's projection is viewed per head as a pair but not read as that form (another cut, the gate first, no
+    # gate found): FILE:LINE: why. A port would mis-read the rows; the layout refuses with this.
+    query_gate_refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -807,12 +897,31 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     if not found:
         raise Undecided(f"{cls.name} declares no nn.Linear in __init__")
     interp = Interpreter(sources, file, cls, set(found), config)
+    interp.read_pairs = True
     interp.run_method("forward", [frozenset(), frozenset(), frozenset()])
     roles = _qkv_roles(interp.events)
     keys = {r: next(iter(roles[r])) for r in "qkv"}
     srcs = {keys[r][0] for r in "qkv"}
     origins = {r: roles[r][keys[r]] for r in "qkv"}
-    if len(srcs) == 3 and all(keys[r][1] is None for r in "qkv"):
+    halves = [r for r in "qkv" if keys[r][2] == "halves"]
+    query_gate: dict = {}
+    whole = dict(keys)  # the layout below reads the queries' projection as a whole
+    if halves:
+        if halves != ["q"] or len(srcs) != 3 or any(keys[r][1] is not None for r in "kv"):
+            raise Undecided(f"{cls.name}.forward: {', '.join(halves)} come from halves of a projection viewed per "
+                            f"head as a pair ({keys}); only the queries, beside separate k and v projections, are "
+                            "read that way")
+        query_gate = _query_gate(interp.events, keys, file)
+        whole["q"] = (keys["q"][0], None, None)
+    elif keys["q"][0] in interp.events.pair_views:
+        line, view, _ = interp.events.pair_views[keys["q"][0]]
+        cuts = [f"line {at}: {how}" for at, src, read, how in interp.events.pair_cuts if src == keys["q"][0]]
+        query_gate = {"query_gate_refusal": _where(
+            file, line, f"{keys['q'][0]}'s output is viewed per head as a pair ({view}), "
+            + (f"then cut as {'; '.join(cuts)}" if cuts else "never cut in two")
+            + ": not the query and output gate per head this reads (a view of 2 x head_dim, cut into two halves "
+              "of head_dim along the last axis, chunk(2, dim=-1) or split(head_dim, dim=-1), the queries first)")}
+    if len(srcs) == 3 and all(whole[r][1] is None for r in "qkv"):
         layout, q, k, v = "separate", keys["q"][0], keys["k"][0], keys["v"][0]
         evidence = _where(file, origins["q"], f"q, k, v are {q}, {k}, {v}")
     elif len(srcs) == 1 and [keys[r][1] for r in "qkv"] == [0, 1, 2] and len({keys[r][2] for r in "qkv"}) == 1:
@@ -827,10 +936,17 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     used = {q, k, v}
     after = [a for a, calls in interp.events.inputs.items() if a not in used and any(o for _, o in calls)]
     o_proj = after[0] if len(after) == 1 else None
+    if query_gate.get("output_gate"):
+        into_o = {o.src for _, origins in interp.events.inputs.get(o_proj, []) for o in origins} if o_proj else set()
+        if q not in into_o:
+            query_gate = {"query_gate_refusal": f"{query_gate['query_gate']}; but the product does not reach the "
+                                                "output projection"}
+    gate = query_gate if query_gate.get("output_gate") else {
+        **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file), **query_gate}
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
                      unscaled_scores=_unscaled_scores(interp.events, keys, file),
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
-                     **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file),
+                     **gate,
                      **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values, interp.init,
                                      _parameters(interp.methods.get("forward")), file))
 
@@ -851,6 +967,39 @@ def _unscaled_scores(events: Events, keys: dict, file: str) -> str:
         return ""
     return _where(file, scores[0], "scores = q @ k^T, neither q, k nor the scores multiplied or divided before "
                                    "the softmax")
+
+
+def _query_gate(events: Events, keys: dict, file: str) -> dict:
+    """The queries are the first half of a projection viewed per head as 2 x head_dim (keys["q"] is (src, piece,
+    "halves")): the other half, activated, must multiply the attention output (a value derived from v), as
+    Qwen3-Next's `attn_output * torch.sigmoid(gate)` does; else the reason this is not that form."""
+    src, piece, _ = keys["q"]
+    cut = next(((at, how) for at, s, read, how in events.pair_cuts if s == src and read), (0, ""))
+    view_line, view, unit = events.pair_views.get(src, (cut[0], "", ""))
+    read = f"{src}'s output viewed per head as [2 x {unit}] ({view}, line {view_line}) and cut in two at " \
+           f"line {cut[0]} ({cut[1]})"
+    heads = {events.head_views.get(keys[r][0]) for r in "kv"} - {None}
+    if heads != {unit}:
+        return {"query_gate_refusal": _where(file, cut[0], f"{read}; the keys and values are viewed per head as "
+                                                           f"{' / '.join(sorted(heads)) or 'nothing this reads'}, "
+                                                           f"not {unit}: the halves may not be heads")}
+    if piece != 0:
+        return {"query_gate_refusal": _where(file, cut[0], f"{read}, the queries its half {piece}: the port reads "
+                                                           "the queries first and the gate second in each head")}
+    other = (src, 1 - piece, "halves")
+    for line, left, right in events.products:
+        for out, gate in ((left, right), (right, left)):
+            if keys["v"] in {o.key for o in out} and {o.key for o in gate} == {other} and all(o.act for o in gate):
+                applied = [(at, name) for at, name, origins in events.activations
+                           if {o.key for o in origins} == {other}]
+                names = {name for _, name in applied}
+                return {"output_gate": src, "output_gate_evidence": f"{file}:{line}",
+                        "output_gate_act": next(iter(names)) if len(names) == 1 else None,
+                        "output_gate_act_line": min((at for at, _ in applied), default=line),
+                        "query_gate": _where(file, cut[0], f"{read}: the first half the queries, the second an "
+                                                           f"activated gate on the attention output (line {line})")}
+    return {"query_gate_refusal": _where(file, cut[0], f"{read}, the queries its first half; no activation of the "
+                                                       "second half multiplies the attention output")}
 
 
 def _output_gate(events: Events, v: tuple, used: set, o_proj: str | None, file: str) -> dict:

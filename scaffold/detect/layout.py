@@ -543,6 +543,12 @@ def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer
     the attention output before o_proj): its name, its activation, and whether it gives one value per output
     element or per head, from its weight's rows (heads x head_dim, or heads: the product could not broadcast
     otherwise)."""
+    if code is not None and code.query_gate_refusal:
+        raise _unsupported(f"an output gate folded into the query projection, not in the form the port builds "
+                           f"({code.query_gate_refusal})", where, spec.model_type)
+    if code is not None and code.query_gate:
+        _query_gate(spec, names, code, layer0, attn, module, where)
+        return
     gate = code.output_gate if code is not None else None
     weight = f"{attn}.{gate}.weight"
     if gate is None or weight not in layer0:
@@ -574,6 +580,34 @@ def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer
     file = evidence.rsplit(":", 1)[0]
     spec.set("attn_gate_act", act, Source("code", f"{file}:{code.output_gate_act_line}: {act} of {gate}(x)"))
     spec.set("attn_gate_bias", f"{attn}.{gate}.bias" in layer0, Source("tensor", f"{module}.{gate}.bias"))
+
+
+def _query_gate(spec: Spec, names: dict, code: dataflow.Attention, layer0: dict, attn: str, module: str,
+                where) -> None:
+    """The output gate folded into the query projection (Qwen3-Next's): q_proj's rows hold, per head, the query's
+    head_dim rows then the gate's; the port builds q_proj as 2 x heads query "heads" of QKVParallelLinear (each
+    rank takes its heads' pairs) and cuts each pair in two after the projection, as vLLM's qwen3_next.py does."""
+    what = f"an output gate folded into the query projection ({code.query_gate})"
+    if spec.qkv_layout != "separate":
+        raise _unsupported(f"{what} with qkv_layout {spec.qkv_layout}", where, spec.model_type)
+    act = code.output_gate_act
+    file = code.output_gate_evidence.rsplit(":", 1)[0]
+    if act not in GATE_ACTIVATIONS:
+        raise _unsupported(f"{what}, through an activation the reader does not name as one of "
+                           f"{', '.join(GATE_ACTIVATIONS)} ({file}:{code.output_gate_act_line}: {act or 'unnamed'})",
+                           where, spec.model_type)
+    weight = f"{attn}.{names['q_proj']}.weight"
+    shape = list(layer0[weight].shape) if weight in layer0 else None
+    rows = 2 * spec.num_heads * spec.head_dim
+    if shape != [rows, spec.hidden_size]:
+        raise _unsupported(f"{what}, but {module}.{names['q_proj']}.weight has shape {shape}, not [{rows}, "
+                           f"{spec.hidden_size}] ({spec.num_heads} heads x 2 x head_dim {spec.head_dim}: query and "
+                           "gate rows per head)", where, spec.model_type)
+    spec.set("attn_output_gate", "in_query",
+             Source("code", f"{code.query_gate}; {module}.{names['q_proj']}.weight has {rows} rows: "
+                            f"{spec.num_heads} heads x [query | gate] x {spec.head_dim}"))
+    spec.set("attn_gate_act", act, Source("code", f"{file}:{code.output_gate_act_line}: {act} of the gate half"))
+    spec.set("attn_gate_bias", False, Source("code", f"the gate's bias, if any, is {names['q_proj']}'s (qkv_bias)"))
 
 
 def _attention_sinks(sources: dict, layer0: dict, attn: str, heads: int) -> tuple[str, str] | None:

@@ -338,7 +338,8 @@ class _Sharding:
             return None
         request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.num_heads,
                    "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
-                   "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes)}
+                   "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
+                   "query_heads": spec.query_rows // spec.head_dim}
         return cls(report, len(report.checks), request, stage, spec.package, real_spec)
 
     def record(self, results: list[dict] | None, error: str | None = None) -> None:

@@ -87,7 +87,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.attention_sinks:
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
-        if spec.attn_output_gate != "none":
+        if "attn_gate" in n:  # a separate gate projection (not one folded into q_proj)
             for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
                 params[f"{p}{attn}.{n['attn_gate']}.{kind}"] = (None,)
         if spec.qk_norm != "none":  # built as the other norms are, so with their bias
@@ -179,7 +179,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         else:
             want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
     elif spec.qkv_layout == "separate":
-        want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['k_proj']}": kv, f"{attn}.{n['v_proj']}": kv})
+        want.update({f"{attn}.{n['q_proj']}": spec.query_rows, f"{attn}.{n['k_proj']}": kv,
+                     f"{attn}.{n['v_proj']}": kv})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
     if not spec.has_dense_mlp:
@@ -232,7 +233,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
-                 if latent else f"q {q}, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads}"
+                 if latent else f"q {spec.query_rows}"
+                 f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {kv} rows "
+                 f"(GQA {spec.num_heads}:{spec.num_kv_heads}"
                  f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''})")
     report.add("per-shard shapes", not problems, problems[0] if problems else f"{attention}; {mlp_detail}")
 

@@ -64,6 +64,9 @@ def prove(request: dict) -> list[dict]:
     module_name, class_name = request["model_class"].split(":")
     port = getattr(importlib.import_module(module_name), class_name)
     heads, kv_heads, head_dim = request["num_heads"], request["num_kv_heads"], request["head_dim"]
+    # The query "heads" the port's QKVParallelLinear holds: twice the heads where q_proj also emits the output gate
+    # per head ([query | gate] rows per head, attn_output_gate "in_query"), so each rank takes its heads' pairs.
+    q_heads = request.get("query_heads", heads)
     hidden, inter = request["hidden_size"], request["intermediate_size"]
     tensors = {}
     for name, file in request["tensors"].items():
@@ -92,12 +95,12 @@ def prove(request: dict) -> list[dict]:
         problems, q_parts, k_heads = [], [], {}
         for rank in range(tp):
             with simulated_rank(tp, rank):
-                qkv = QKVParallelLinear(hidden, head_dim, heads, kv_heads, bias=False)
+                qkv = QKVParallelLinear(hidden, head_dim, q_heads, kv_heads, bias=False)
                 gate_up = MergedColumnParallelLinear(hidden, [inter, inter], bias=False)
             for (layer, shard), (name, tensor) in by_shard.items():
                 target = qkv if layer == "qkv_proj" else gate_up
                 target.weight.weight_loader(target.weight, tensor, shard)
-            q_r, k_r, v_r, g_r, u_r = expected_rank_rows(q, k, v, gate, up, heads, kv_heads, head_dim, tp, rank)
+            q_r, k_r, v_r, g_r, u_r = expected_rank_rows(q, k, v, gate, up, q_heads, kv_heads, head_dim, tp, rank)
             if not torch.equal(qkv.weight.data, torch.cat([q_r, k_r, v_r])):
                 problems.append(f"rank {rank}: qkv_proj does not hold its q heads, then its k and v heads")
             if not torch.equal(gate_up.weight.data, torch.cat([g_r, u_r])):
