@@ -217,8 +217,9 @@ class _Modules:
     @classmethod
     def of(cls, spec: Spec) -> _Modules:
         n = spec.names
-        top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['model']}.{n['norm']}.weight",
-               f"{n['lm_head']}.weight", f"{n['model']}.{n['norm']}.bias", f"{n['lm_head']}.bias"}
+        top = {f"{n['model']}.{n['embed_tokens']}.weight", f"{n['lm_head']}.weight", f"{n['lm_head']}.bias"}
+        if "norm" in n:  # none where the base model applies no final norm
+            top |= {f"{n['model']}.{n['norm']}.weight", f"{n['model']}.{n['norm']}.bias"}
         if spec.position_scheme == "learned" and "embed_positions" in n:
             top.add(f"{n['model']}.{n['embed_positions']}.weight")
         if "embed_norm" in n:

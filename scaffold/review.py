@@ -248,6 +248,7 @@ def decisions(spec) -> list[str]:
     block = {"pre_norm": "norm before attention and before the MLP",
              "sandwich": "norms before and after both attention and the MLP",
              "post_norm": "norm after attention and after the MLP, before each residual add",
+             "residual_norm": "post-LN: a norm on each residual sum, whose output is the next residual",
              "parallel": "attention and MLP both read the layer input and add to it"
                          + ("" if "mlp_norm" in n else ", through one shared norm")}[spec.block]
     out.append(f"- block: {spec.block} ({block}); norms are {norm}.")

@@ -407,7 +407,7 @@ class Spec:
 
     # Norms and block.
     block: str = spec_field("pre_norm", group="norms", probe=("input_layernorm", "post_attention_layernorm", "layer"),
-                            choices=("pre_norm", "post_norm", "sandwich", "parallel"),
+                            choices=("pre_norm", "post_norm", "sandwich", "parallel", "residual_norm"),
                             doc="where the norms sit around the sublayers")
     norm_kind: str = spec_field("rms", group="norms", probe=NORMS, choices=("rms", "layer"),
                                 doc="RMSNorm or LayerNorm")
@@ -762,10 +762,17 @@ def validate_names(spec: Spec, origin: str) -> None:
                 or any(keyword.iskeyword(part) for part in value.split("."))):
             kind = "a dotted module path" if nested else "a valid Python identifier"
             raise SpecError(f"spec field names.{role} = {value!r} is not {kind}.", origin)
-    for role in ("model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "o_proj", "qkv_proj", "mlp",
+    # names.norm may be absent: a base model that applies no final norm (GPT-1's).
+    for role in ("model", "embed_tokens", "layers", "lm_head", "self_attn", "o_proj", "qkv_proj", "mlp",
                  "down_proj", "up_proj"):
         if role not in names and not (role == "up_proj" and "gate_up_proj" in names):
             raise SpecError(f"spec field 'names' needs a module name for role {role!r}.", origin)
+    if spec.block == "residual_norm" and ({"attn_norm", "mlp_norm"} & set(names)
+                                          or not {"attn_post_norm", "mlp_post_norm"} <= set(names)):
+        raise SpecError("block \"residual_norm\" (post-LN: a norm on each residual sum) needs names for "
+                        "attn_post_norm and mlp_post_norm and none for attn_norm or mlp_norm.", origin)
+    if "norm" not in names and spec.embedding_norm and "embed_norm" not in names:
+        raise SpecError("embedding_norm with neither a final norm nor names.embed_norm.", origin)
     # GPT-2 layouts: a learned position table needs its module name; a transposed role must be one the port has.
     if spec.position_scheme == "learned" and "embed_positions" not in names:
         raise SpecError("position_scheme is \"learned\" but 'names' has no module name for role 'embed_positions' "

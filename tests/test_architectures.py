@@ -171,6 +171,10 @@ ARCHITECTURES = {
     # BitNet (float weights): an RMSNorm over the whole attention output before o_proj and one over the MLP's
     # relu2(gate) * up before down_proj, each spanning a width tensor parallelism shards.
     "bitnet": ("bitnet", {}),
+    # GPT-1: post-LN blocks (n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)), the normed sum the next residual),
+    # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
+    # (ACT_FNS[config.afn]), a head tied to the token embedding.
+    "openai-gpt": ("openai-gpt", {}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -251,6 +255,8 @@ EXPECTED_SPEC = {
     "apertus": {"mlp_kind": "plain", "hidden_act": "xielu", "act_tensors": ["alpha_n", "alpha_p", "beta", "eps"],
                 "qk_norm": "per_head"},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
+    "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
+                   "norm_kind": "layer"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,

@@ -131,6 +131,8 @@ class Events:
     # How such a view was cut: (line, producer, True where into two halves of `unit` along the last axis (chunk(2),
     # split(unit)), False for any other cut, the cut as written).
     pair_cuts: list = field(default_factory=list)
+    # Sums of two derived values: (line, left origins, right origins, the sum's origins).
+    sums: list = field(default_factory=list)
 
 
 class Interpreter:
@@ -319,6 +321,8 @@ class Interpreter:
             self.events.matmuls.append((line, lf, rf))
         if isinstance(op, (ast.Mult, ast.Div)) and bool(lf) != bool(rf):
             self.events.scalings.append((line, lf | rf))
+        if isinstance(op, ast.Add) and lf and rf:
+            self.events.sums.append((line, lf, rf, lf | rf))
         return lf | rf
 
     def subscript(self, node: ast.Subscript, env: dict):
@@ -839,6 +843,10 @@ class Layer:
     # `attention`): the module inside it that attention_flow reads, and FILE:LINE of the call handing it on.
     attention_inner: str | None = None
     attention_inner_evidence: str = ""
+    # Post-LN (GPT-1's `n = ln_1(x + attn(x)); h = ln_2(n + mlp(n))`): each norm reads the sum of the residual and
+    # its sublayer's output, and the normed sum is the next residual; norms then holds attn_post_norm and
+    # mlp_post_norm. FILE:LINE: what was read; "" otherwise.
+    residual_norm: str = ""
 
     @property
     def attention_path(self) -> str | None:
@@ -1295,7 +1303,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     norms, evidence, parallel = {}, {}, None
     if attending and mlp_in:
         interp = Interpreter(sources, file, cls, set(subs), config)
-        interp.run_method("forward", [frozenset({Origin("<input>")})])
+        out = interp.run_method("forward", [frozenset({Origin("<input>")})])
         inputs = interp.events.inputs
         for role, sublayer in (("attn_norm", attending), ("mlp_norm", mlp_in)):
             srcs = {o.src for _, o in inputs.get(sublayer, []) for o in o}
@@ -1311,8 +1319,69 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
             read = {o.src for _, c in inputs.get(norms["mlp_norm"], []) for o in c}
             parallel = (False if attending in read or norms.get("attn_post_norm") in read
                         else True if read == {"<input>"} else None)
+        found = _residual_norms(interp, out, file, subs, attending, mlp_in, mlp_out, norms)
+        if found is not None:
+            norms, evidence, residual = found
+            return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided),
+                         on_layer, None, *(inner or (None, "")), residual_norm=residual)
     return Layer(cls.name, file, attn_attr, mlp_attr, norms, evidence, attention, mlp, tuple(undecided), on_layer,
                  parallel, *(inner or (None, "")))
+
+
+def _residual_norms(interp: "Interpreter", out, file: str, subs: dict, attending: str, mlp_in: str, mlp_out: str,
+                    norms: dict) -> tuple[dict, dict, str] | None:
+    """Post-LN, as GPT-1 and BERT compute it: a norm reads exactly the sum of the layer's input and the
+    attention's output, the MLP reads that norm's output, a second norm reads exactly the sum of the first norm's
+    output and the MLP's output, and the layer returns the second norm's output (beside what the attention
+    returns besides its output, its weights). Nothing scales a sublayer's output on the way, no pre-norm reads the
+    input. Then ({attn_post_norm, mlp_post_norm}, evidence, FILE:LINE: what was read); None otherwise."""
+    events = interp.events
+    inputs = events.inputs
+    if "attn_norm" in norms or "attn_post_norm" in norms or "mlp_post_norm" in norms:
+        return None
+    sublayers = {attending, mlp_in, mlp_out}
+
+    def srcs(origins) -> set:
+        return {o.src for o in origins}
+
+    def norm_of_sum(residual: set, sublayer: str) -> tuple[str, int] | None:
+        hits = []
+        for attr, calls in inputs.items():
+            if attr in sublayers or attr not in subs or len(calls) != 1:
+                continue
+            line, origins = calls[0]
+            if srcs(origins) != residual | {sublayer}:
+                continue
+            # The norm's input is a sum of the residual and the sublayer's output, nothing else.
+            if any(result == origins and {frozenset(srcs(left)), frozenset(srcs(right))}
+                   == {frozenset(residual), frozenset({sublayer})} for _, left, right, result in events.sums):
+                hits.append((attr, line))
+        return hits[0] if len(hits) == 1 else None
+
+    first = norm_of_sum({"<input>"}, attending)
+    if first is None:
+        return None
+    attn_calls = inputs.get(attending, [])
+    mlp_calls = inputs.get(mlp_in, [])
+    if len(attn_calls) != 1 or srcs(attn_calls[0][1]) != {"<input>"}:
+        return None
+    if len(mlp_calls) != 1 or srcs(mlp_calls[0][1]) != {first[0]}:
+        return None
+    second = norm_of_sum({first[0]}, mlp_out)
+    if second is None or second[0] == first[0]:
+        return None
+    if srcs(_flat(out)) - {attending} != {second[0]}:
+        return None
+    if any(srcs(origins) & {attending, mlp_out} for _, origins in events.scalings):
+        return None
+    norms = {"attn_post_norm": first[0], "mlp_post_norm": second[0]}
+    evidence = {"attn_post_norm": _where(file, first[1], f"{first[0]} reads the layer's input plus {attending}'s "
+                                                          "output"),
+                "mlp_post_norm": _where(file, second[1], f"{second[0]} reads {first[0]}'s output plus {mlp_out}'s "
+                                                           "output")}
+    return norms, evidence, _where(file, first[1], f"post-LN: {first[0]}(x + {attending}(x)), then {second[0]}("
+                                                   f"n + {mlp_out}(n)) (line {second[1]}), whose output the layer "
+                                                   "returns")
 
 
 def _wrapped_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> tuple[str, str, Attention] | None:

@@ -145,6 +145,8 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         norms = sorted({attr for _f, cls, _fn, attr, value in codekeys.self_assignments(source)
                         if cls.name in owners and isinstance(value, ast.Call)
                         and codekeys.callee(value) in weightless})
+    if not norms and _no_final_norm(code or modeling_sources(ckpt)):
+        return embeds[0], None, (heads[0] if heads else "lm_head"), None
     embed_norm = None
     if len(norms) == 2:
         # A norm of its own on the embeddings (BLOOM's word_embeddings_layernorm): the one the base model's
@@ -165,6 +167,35 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
                                       "end in the same name; the port names its modules after their last "
                                       "component.", where)
     return embeds[0], norms[0], head, embed_norm
+
+
+def _no_final_norm(sources: dict) -> str:
+    """FILE:LINE where the forward of the one class holding the layer list ends its loop over the layers and
+    then calls no module of its own, and that class builds no norm (GPT-1's OpenAIGPTModel: the last layer's
+    output is the model's); "" where the code does not say so."""
+    lists = codekeys.layer_lists(sources)
+    if len({(ll.owner, ll.attribute) for ll in lists}) != 1:
+        return ""
+    ll = lists[0]
+    built = [(a, v) for _f, c, _fn, a, v in codekeys.self_assignments(sources) if c.name == ll.owner]
+    if any(isinstance(v, ast.Call) and "norm" in codekeys.callee(v).lower() for _a, v in built):
+        return ""
+    modules = {a for a, v in built if isinstance(v, ast.Call)}
+    forwards = [(file, func) for file, cls, func in codekeys.methods(sources)
+                if cls.name == ll.owner and func.name == "forward"]
+    if len(forwards) != 1:
+        return ""
+    file, func = forwards[0]
+    loops = [n for n in subtree(func) if isinstance(n, ast.For) and f"self.{ll.attribute}" in ast.unparse(n.iter)]
+    if len(loops) != 1:
+        return ""
+    end = loops[0].end_lineno
+    after = [n for n in subtree(func) if isinstance(n, ast.Call) and n.lineno > end
+             and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+             and n.func.value.id == "self" and n.func.attr in modules]
+    if after:
+        return ""
+    return f"{file}:{end}: {ll.owner}.forward calls none of its modules after its loop over self.{ll.attribute}"
 
 
 def _not_code_attention(ckpt: Checkpoint, hits: list[str]) -> list[str]:
@@ -255,7 +286,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     except UnsupportedArchitecture as exc:
         raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
                              for role in ("embed_tokens", "norm", "lm_head"))) from None
-    names["embed_tokens"], names["norm"], names["lm_head"] = embed, norm, head
+    names["embed_tokens"] = embed
+    no_final_norm = _no_final_norm(code or modeling_sources(ckpt)) if norm is None else ""
+    if norm is not None:  # None: the base model applies no final norm (GPT-1's)
+        names["norm"] = norm
+    names["lm_head"] = head
     if embed_norm is not None:
         names["embed_norm"] = embed_norm
     spec.set("skipped_tensors", skipped,
@@ -493,7 +528,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
                                f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
                                spec.model_type)
-    spec.set("names", names, Source("tensor", "module names of the embedding, layer 0 and the head"))
+    spec.set("names", names, Source("tensor", "module names of the embedding, layer 0 and the head"
+                                    + ("" if "norm" in names else f"; no final norm ({no_final_norm})")))
 
     key = "tie_word_embeddings"
     configured = ckpt.config.get(key)
@@ -768,10 +804,15 @@ def _twice_as_wide(ref: dict, mlp: str, up: str, down: str) -> tuple[int, int] |
     return (up_w.shape[0], down_w.shape[1]) if up_w.shape[0] == 2 * down_w.shape[1] else None
 
 
-def _code_block(norms: dict, parallel, code_parallel: bool | None = None) -> tuple[str, str, dict] | None:
+def _code_block(norms: dict, parallel, code_parallel: bool | None = None,
+                residual_norm: str = "") -> tuple[str, str, dict] | None:
     """(block, detail, norm roles) from the norms the layer's forward applies; None for a combination the code
     analysis does not settle (the tensor names decide then)."""
     roles = set(norms)
+    if residual_norm:
+        if roles != {"attn_post_norm", "mlp_post_norm"}:
+            return None
+        return "residual_norm", residual_norm, dict(norms)
     ordered = {r: norms[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in norms}
     if roles == {"attn_norm", "mlp_norm"} and norms["attn_norm"] == norms["mlp_norm"]:
         return "parallel", "one norm per layer: attention and MLP both read its output", {"attn_norm": norms["attn_norm"]}
@@ -894,7 +935,8 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
     from_code = _code_block(flow.norms if flow is not None else {}, parallel,
-                            flow.mlp_norm_parallel if flow is not None else None)
+                            flow.mlp_norm_parallel if flow is not None else None,
+                            flow.residual_norm if flow is not None else "")
     if from_code is not None:
         # The layer's forward says which norm each sublayer reads, and which follow them.
         block, detail, roles = from_code
@@ -921,7 +963,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     if parallel is False and block == "parallel":
         raise _unsupported("config.json use_parallel_residual is false but each layer has one norm", where,
                            spec.model_type)
-    spec.set("block", block, Source("tensor", detail))
+    spec.set("block", block, Source("code", detail) if block == "residual_norm" else Source("tensor", detail))
 
     norm_attr = names.get("attn_norm") or names.get("attn_post_norm")
     code = norm_code(sources, norm_attr, ckpt.config)
@@ -949,7 +991,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     qk_weightless = spec.qk_norm != "none" and f"{attention_module(names)}.{names['q_norm']}.weight" not in layer0
     if spec.qk_norm != "none" and qk_weightless != weightless:
         raise _unsupported("q/k norms and layer norms that differ in holding parameters", where, spec.model_type)
-    final_bias = f"{names['norm']}.bias" in inside
+    final_bias = f"{names['norm']}.bias" in inside if "norm" in names else has_bias
     if final_bias != has_bias:
         raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)
     _embedding_norm(spec, sources, names, where, weightless_attributes)
@@ -967,7 +1009,7 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
                                                 f"{said}, a norm of its own, normalizes the embeddings before the "
                                                 "first layer"))
         return
-    final = names["norm"].rsplit(".", 1)[-1]
+    final = names["norm"].rsplit(".", 1)[-1] if "norm" in names else None
 
     embed = names["embed_tokens"].rsplit(".", 1)[-1] if "embed_tokens" in names else None
 

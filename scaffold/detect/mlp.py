@@ -8,6 +8,7 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys
 from scaffold.detect.activations import (
+    _package_file,
     gated_forms,
     tensor_activation,
     transformers_activation_classes,
@@ -42,7 +43,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     keys = activation_keys(ckpt)
     # The checkpoint's own code, else transformers' file (MPT builds nn.GELU with no config key naming it).
-    found = code_activation(modeling_sources(ckpt), spec.names.get("mlp", "mlp"))
+    found = code_activation(modeling_sources(ckpt), spec.names.get("mlp", "mlp"), ckpt.config)
     unread = None
     if config_value(ckpt, *keys)[0] is None and found is not None:
         # No activation in config.json: the one the MLP's code calls.
@@ -222,9 +223,56 @@ def _call_name(call: ast.Call) -> str:
     return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
 
 
-def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] | None:
+def _transformers_activation_aliases() -> dict[str, str]:
+    """transformers/activations.py's module-level `gelu_new = get_activation("gelu_new")`: name -> ACT2FN key."""
+    path = _package_file("transformers", "activations.py")
+    if path is None:
+        return {}
+    out = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == "get_activation" and len(node.value.args) == 1
+                and isinstance(node.value.args[0], ast.Constant) and isinstance(node.value.args[0].value, str)):
+            out[node.targets[0].id] = node.value.args[0].value
+    return out
+
+
+def _table_activation(sources: dict[str, str], node: ast.Subscript, config: dict, formulas: dict) -> str | None:
+    """`TABLE[config.K]` with TABLE a module-level dict literal of the code (GPT-1's `ACT_FNS[config.afn]`): the
+    registry name of the entry config.json's K selects, where that entry is a torch activation module or function,
+    a formula of the code, or a name imported from transformers' activations (`gelu_new`, its
+    get_activation("gelu_new")); None otherwise."""
+    if not (isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Attribute)
+            and ast.unparse(node.slice.value) in ("config", "self.config")):
+        return None
+    key = config.get(node.slice.attr)
+    if not isinstance(key, str):
+        return None
+    for _file, tree in _parsed(sources):
+        imported = {a.asname or a.name: a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                    and (n.module or "").rsplit(".", 1)[-1] == "activations" for a in n.names}
+        for top in tree.body:
+            if not (isinstance(top, ast.Assign) and len(top.targets) == 1 and isinstance(top.targets[0], ast.Name)
+                    and top.targets[0].id == node.value.id and isinstance(top.value, ast.Dict)):
+                continue
+            entries = {k.value: v for k, v in zip(top.value.keys, top.value.values)
+                       if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            entry = entries.get(key)
+            if isinstance(entry, ast.Call):
+                return _activation_of(entry)
+            if isinstance(entry, ast.Name):
+                if entry.id in imported:
+                    return _transformers_activation_aliases().get(imported[entry.id])
+                return formulas.get(entry.id)
+            return None
+    return None
+
+
+def code_activation(sources: dict[str, str], mlp_attr: str, config: dict | None = None) -> tuple[str, str] | None:
     """(registry name, "FILE:LINE") of the one activation the MLP module's class applies (a torch function in
-    its forward, or a torch activation module built in its __init__); squared ReLU reads as relu2."""
+    its forward, or a torch activation module built in its __init__, or the entry of a module-level table the
+    config selects: `ACT_FNS[config.afn]`); squared ReLU reads as relu2."""
     classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
                if attr == mlp_attr and isinstance(value, ast.Call)}
     formulas = _activation_functions(sources)
@@ -246,6 +294,9 @@ def code_activation(sources: dict[str, str], mlp_attr: str) -> tuple[str, str] |
                   and codekeys.callee(node) not in defined):
                 # One of transformers' activation classes by its name (XIELUActivation(...)): its table's name.
                 found.setdefault(table_classes[codekeys.callee(node)], f"{file}:{node.lineno}")
+            if (isinstance(node, ast.Subscript) and config is not None
+                    and (name := _table_activation(sources, node, config, formulas))):
+                found.setdefault(name, f"{file}:{node.lineno}")
             if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Call)
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):

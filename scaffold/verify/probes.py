@@ -69,8 +69,9 @@ def probes_for(spec) -> list[Probe]:
                     hf_path = f"{hf_path}|{_path(layer, 'mlp')}"
                 out.append(Probe(f"layer {i} {names[role]}", kind, hf_path, path, mode))
         out.append(Probe(f"layer {i} output", "layer", layer, port_layer, "stream"))
-    norm = _path(root, names["norm"])
-    out.append(Probe("final norm", "final_norm", norm, _path(root, port["norm"]), "first"))
+    if "norm" in names:  # none where the base model applies no final norm
+        norm = _path(root, names["norm"])
+        out.append(Probe("final norm", "final_norm", norm, _path(root, port["norm"]), "first"))
     out.append(Probe("logits", "logits", names.get("lm_head", "lm_head"), "logits_processor", "tensor"))
     return out
 
@@ -113,7 +114,7 @@ def capture(model, points: list[tuple[str, str, str]], store: dict) -> list:
         def hook(_module, _inputs, output, label=label, mode=mode):
             if label in store:
                 return
-            if isinstance(output, tuple):
+            if isinstance(output, (tuple, list)):  # GPT-1's Block returns a list
                 if mode == "stream" and len(output) > 1 and output[1] is not None:
                     output = output[0] + output[1]
                 else:

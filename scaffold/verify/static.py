@@ -37,9 +37,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     n = port_names(spec.names)  # the port's module names (a nested top-level module keeps its last component)
     top, head = f"{n['model']}.", f"{n['lm_head']}."
     params: dict[str, tuple] = {f"{top}{n['embed_tokens']}.weight": (None,)}
-    if not spec.norm_weightless:
+    if not spec.norm_weightless and "norm" in n:
         params[f"{top}{n['norm']}.weight"] = (None,)
-    if spec.norm_bias:
+    if spec.norm_bias and "norm" in n:
         params[f"{top}{n['norm']}.bias"] = (None,)
     if "embed_norm" in n:  # built as the final norm is
         for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
@@ -51,7 +51,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     if spec.lm_head_bias:
         params[f"{head}bias"] = (None,)
     norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
-             "post_norm": ("attn_post_norm", "mlp_post_norm"),
+             "post_norm": ("attn_post_norm", "mlp_post_norm"), "residual_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
     attn, mlp = n["self_attn"], n["mlp"]
     sparse = set(spec.sparse_layers)
