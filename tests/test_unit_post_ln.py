@@ -1,0 +1,162 @@
+"""Post-LN decoder layers (a norm on the sum of the residual and a sublayer's output, block "residual_norm"),
+base models without a final norm, and an activation picked from a module-level table: each read from what the
+code computes, on GPT-1's own file and on lab-style layers written otherwise."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import transformers_code
+
+from scaffold.detect import dataflow
+from scaffold.detect.layout import _code_block, _no_final_norm
+from scaffold.detect.mlp import code_activation
+
+HEADER = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+        self.out_proj = nn.Linear(8, 8)
+
+    def forward(self, hidden_states):
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / 8 ** 0.5
+        return self.out_proj(torch.matmul(scores.softmax(-1), v)), scores
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc_in = nn.Linear(8, 32)
+        self.fc_out = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc_out(nn.functional.gelu(self.fc_in(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.blocks = nn.ModuleList([Layer(config) for _ in range(2)])
+'''
+
+# A lab's post-LN layer written unlike GPT-1: named residuals, dropout between, the sums written both ways
+# round and on lines of their own, the last norm returned directly.
+LAB_POST_LN = HEADER + '''
+
+class Layer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.mixer = Attention(config)
+        self.mixer_ln = nn.LayerNorm(8)
+        self.ffn = FeedForward(config)
+        self.ffn_ln = nn.LayerNorm(8)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden_states, mask=None):
+        residual = hidden_states
+        hidden_states, _weights = self.mixer(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = residual + hidden_states
+        hidden_states = self.mixer_ln(hidden_states)
+        residual = hidden_states
+        hidden_states = self.ffn(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        summed = hidden_states + residual
+        return self.ffn_ln(summed)
+'''
+
+# OLMo-2's placement: the norm on the sublayer's output, added to the residual afterwards (block post_norm).
+NORM_ON_OUTPUT = HEADER + '''
+
+class Layer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.mixer = Attention(config)
+        self.mixer_ln = nn.LayerNorm(8)
+        self.ffn = FeedForward(config)
+        self.ffn_ln = nn.LayerNorm(8)
+
+    def forward(self, x):
+        a, _ = self.mixer(x)
+        x = x + self.mixer_ln(a)
+        return x + self.ffn_ln(self.ffn(x))
+'''
+
+# The norms read a product of the residual and the sublayer, not their sum.
+PRODUCT = LAB_POST_LN.replace("hidden_states = residual + hidden_states", "hidden_states = residual * hidden_states")
+
+# Post-LN norms, but the layer hands on the sum before the last norm plus its normed value.
+RETURNS_MORE = LAB_POST_LN.replace("return self.ffn_ln(summed)", "return self.ffn_ln(summed) + residual")
+
+
+def layer_of(code: str) -> dataflow.Layer:
+    layer = dataflow.analyze_layer({"modeling_lab.py": code}, {})
+    assert layer is not None and layer.attention == "mixer", layer
+    return layer
+
+
+def test_gpt1_reads_as_post_ln():
+    layer = dataflow.analyze_layer(transformers_code("openai"), {"afn": "gelu"})
+    assert layer.norms == {"attn_post_norm": "ln_1", "mlp_post_norm": "ln_2"}
+    assert "modeling_openai.py:148" in layer.residual_norm, layer.residual_norm
+    assert _code_block(layer.norms, None, layer.mlp_norm_parallel, layer.residual_norm)[0] == "residual_norm"
+
+
+def test_a_lab_post_ln_layer_written_otherwise():
+    layer = layer_of(LAB_POST_LN)
+    assert layer.norms == {"attn_post_norm": "mixer_ln", "mlp_post_norm": "ffn_ln"}
+    assert "mixer_ln" in layer.residual_norm and "ffn_ln" in layer.residual_norm
+    block, _detail, roles = _code_block(layer.norms, None, layer.mlp_norm_parallel, layer.residual_norm)
+    assert (block, roles) == ("residual_norm", {"attn_post_norm": "mixer_ln", "mlp_post_norm": "ffn_ln"})
+
+
+@pytest.mark.parametrize("code", [NORM_ON_OUTPUT, PRODUCT, RETURNS_MORE], ids=["norm-on-output", "product",
+                                                                            "returns-more"])
+def test_what_is_not_a_post_ln_block_is_not_read_as_one(code):
+    layer = layer_of(code)
+    assert layer.residual_norm == ""
+    found = _code_block(layer.norms, None, layer.mlp_norm_parallel, layer.residual_norm)
+    assert found is None or found[0] != "residual_norm"
+
+
+def test_the_norm_on_the_output_stays_olmo2s_post_norm():
+    layer = layer_of(NORM_ON_OUTPUT)
+    assert _code_block(layer.norms, None, layer.mlp_norm_parallel, layer.residual_norm)[0] == "post_norm"
+
+
+@pytest.mark.parametrize("model, config", [("gpt2", {"add_cross_attention": False}), ("llama", {})])
+def test_pre_ln_layers_are_untouched(model, config):
+    layer = dataflow.analyze_layer(transformers_code(model), config)
+    assert layer.residual_norm == ""
+    assert _code_block(layer.norms, None, layer.mlp_norm_parallel, layer.residual_norm)[0] == "pre_norm"
+
+
+def test_no_final_norm_is_read_from_the_base_models_forward():
+    said = _no_final_norm(transformers_code("openai"))
+    assert "OpenAIGPTModel.forward calls none of its modules after its loop over self.h" in said
+    assert _no_final_norm(transformers_code("gpt2")) == ""  # ln_f after the loop
+    # A lab's base model that builds no norm but calls a module after its loop: not "no final norm".
+    after = HEADER.replace("self.blocks = nn.ModuleList", "self.proj = nn.Linear(8, 8)\n        self.blocks = "
+                                                           "nn.ModuleList") + '''
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.proj(x)
+'''
+    assert _no_final_norm({"modeling_lab.py": after}) == ""
+
+
+@pytest.mark.parametrize("afn, act", [("gelu", "gelu_new"), ("relu", "relu"), ("silu", "silu")])
+def test_an_activation_picked_from_a_module_level_table(afn, act):
+    found = code_activation(transformers_code("openai"), "mlp", {"afn": afn})
+    assert found is not None and found[0] == act, found
+    assert found[1].startswith("modeling_openai.py:")
+    assert code_activation(transformers_code("openai"), "mlp", {}) is None  # no key: not guessed
