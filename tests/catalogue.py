@@ -128,8 +128,12 @@ def modeling_source(model_type: str) -> str:
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
     module = model_type_to_module_name(model_type)
-    path = Path(transformers.__file__).parent / "models" / module / f"modeling_{module}.py"
-    return path.read_text(encoding="utf-8") if path.is_file() else ""
+    folder = Path(transformers.__file__).parent / "models" / module
+    # A folder holding several families names each file after its type (data2vec/modeling_data2vec_text.py).
+    for path in (folder / f"modeling_{module}.py", folder / f"modeling_{model_type.replace('-', '_')}.py"):
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    return ""
 
 
 def out_of_scope(model_type: str) -> str | None:

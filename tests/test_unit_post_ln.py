@@ -160,3 +160,15 @@ def test_an_activation_picked_from_a_module_level_table(afn, act):
     assert found is not None and found[0] == act, found
     assert found[1].startswith("modeling_openai.py:")
     assert code_activation(transformers_code("openai"), "mlp", {}) is None  # no key: not guessed
+
+
+def test_cross_attention_is_the_modules_run_only_on_encoder_states():
+    """TrOCR's causal-LM class sets config.is_decoder, so every layer builds encoder_attn (and its norm), run only
+    under `encoder_hidden_states is not None`: named, for the layout to refuse where the checkpoint holds them.
+    GPT-2's crossattention is named the same way; its checkpoints without add_cross_attention hold no tensor of it."""
+    trocr = dataflow.encoder_only_modules(transformers_code("trocr"))
+    assert set(trocr) == {"encoder_attn", "encoder_attn_layer_norm"}
+    assert "modeling_trocr.py:" in trocr["encoder_attn"] and "encoder_hidden_states is not None" in trocr["encoder_attn"]
+    assert set(dataflow.encoder_only_modules(transformers_code("gpt2"))) == {"crossattention", "ln_cross_attn"}
+    assert dataflow.encoder_only_modules(transformers_code("openai")) == {}
+    assert dataflow.encoder_only_modules(transformers_code("llama")) == {}

@@ -646,6 +646,27 @@ def _encoder_test(test: ast.expr, env: dict) -> bool | None:
     return isinstance(test.ops[0], ast.Is)
 
 
+def encoder_only_modules(sources: dict, list_attr: str | None = None) -> dict[str, str]:
+    """Modules the decoder layer's forward calls only under `if encoder_hidden_states is not None:` (TrOCR's
+    encoder_attn and encoder_attn_layer_norm: cross-attention to an encoder's states, which a decoder-only causal
+    LM never runs), attribute -> FILE:LINE of the call; empty where there are none or no layer class is found."""
+    found = layer_class(sources, list_attr)
+    if found is None:
+        return {}
+    file, cls, _ = found
+    forward = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    out: dict[str, str] = {}
+    for node in subtree(forward) if forward is not None else ():
+        if isinstance(node, ast.If) and _encoder_test(node.test, {}) is False:
+            for sub in node.body:
+                for call in subtree(sub):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                            and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
+                        out.setdefault(call.func.attr, _where(file, call.lineno,
+                                                              f"self.{call.func.attr}(...) under `{ast.unparse(node.test)}`"))
+    return out
+
+
 def _bool_default(func: ast.FunctionDef | None, param: str) -> bool | None:
     """The constant boolean default of `func`'s parameter `param`, else None."""
     if func is None:

@@ -270,6 +270,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             where,
         )
 
+    # Modules a layer runs only on an encoder's states (cross-attention), whose tensors the checkpoint holds: the
+    # decoder half of an encoder-decoder (TrOCR's encoder_attn, built because its causal-LM class sets
+    # config.is_decoder). A port would drop them; refused by name.
+    layer0_names = {m.group(3) for m in matches.values() if m.group(2) == "0"}
+    held = {attr: why for attr, why in dataflow.encoder_only_modules(modeling_sources(ckpt),
+                                                                     layers_path.rsplit(".", 1)[-1]).items()
+            if any(n.startswith(attr + ".") for n in layer0_names)}
+    if held:
+        attr, why = next(iter(held.items()))
+        raise _unsupported(f"cross-attention to an encoder's states in every layer ({', '.join(held)}: {why}), "
+                           f"whose tensors the checkpoint holds (e.g. {prefix}.{layers_path}.0.{attr}.*): the "
+                           "decoder half of an encoder-decoder", where, spec.model_type)
     # Top level: the embedding, the final norm and the head, wherever the tree holds them.
     vocab = spec.vocab_size
     buffers = codekeys.registered_buffers(code)
