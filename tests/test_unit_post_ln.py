@@ -172,3 +172,25 @@ def test_cross_attention_is_the_modules_run_only_on_encoder_states():
     assert set(dataflow.encoder_only_modules(transformers_code("gpt2"))) == {"crossattention", "ln_cross_attn"}
     assert dataflow.encoder_only_modules(transformers_code("openai")) == {}
     assert dataflow.encoder_only_modules(transformers_code("llama")) == {}
+
+
+GPT1_NAMES = {"model": "transformer", "layers": "h", "embed_positions": "positions_embed",
+              "embed_tokens": "tokens_embed", "lm_head": "lm_head", "self_attn": "attn", "qkv_proj": "c_attn",
+              "o_proj": "c_proj", "mlp": "mlp", "up_proj": "c_fc", "down_proj": "c_proj",
+              "attn_post_norm": "ln_1", "mlp_post_norm": "ln_2"}
+
+
+def test_a_spec_file_may_leave_out_the_final_norm_but_a_post_ln_block_needs_its_two_norms():
+    from scaffold.errors import SpecError
+    from scaffold.spec import Spec, validate_names
+
+    spec = Spec(block="residual_norm", names=dict(GPT1_NAMES), position_scheme="learned", mlp_kind="plain")
+    validate_names(spec, "spec.toml")  # no names.norm: no final norm
+    for change in ({"mlp_norm": "ln_2"}, {"mlp_post_norm": None}):
+        names = {k: v for k, v in {**GPT1_NAMES, **change}.items() if v is not None}
+        with pytest.raises(SpecError, match="residual_norm"):
+            validate_names(Spec(block="residual_norm", names=names, position_scheme="learned", mlp_kind="plain"),
+                           "spec.toml")
+    with pytest.raises(SpecError, match="embedding_norm"):
+        validate_names(Spec(block="residual_norm", names=dict(GPT1_NAMES), position_scheme="learned",
+                            mlp_kind="plain", embedding_norm=True), "spec.toml")
