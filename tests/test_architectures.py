@@ -171,6 +171,10 @@ ARCHITECTURES = {
     # BitNet (float weights): an RMSNorm over the whole attention output before o_proj and one over the MLP's
     # relu2(gate) * up before down_proj, each spanning a width tensor parallelism shards.
     "bitnet": ("bitnet", {}),
+    # NanoChat: a rotary embedding that turns by -theta (rotate_half returns cat((x2, -x1))), computed with vLLM's
+    # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
+    # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
+    "nanochat": ("nanochat", {}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -250,6 +254,9 @@ EXPECTED_SPEC = {
                 "position_scheme": "learned", "qkv_bias": False, "o_bias": True, "mlp_kind": "plain"},
     "apertus": {"mlp_kind": "plain", "hidden_act": "xielu", "act_tensors": ["alpha_n", "alpha_p", "beta", "eps"],
                 "qk_norm": "per_head"},
+    "nanochat": {"rope_reversed": True, "rope_neox_style": True, "qk_norm": "per_head", "qk_norm_after_rope": True,
+                 "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
+                 "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
@@ -504,6 +511,7 @@ def test_coverage_doc_is_what_the_script_renders():
 DEFAULTS = {
     "qkv_layout": "separate", "gate_up_layout": "separate", "qkv_bias": False, "o_bias": False, "qk_norm": "none",
     "attention_scale": None, "attn_logit_softcap": None, "partial_rotary_factor": 1.0, "rope_neox_style": True,
+    "rope_reversed": False,
     "no_rope_layers": [], "mlp_kind": "gated", "hidden_act": "silu", "mlp_bias": False, "gate_extra_bias": None,
     "block": "pre_norm", "norm_kind": "rms", "norm_offset": 0.0, "norm_bias": False, "residual_multiplier": None,
     "tie_word_embeddings": False, "lm_head_bias": False, "embedding_multiplier": None, "logits_scale": None,
