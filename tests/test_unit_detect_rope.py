@@ -123,3 +123,33 @@ def test_a_rotation_by_minus_theta_of_adjacent_pairs_is_refused(tmp_path):
     (tmp_path / "modeling_x.py").write_text(GPTJ_STYLE.replace("(-x2, x1)", "(x2, x1 * -1)"))
     with pytest.raises(UnsupportedArchitecture, match=r"turns by -theta .*adjacent channel pairs \(GPT-J style\)"):
         detect_until(read_checkpoint(tmp_path), rope)
+
+
+NESTED_REVERSED = '''
+import torch
+
+
+class RoPE(torch.nn.Module):
+    def forward(self, q, k, cos, sin):
+        def rot(x):
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+            return torch.cat([x2, x1 * -1], -1)
+
+        return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def inline(q, cos, sin, d):
+    return q * cos + torch.cat((q[..., d:], -q[..., :d]), dim=-1) * sin
+'''
+
+
+@pytest.mark.parametrize("body, line", [(NESTED_REVERSED.split("\n\ndef inline")[0], 9),
+                                        (NESTED_REVERSED.split("class RoPE")[0] + "def inline"
+                                         + NESTED_REVERSED.split("def inline")[1], 6)])
+def test_a_rotation_by_minus_theta_in_a_nested_rot_or_inline_is_found(tmp_path, body, line):
+    """Wren's lab code keeps its rotate as a function `rot` nested in forward; other code swaps the halves inline,
+    with no function of its own: both are read (a rotation by -theta ported as the usual one would be wrong)."""
+    write_checkpoint(tmp_path, Shape())
+    (tmp_path / "modeling_x.py").write_text(body)
+    spec = detect_until(read_checkpoint(tmp_path), rope)
+    assert spec.rope_reversed is True and f"modeling_x.py:{line}" in str(spec.source("rope_reversed"))

@@ -130,11 +130,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
     if (reversed_at := _reversed_rotation(modeling_sources(ckpt))) is not None:
         if not spec.rope_neox_style:
-            raise unsupported(f"a rotary embedding that turns by -theta ({reversed_at}: the rotary function "
-                              "returns (x2, -x1)) on adjacent channel pairs (GPT-J style), which vLLM's get_rope "
+            raise unsupported(f"a rotary embedding that turns by -theta ({reversed_at}: the code swaps the "
+                              "halves as (x2, -x1)) on adjacent channel pairs (GPT-J style), which vLLM's get_rope "
                               "does not compute", ckpt.config_file, spec.model_type)
         spec.set("rope_reversed", True,
-                 Source("code", f"{reversed_at}: the rotary function returns cat((x2, -x1)), a rotation by -theta; "
+                 Source("code", f"{reversed_at}: the halves swapped as cat((x2, -x1)), a rotation by -theta; "
                                 "ported as NeoX rotary on q/k rows with each head's rotated halves swapped"))
     else:
         spec.set("rope_reversed", False, Source("default", "rotate_half returns cat((-x2, x1)): rotation by +theta"))
@@ -294,22 +294,26 @@ def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
 
 
 def _reversed_rotation(sources: dict[str, str]) -> Found | None:
-    """Where a rotary function (rotate_half, or one whose name says rotate or rotary) returns the two halves
-    swapped with the second negated, cat((x2, -x1)) (NanoChat's): a rotation by -theta, not cat((-x2, x1)). The
-    halves may be names or slices (`torch.cat([x[..., d:], -x[..., :d]], -1)`), the negation `-x` or `x * -1`."""
+    """Where the code rotates by -theta: the two halves swapped with the second negated, cat((x2, -x1))
+    (NanoChat's rotate_half), not cat((-x2, x1)). Read in a function whose name says rot (rotate_half, a nested
+    `rot`) where the halves are names or slices, and in any function where they are slices of one tensor
+    (`torch.cat([x[..., d:], -x[..., :d]], -1)` inline); the negation `-x` or `x * -1`."""
     for name, node in walk(sources):
-        if isinstance(node, ast.FunctionDef) and re.search("rotary|rotate", node.name.lower()):
-            for sub in subtree(node):
-                if not isinstance(sub, ast.Return) or sub.value is None:
-                    continue
-                for call in ast.walk(sub.value):  # also inside `.flatten(-2)` of a stack (GPT-J style)
-                    func = (call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-                            ) if isinstance(call, ast.Call) else ""
-                    if (func in ("cat", "concat", "concatenate", "stack") and call.args
-                            and isinstance(parts := call.args[0], (ast.Tuple, ast.List)) and len(parts.elts) == 2
-                            and not _negated(parts.elts[0]) and _negated(parts.elts[1])
-                            and not isinstance(_plain(parts.elts[1]), (ast.BinOp, ast.Call))):
-                        return Found(node.name, name, sub.lineno)
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        named = "rot" in node.name.lower()
+        for call in subtree(node):
+            func = (call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+                    ) if isinstance(call, ast.Call) else ""
+            if not (func in ("cat", "concat", "concatenate", "stack") and call.args
+                    and isinstance(parts := call.args[0], (ast.Tuple, ast.List)) and len(parts.elts) == 2
+                    and not _negated(parts.elts[0]) and _negated(parts.elts[1])):
+                continue
+            first, second = parts.elts[0], _plain(parts.elts[1])
+            if (named and all(isinstance(p, (ast.Name, ast.Subscript)) for p in (first, second))
+                    or all(isinstance(p, ast.Subscript) for p in (first, second))
+                    and ast.unparse(first.value) == ast.unparse(second.value)):
+                return Found(node.name, name, call.lineno)
     return None
 
 
