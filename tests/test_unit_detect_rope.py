@@ -153,3 +153,19 @@ def test_a_rotation_by_minus_theta_in_a_nested_rot_or_inline_is_found(tmp_path, 
     (tmp_path / "modeling_x.py").write_text(body)
     spec = detect_until(read_checkpoint(tmp_path), rope)
     assert spec.rope_reversed is True and f"modeling_x.py:{line}" in str(spec.source("rope_reversed"))
+
+
+@pytest.mark.parametrize("line, why", [
+    ("rope_neox_style = false", "the rotary pairs adjacent channels (GPT-J style)"),
+    ('position_scheme = "alibi"', "the position scheme is not rotary"),
+])
+def test_a_reversed_rotation_the_port_cannot_swap_is_refused_in_a_spec_file(tmp_path, line, why):
+    """rope_reversed set by hand where the port's swap of q/k rows does not compute it: refused, no port written."""
+    from helpers import EXAMPLES, scaffold
+
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text(f"rope_reversed = true\n{line}\n")
+    proc = scaffold("new", EXAMPLES / "demolm", "-o", tmp_path / "port", "--spec", spec_file, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "rope_reversed" in proc.stderr and why in proc.stderr, proc.stderr
+    assert not (tmp_path / "port").exists()
