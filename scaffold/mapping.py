@@ -297,6 +297,11 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     if targets is not None and kind == "weight" and module in modules.transposed:
         return [(param, shard, "; ".join(filter(None, ("stored [in, out], transposed on load", note))))
                 for param, shard, note in targets]
+    if (targets is not None and spec.rope_reversed
+            and module in {f"{n['self_attn']}.{n[role]}" for role in ("q_proj", "k_proj", "q_norm", "k_norm")
+                           if role in n and (role.endswith("proj") or spec.qk_norm == "per_head")}):
+        swapped = "each head's rotated halves swapped on load (rotary by -theta)"
+        return [(param, shard, "; ".join(filter(None, (note, swapped)))) for param, shard, note in targets]
     return targets
 
 

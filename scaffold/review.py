@@ -280,6 +280,9 @@ def _positions(spec) -> str:
     if spec.position_scheme == "none":
         return f"positions: none, no rotary embedding and no attention bias ({where})"
     rope = f"rotary embedding: {'NeoX' if spec.rope_neox_style else 'GPT-J (interleaved pairs)'} style"
+    if spec.rope_reversed:
+        rope += (" turning by -theta (rotate_half returns cat((x2, -x1))): q and k rows loaded with each head's "
+                 "rotated halves swapped, so that NeoX rotary by +theta gives the same scores")
     if spec.partial_rotary_factor != 1.0:
         rope += f" over {spec.partial_rotary_factor:g} of each head"
     if spec.no_rope_layers:

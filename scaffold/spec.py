@@ -312,6 +312,11 @@ class Spec:
                                               doc="the fraction of each head that is rotated")
     rope_neox_style: bool = spec_field(True, group="rotary", probe="self_attn",
                                        doc="rotate_half (NeoX) rather than interleaved pairs (GPT-J)")
+    rope_reversed: bool = spec_field(
+        False, group="rotary", probe="self_attn", omit_when_empty=True,
+        doc="the rotary embedding turns by -theta (NanoChat's rotate_half returns cat((x2, -x1))): computed with "
+            "vLLM's NeoX rotary on q and k rows whose two rotated halves of each head are swapped on load (q_proj, "
+            "k_proj and per-head q/k norm weights); q . k is unchanged by the swap")
     no_rope_layers: list[int] = spec_field([], group="rotary", probe="self_attn", layer_list=True,
                                            doc="layers without rotary embedding")
 
@@ -791,6 +796,16 @@ def validate_names(spec: Spec, origin: str) -> None:
         if bool(getattr(spec, role)) != (role in names):
             raise SpecError(f"{role} is {getattr(spec, role)!r} but 'names' {'has a' if role in names else 'has no'} "
                             f"module name for role {role!r}.", origin)
+    if spec.rope_reversed:
+        why = ("the position scheme is not rotary" if spec.position_scheme != "rotary"
+               else "the rotary pairs adjacent channels (GPT-J style)" if not spec.rope_neox_style
+               else f"q, k and v are not separate tensors (qkv_layout {spec.qkv_layout!r})"
+               if spec.qkv_layout != "separate" or not {"q_proj", "k_proj"} <= set(names)
+               else "a norm over all query/key heads at once (qk_norm \"full\")" if spec.qk_norm == "full"
+               else None)
+        if why is not None:
+            raise SpecError(f"rope_reversed (a rotary embedding that turns by -theta) is supported only by swapping "
+                            f"the rotated halves of separate q_proj and k_proj heads; here {why}.", origin)
     if spec.attn_sub_norm and spec.qkv_layout == "latent":
         raise SpecError("a norm over the attention output (attn_sub_norm) is not supported with latent attention.",
                         origin)

@@ -175,6 +175,10 @@ ARCHITECTURES = {
     # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
     # (ACT_FNS[config.afn]), a head tied to the token embedding.
     "openai-gpt": ("openai-gpt", {}),
+    # NanoChat: a rotary embedding that turns by -theta (rotate_half returns cat((x2, -x1))), computed with vLLM's
+    # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
+    # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
+    "nanochat": ("nanochat", {}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -254,6 +258,9 @@ EXPECTED_SPEC = {
                 "position_scheme": "learned", "qkv_bias": False, "o_bias": True, "mlp_kind": "plain"},
     "apertus": {"mlp_kind": "plain", "hidden_act": "xielu", "act_tensors": ["alpha_n", "alpha_p", "beta", "eps"],
                 "qk_norm": "per_head"},
+    "nanochat": {"rope_reversed": True, "rope_neox_style": True, "qk_norm": "per_head", "qk_norm_after_rope": True,
+                 "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
+                 "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
@@ -443,7 +450,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat")
 
 
 @pytest.mark.engine
@@ -510,6 +517,7 @@ def test_coverage_doc_is_what_the_script_renders():
 DEFAULTS = {
     "qkv_layout": "separate", "gate_up_layout": "separate", "qkv_bias": False, "o_bias": False, "qk_norm": "none",
     "attention_scale": None, "attn_logit_softcap": None, "partial_rotary_factor": 1.0, "rope_neox_style": True,
+    "rope_reversed": False,
     "no_rope_layers": [], "mlp_kind": "gated", "hidden_act": "silu", "mlp_bias": False, "gate_extra_bias": None,
     "block": "pre_norm", "norm_kind": "rms", "norm_offset": 0.0, "norm_bias": False, "residual_multiplier": None,
     "tie_word_embeddings": False, "lm_head_bias": False, "embedding_multiplier": None, "logits_scale": None,

@@ -129,8 +129,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("rope_neox_style", True, Source("default", "rotate_half (NeoX style) rotary embedding"))
     if (reversed_at := _reversed_rotation(modeling_sources(ckpt))) is not None:
-        raise unsupported(f"a rotary embedding that turns by -theta ({reversed_at}: rotate_half returns "
-                          "cat((x2, -x1))), which vLLM's get_rope does not compute", ckpt.config_file, spec.model_type)
+        if not spec.rope_neox_style:
+            raise unsupported(f"a rotary embedding that turns by -theta ({reversed_at}: the code swaps the "
+                              "halves as (x2, -x1)) on adjacent channel pairs (GPT-J style), which vLLM's get_rope "
+                              "does not compute", ckpt.config_file, spec.model_type)
+        spec.set("rope_reversed", True,
+                 Source("code", f"{reversed_at}: the halves swapped as cat((x2, -x1)), a rotation by -theta; "
+                                "ported as NeoX rotary on q/k rows with each head's rotated halves swapped"))
+    else:
+        spec.set("rope_reversed", False, Source("default", "rotate_half returns cat((-x2, x1)): rotation by +theta"))
 
     flags = cfg.get("no_rope_layers")
     if flags is None:
@@ -287,16 +294,46 @@ def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
 
 
 def _reversed_rotation(sources: dict[str, str]) -> Found | None:
-    """Where a rotate_half returns cat((x2, -x1)), a rotation by -theta (NanoChat's), not cat((-x2, x1))."""
+    """Where the code rotates by -theta: the two halves swapped with the second negated, cat((x2, -x1))
+    (NanoChat's rotate_half), not cat((-x2, x1)). Read in a function whose name says rot (rotate_half, a nested
+    `rot`) where the halves are names or slices, and in any function where they are slices of one tensor
+    (`torch.cat([x[..., d:], -x[..., :d]], -1)` inline); the negation `-x` or `x * -1`."""
     for name, node in walk(sources):
-        if isinstance(node, ast.FunctionDef) and node.name == "rotate_half":
-            for sub in subtree(node):
-                if (isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call) and sub.value.args
-                        and isinstance(parts := sub.value.args[0], ast.Tuple) and len(parts.elts) == 2
-                        and not isinstance(parts.elts[0], ast.UnaryOp)
-                        and isinstance(parts.elts[1], ast.UnaryOp) and isinstance(parts.elts[1].op, ast.USub)):
-                    return Found("rotate_half", name, sub.lineno)
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        named = "rot" in node.name.lower()
+        for call in subtree(node):
+            func = (call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+                    ) if isinstance(call, ast.Call) else ""
+            if not (func in ("cat", "concat", "concatenate", "stack") and call.args
+                    and isinstance(parts := call.args[0], (ast.Tuple, ast.List)) and len(parts.elts) == 2
+                    and not _negated(parts.elts[0]) and _negated(parts.elts[1])):
+                continue
+            first, second = parts.elts[0], _plain(parts.elts[1])
+            if (named and all(isinstance(p, (ast.Name, ast.Subscript)) for p in (first, second))
+                    or all(isinstance(p, ast.Subscript) for p in (first, second))
+                    and ast.unparse(first.value) == ast.unparse(second.value)):
+                return Found(node.name, name, call.lineno)
     return None
+
+
+def _negated(node: ast.AST) -> bool:
+    """-x, or x * -1 / -1 * x."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return True
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
+            and any(isinstance(s, ast.UnaryOp) and isinstance(s.op, ast.USub) and isinstance(s.operand, ast.Constant)
+                    and s.operand.value == 1 or isinstance(s, ast.Constant) and s.value == -1
+                    for s in (node.left, node.right)))
+
+
+def _plain(node: ast.AST) -> ast.AST:
+    """The operand of a negation."""
+    if isinstance(node, ast.UnaryOp):
+        return node.operand
+    if isinstance(node, ast.BinOp):
+        return node.left if not isinstance(node.left, (ast.UnaryOp, ast.Constant)) else node.right
+    return node
 
 
 def _defines(sources: dict[str, str], function: str) -> bool:
