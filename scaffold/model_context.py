@@ -85,6 +85,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.
         "stacked_experts": moe and spec.experts_layout == "stacked",
         "stacked_projections": stacked_projections(spec) if moe and spec.experts_layout == "stacked" else {},
+        # The float tensors of a checkpoint named otherwise than .weight or .bias: its generated tests take no
+        # tensor with one of these suffixes for a quantization method's (qweight, scales, ...).
+        "float_suffixes": float_suffixes(spec, moe),
         "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
@@ -140,6 +143,25 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
+    """Name endings of the checkpoint's float tensors: weights and biases, and those kept under names of their own
+    (norm scales named `scale`, a gate's extra bias, a router's correction bias, attention sinks, an activation's
+    own tensors, experts stored 3-D)."""
+    out = [".weight", ".bias"]
+    if spec.norm_weight_name != "weight":
+        out.append(f".{spec.norm_weight_name}")
+    if spec.gate_extra_bias:
+        out.append(f".{spec.gate_extra_bias}")
+    if moe and spec.moe_correction_bias:
+        out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
+    if spec.attention_sinks:
+        out.append(f".{spec.attention_sinks}")
+    out += [f".{tensor}" for tensor in spec.act_tensors]
+    if moe and spec.experts_layout == "stacked":
+        out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
+    return tuple(dict.fromkeys(out))
 
 
 def stacked_projections(spec: Spec) -> dict[str, tuple[str, ...]]:

@@ -68,6 +68,26 @@ def transformers_code(model: str) -> dict[str, str]:
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position
 
 
+def own_weight_tests_pass(port: Path, at_least: int = 7) -> str:
+    """The port's own generated tests/test_weight_mapping.py must pass, run against vLLM with the port installed
+    into a private folder (as a user runs them after `pip install`). Returns pytest's summary line."""
+    import re
+
+    from scaffold.verify.port import load_port, stage_install
+
+    loaded = load_port(port)
+    stage = stage_install(loaded)
+    env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS=loaded.spec.package)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(port / "tests" / "test_weight_mapping.py")],
+                          check=False, capture_output=True, text=True, env=env, cwd=port)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= at_least and "failed" not in summary and "error" not in summary, summary
+    return summary
+
+
 def verified_at_parity(port: Path, *args: str) -> dict:
     """`scaffold verify PORT --json ARGS` must pass: the port loads in vLLM, log-probabilities within
     PARITY_TOLERANCE, identical greedy continuations. Returns the checks by name."""

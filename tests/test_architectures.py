@@ -22,7 +22,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ import tomllib
 from catalogue import LATENT_SIZES as LATENT
 from coverage_doc import COVERAGE, recorded_results, render
 from engine_logprobs import logprobs, max_delta
-from helpers import engine_sample, quick_sample, scaffold
+from helpers import engine_sample, own_weight_tests_pass, quick_sample, scaffold
 
 TOLERANCE = 1e-4
 NATIVE_TOLERANCE = 1e-5  # port against vLLM's own class: the same kernels, so far tighter than TOLERANCE
@@ -450,28 +449,18 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
-OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat")
+OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
+             "apertus")
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("name", engine_sample(OWN_TESTS, keep=("phi3", "qwen2_moe")))
 def test_generated_weight_mapping_tests_pass(name, workdir):
-    from scaffold.verify.port import load_port, stage_install
-
     ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
     out = workdir / f"port-{name}"
     if not (out / "scaffold_spec.toml").exists():
         scaffold("new", ckpt, "-o", out, "--force")
-    port = load_port(out)
-    stage = stage_install(port)
-    env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS=port.spec.package)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(out / "tests" / "test_weight_mapping.py")],
-                          check=False, capture_output=True, text=True, env=env, cwd=out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    summary = proc.stdout.strip().splitlines()[-1]
-    passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) >= 7 and "failed" not in summary and "error" not in summary, summary
+    own_weight_tests_pass(out)
 
 
 # ------------------------------------------------------------ coverage.md

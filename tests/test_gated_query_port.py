@@ -5,14 +5,10 @@ head after the projection; Qwen3's q_norm applies to the query half. With full a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import tomllib
 from gated_query_ckpt import build
-from helpers import scaffold, verified_at_parity
+from helpers import own_weight_tests_pass, scaffold, verified_at_parity
 
 
 @pytest.mark.engine
@@ -33,11 +29,4 @@ def test_query_gate_ports_at_parity(partial_rotary_factor, tmp_path):
     checks = verified_at_parity(out, "--trust-remote-code")
     assert "TP=2: ok" in checks["tensor-parallel sharding"]["detail"]
     # The port's own weight-mapping tests: q_proj's [query | gate] rows land in the first 2 x 128 rows of qkv_proj.
-    from scaffold.verify.port import load_port, stage_install
-
-    stage = stage_install(load_port(out))
-    env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS="gatedq_vllm")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                           str(out / "tests" / "test_weight_mapping.py")], check=False, capture_output=True, text=True,
-                          env=env, cwd=out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    own_weight_tests_pass(out)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES, scaffold, verified_at_parity
+from helpers import EXAMPLES, own_weight_tests_pass, scaffold, verified_at_parity
 
 LABS = EXAMPLES / "labs"
 # The size keys transformers' decoders (and their GPT-2 era aliases) store: none of the labs' config.json has one.
@@ -96,3 +96,5 @@ def test_lab_example_ports_at_parity(name, labs, workdir):
     new = scaffold("new", labs / name, "-o", out, "--trust-remote-code", check=False)
     assert new.returncode == 0, f"scaffold new refused {name}:\n{new.stderr[-3000:]}"
     verified_at_parity(out, "--trust-remote-code")
+    # The port's own tests too: a lab's norm scale named `scale` (wren) was once taken there for a quantized tensor.
+    own_weight_tests_pass(out)

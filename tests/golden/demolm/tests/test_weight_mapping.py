@@ -130,7 +130,11 @@ def compare_with_checkpoint(model, checkpoint: Path) -> tuple[list[str], int, in
             data, want = params[param_name].data, tensor
             if first is not None:
                 data, want = data[dest : dest + rows], tensor[first : first + rows]
-            elif data.shape[1:] == want.shape[1:] and data.shape[0] > want.shape[0]:
+            elif (
+                want.dim()
+                and data.shape[1:] == want.shape[1:]
+                and data.shape[0] > want.shape[0]
+            ):
                 # vLLM pads vocabulary rows (embedding, head) to a multiple of 64.
                 data = data[: want.shape[0]]
             if data.shape != want.shape:
