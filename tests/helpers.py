@@ -65,6 +65,34 @@ def transformers_code(model: str) -> dict[str, str]:
     return {path.name: path.read_text(encoding="utf-8")}
 
 
+# The start of a lab-style modeling file the detector tests write (imports, a NeoX rotate_half and its
+# application, an RMSNorm class): the attention and layer classes under test follow it.
+LAB_PRELUDE = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(q, k, cos, sin):
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class LabRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+"""
+
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position
 
 

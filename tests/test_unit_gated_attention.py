@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from ckpt_factory import Shape, tensors_for
-from helpers import detect_until, read, transformers_code
+from helpers import LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.detect import dataflow, layout, rope
 from scaffold.errors import UnsupportedArchitecture
@@ -14,32 +14,7 @@ from scaffold.errors import UnsupportedArchitecture
 # A lab's attention written unlike AfMoE's: its own names, the gate per head (one row per head), softplus through
 # torch.nn.functional, the context viewed per head and multiplied by the gate broadcast over each head's dims, and
 # the rotary embedding skipped on the layers config.rope_layers marks false.
-LAB_CODE = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(q, k, cos, sin):
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-
-class LabRMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-
-class LabAttention(nn.Module):
+LAB_CODE = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.n_heads = config.num_attention_heads

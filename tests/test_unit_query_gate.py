@@ -10,7 +10,7 @@ import re
 
 import pytest
 from ckpt_factory import Shape, tensors_for
-from helpers import detect_until, read, transformers_code
+from helpers import LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.detect import attention, dataflow, layout
 from scaffold.detect.sourcecode import _classes
@@ -19,32 +19,7 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 # A lab's attention written unlike Qwen3-Next's: its own module names (wq, wk, wv, wo, qn, kn), the pair view
 # through reshape with the factor first, torch.split(..., head_dim) instead of chunk(2), SiLU instead of sigmoid,
 # and the gated product written inside the output projection's call.
-LAB_CODE = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(q, k, cos, sin):
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-
-class LabRMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-
-class LabAttention(nn.Module):
+LAB_CODE = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.n_heads = config.num_attention_heads
