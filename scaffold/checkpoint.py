@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold import quantized
-from scaffold.errors import CheckpointError
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
@@ -321,6 +321,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _short_list(values: list) -> str:
+    return repr(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... {len(values)} values]"
+
+
 def validate_config(config: dict, where: Path) -> None:
     """Types of the config.json values the generator reads; null counts as absent.
 
@@ -333,6 +337,11 @@ def validate_config(config: dict, where: Path) -> None:
 
     for key in POSITIVE_INT_KEYS:
         value = config.get(key)
+        if isinstance(value, list) and value and all(_is_int(v) and v > 0 for v in value):
+            # Gemma-3n's intermediate_size: well-formed, one size per layer, which no template builds.
+            raise UnsupportedArchitecture(
+                f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(value)}), "
+                "where the port builds every layer from one value.", where)
         if value is not None and (not _is_int(value) or value <= 0):
             raise bad(key, "a positive integer")
     for key in POSITIVE_NUMBER_KEYS:

@@ -10,7 +10,7 @@ from ckpt_factory import Shape, config_for, tensors_for, write_checkpoint
 from helpers import read
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.errors import CheckpointError
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 
 def test_every_tensor_header_is_read_with_dtype_shape_and_shard(tmp_path):
@@ -79,3 +79,19 @@ def test_config_that_is_not_json_is_an_error_naming_it(tmp_path):
     with pytest.raises(CheckpointError) as err:
         read_checkpoint(tmp_path)
     assert err.value.message.startswith(str(tmp_path / "config.json"))
+
+
+def test_a_size_given_per_layer_is_refused_as_a_feature_not_as_bad_input(tmp_path):
+    # Gemma-3n's config.json: intermediate_size holds one width per layer. Well-formed, not portable.
+    write_checkpoint(tmp_path, Shape())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["intermediate_size"] = [256] * config["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitecture) as err:
+        read_checkpoint(tmp_path)
+    assert err.value.message.startswith(str(tmp_path / "config.json"))
+    assert "per-layer sizes: config key 'intermediate_size' holds one value per layer" in err.value.message
+    config["intermediate_size"] = [256, 0]  # a list with a size that is no size stays bad input
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="must be a positive integer"):
+        read_checkpoint(tmp_path)
