@@ -105,10 +105,13 @@ def own_weight_tests_pass(port: Path, at_least: int = 7) -> str:
 
     loaded = load_port(port)
     stage = stage_install(loaded)
-    env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS=loaded.spec.package)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(port / "tests" / "test_weight_mapping.py")],
-                          check=False, capture_output=True, text=True, env=env, cwd=port)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(stage), VLLM_PLUGINS=loaded.spec.package)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               str(port / "tests" / "test_weight_mapping.py")],
+                              check=False, capture_output=True, text=True, env=env, cwd=port, timeout=900)
+    finally:
+        shutil.rmtree(stage.parent, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
