@@ -105,7 +105,7 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
                 view = renamed_view(ckpt, workdir / "native-view")
                 analysis = analyze(view)
                 port_dir = generate(analysis, workdir / "port", trust_remote_code=trust_remote_code)
-                stage = stage_install(load_port(port_dir))
+                stage = stage_install(load_port(port_dir), under=workdir)
                 say("native port inside vLLM")
                 vl = parity.vllm_run(view, prompts, stage, analysis.spec.package, max_len, workdir)
                 _fill(native, parity.compare(hf, vl, prompts), vl["model_class"], float(vl.get("load_seconds", 0)))

@@ -8,6 +8,7 @@ vLLM engines (CPU build) through `scaffold verify`, the generated package's own 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -313,9 +314,12 @@ def test_generated_package_tests_hold_the_fusion_census(tinymoe_package, workdir
 
 
 @pytest.mark.engine
-def test_compare_native_and_backend_side_by_side(tiny):
+def test_compare_native_and_backend_side_by_side(tiny, tmp_path):
     ckpt = tiny("llama", "LlamaForCausalLM")
-    proc = scaffold("compare", ckpt, "--json")
+    temp = tmp_path / "temp"  # the command's temp directory: what it leaves there is left on the user's disk
+    temp.mkdir()
+    proc = scaffold("compare", ckpt, "--json", env=dict(os.environ, TMPDIR=str(temp)))
+    assert not list(temp.glob("scaffold-*")), sorted(p.name for p in temp.iterdir())
     data = json.loads(proc.stdout)
     sides = {s["impl"]: s for s in data["implementations"]}
     native, backend = sides["native"], sides["transformers"]

@@ -7,6 +7,7 @@ the ratios a full `scaffold bench` run prints (docs/performance.md).
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from helpers import scaffold
@@ -22,7 +23,11 @@ def test_bench_quick_measures_port_native_and_backend(tiny, workdir):
     out = workdir / "bench-out"
     # 9 prompts of 480 tokens exceed the CPU engine's 4096-token step budget, so one prefill is
     # chunked: with per-request sampling seeds that killed vLLM's CPU engine (Generator.set_offset).
-    proc = scaffold("bench", port, "--quick", "--prompts", "9", "--prefill", "480:4", "-o", out)
+    temp = workdir / "bench-temp"  # the command's temp directory: what it leaves there is left on the user's disk
+    temp.mkdir(exist_ok=True)
+    proc = scaffold("bench", port, "--quick", "--prompts", "9", "--prefill", "480:4", "-o", out,
+                    env=dict(os.environ, TMPDIR=str(temp)))
+    assert not list(temp.glob("scaffold-*")), sorted(p.name for p in temp.iterdir())
     assert "port/native" in proc.stdout and "round 2/2" in proc.stderr  # the table and the progress display
 
     report = json.loads((out / "bench.json").read_text())

@@ -119,7 +119,7 @@ def run_bench(port_path: Path, settings: Settings, out_dir: Path, checkpoint: Pa
     native_arch = hf_class_for(spec.model_type) if spec.model_type else None
     if "port" in impls:
         say("installing the port into a staging folder")
-        stage = stage_install(port)
+        stage = stage_install(port, under=work)
         write_alias_plugin(stage, spec.architecture, f"{spec.package}.model:{spec.architecture}")
         plans["port"] = ({**base, "model": str(port.checkpoint), "model_impl": "vllm", "expect": "port",
                           "package": spec.package},

@@ -62,13 +62,15 @@ def load_port(path: str | Path, checkpoint: str | Path | None = None) -> Port:
     return Port(path, spec, ckpt.resolve(), bool(meta.get("trust_remote_code", False)))
 
 
-def stage_install(port: Port) -> Path:
+def stage_install(port: Port, under: Path | None = None) -> Path:
     """pip-install the port into a private folder; the caller puts it on PYTHONPATH.
 
     vLLM then finds the port through its entry point, exactly as after `pip install`,
     and the code verified is the code in the port folder, not an older install.
+    The folder is made in `under` (a work folder the caller removes), else in the temp
+    directory, where the caller removes the returned path's parent.
     """
-    stage = Path(tempfile.mkdtemp(prefix="scaffold-stage-"))
+    stage = Path(tempfile.mkdtemp(prefix="scaffold-stage-", dir=under))
     source = stage / "src"
     shutil.copytree(port.path, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     result = run_python(
