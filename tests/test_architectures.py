@@ -178,6 +178,9 @@ ARCHITECTURES = {
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
     "nanochat": ("nanochat", {}),
+    # OPT-350m's layers: post-LN where config.json says do_layer_norm_before = false (the layer's code branches on
+    # it, and flattens the tokens around its MLP), and no final norm (the base model builds it only otherwise).
+    "opt-post-ln": ("opt", {"do_layer_norm_before": False}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -263,6 +266,8 @@ EXPECTED_SPEC = {
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
+    "opt-post-ln": {"block": "residual_norm", "position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True,
+                    "hidden_act": "relu", "norm_kind": "layer"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,
                    "residual_multiplier": 0.22, "logits_scale": 0.25},
     "hy_v3": {"moe_sigmoid": True, "moe_correction_bias": "expert_bias", "moe_routed_scaling_factor": 2.826,
@@ -450,7 +455,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
-             "apertus", "gpt2", "openai-gpt")
+             "apertus", "gpt2", "openai-gpt", "opt-post-ln")
 
 
 @pytest.mark.engine

@@ -194,3 +194,59 @@ def test_a_spec_file_may_leave_out_the_final_norm_but_a_post_ln_block_needs_its_
     with pytest.raises(SpecError, match="embedding_norm"):
         validate_names(Spec(block="residual_norm", names=dict(GPT1_NAMES), position_scheme="learned",
                             mlp_kind="plain", embedding_norm=True), "spec.toml")
+
+
+def test_opt_350m_reads_as_post_ln_where_its_config_says_so():
+    """OPT's layer branches on self.do_layer_norm_before, flattens the tokens around its MLP and views the sum back
+    before the last norm: with do_layer_norm_before false it is post-LN, and its base model builds no final norm."""
+    post = dataflow.analyze_layer(transformers_code("opt"), {"do_layer_norm_before": False})
+    assert post.norms == {"attn_post_norm": "self_attn_layer_norm", "mlp_post_norm": "final_layer_norm"}
+    assert "modeling_opt.py:" in post.residual_norm
+    pre = dataflow.analyze_layer(transformers_code("opt"), {"do_layer_norm_before": True})
+    assert pre.residual_norm == "" and pre.norms == {"attn_norm": "self_attn_layer_norm",
+                                                      "mlp_norm": "final_layer_norm"}
+    config = {"do_layer_norm_before": False, "_remove_final_layer_norm": False, "word_embed_proj_dim": 8,
+              "hidden_size": 8}
+    assert "OPTDecoder.forward calls none of its modules after its loop" in _no_final_norm(
+        transformers_code("opt"), config)
+    assert _no_final_norm(transformers_code("opt"), {**config, "do_layer_norm_before": True}) == ""
+    assert _no_final_norm(transformers_code("opt"), {}) == ""  # the branch undecided: the norm may be built
+
+
+# A lab's post-LN layer that flattens the tokens for its MLP and views the sum back, reshapes written two ways.
+LAB_FLATTENED = LAB_POST_LN.replace(
+    "        residual = hidden_states\n        hidden_states = self.ffn(hidden_states)",
+    "        shape = hidden_states.shape\n        hidden_states = hidden_states.view(-1, shape[-1])\n"
+    "        residual = hidden_states\n        hidden_states = self.ffn(hidden_states)").replace(
+    "        summed = hidden_states + residual\n",
+    "        summed = torch.reshape(hidden_states + residual, shape)\n")
+
+
+def test_a_lab_post_ln_layer_that_flattens_its_tokens():
+    assert "hidden_states.view(-1" in LAB_FLATTENED and "torch.reshape(" in LAB_FLATTENED
+    layer = layer_of(LAB_FLATTENED)
+    assert layer.norms == {"attn_post_norm": "mixer_ln", "mlp_post_norm": "ffn_ln"}, layer
+    assert layer.residual_norm
+
+
+# A base model that builds its final norm only under a flag config.json turns off.
+FLAGGED_FINAL_NORM = HEADER + '''
+        if config.final_norm:
+            self.norm_out = nn.LayerNorm(8)
+        else:
+            self.norm_out = None
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        if self.norm_out is not None:
+            x = self.norm_out(x)
+        return x
+'''
+
+
+def test_a_final_norm_built_only_under_a_flag_config_turns_off():
+    code = {"modeling_lab.py": FLAGGED_FINAL_NORM}
+    assert "Model.forward calls none of its modules" in _no_final_norm(code, {"final_norm": False})
+    assert _no_final_norm(code, {"final_norm": True}) == ""
+    assert _no_final_norm(code, {}) == ""

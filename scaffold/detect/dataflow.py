@@ -1365,6 +1365,9 @@ def _residual_norms(interp: "Interpreter", out, file: str, subs: dict, attending
     def srcs(origins) -> set:
         return {o.src for o in origins}
 
+    def unshaped(origins) -> set:
+        return {replace(o, stage="flat") for o in origins}
+
     def norm_of_sum(residual: set, sublayer: str) -> tuple[str, int] | None:
         hits = []
         for attr, calls in inputs.items():
@@ -1374,7 +1377,9 @@ def _residual_norms(interp: "Interpreter", out, file: str, subs: dict, attending
             if srcs(origins) != residual | {sublayer}:
                 continue
             # The norm's input is a sum of the residual and the sublayer's output, nothing else.
-            if any(result == origins and {frozenset(srcs(left)), frozenset(srcs(right))}
+            # A reshape between the sum and the norm (OPT flattens the tokens around its MLP and views the sum back
+            # to the input's shape) leaves it the sum: origins compare without the shape they were given.
+            if any(unshaped(result) == unshaped(origins) and {frozenset(srcs(left)), frozenset(srcs(right))}
                    == {frozenset(residual), frozenset({sublayer})} for _, left, right, result in events.sums):
                 hits.append((attr, line))
         return hits[0] if len(hits) == 1 else None

@@ -26,6 +26,7 @@ from scaffold.detect.sourcecode import (
     interleaved_qkv,
     modeling_sources,
     norm_code,
+    ruled_out,
     subtree,
     walk,
     weightless_norms,
@@ -145,7 +146,7 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         norms = sorted({attr for _f, cls, _fn, attr, value in codekeys.self_assignments(source)
                         if cls.name in owners and isinstance(value, ast.Call)
                         and codekeys.callee(value) in weightless})
-    if not norms and _no_final_norm(code or modeling_sources(ckpt)):
+    if not norms and _no_final_norm(code or modeling_sources(ckpt), ckpt.config):
         return embeds[0], None, (heads[0] if heads else "lm_head"), None
     embed_norm = None
     if len(norms) == 2:
@@ -169,15 +170,20 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
     return embeds[0], norms[0], head, embed_norm
 
 
-def _no_final_norm(sources: dict) -> str:
+def _no_final_norm(sources: dict, config: dict | None = None) -> str:
     """FILE:LINE where the forward of the one class holding the layer list ends its loop over the layers and
     then calls no module of its own, and that class builds no norm (GPT-1's OpenAIGPTModel: the last layer's
-    output is the model's); "" where the code does not say so."""
+    output is the model's), or builds it only in a branch config.json rules out (OPT-350m's
+    `if config.do_layer_norm_before ...: self.final_layer_norm = ... else: None`); "" where the code does not
+    say so."""
     lists = codekeys.layer_lists(sources)
     if len({(ll.owner, ll.attribute) for ll in lists}) != 1:
         return ""
     ll = lists[0]
-    built = [(a, v) for _f, c, _fn, a, v in codekeys.self_assignments(sources) if c.name == ll.owner]
+    owners = {id(c): c for _f, c, _fn in codekeys.methods(sources) if c.name == ll.owner}
+    off = {i for c in owners.values() for i in ruled_out(c, config)}
+    built = [(a, v) for _f, c, _fn, a, v in codekeys.self_assignments(sources)
+             if c.name == ll.owner and id(v) not in off]
     if any(isinstance(v, ast.Call) and "norm" in codekeys.callee(v).lower() for _a, v in built):
         return ""
     modules = {a for a, v in built if isinstance(v, ast.Call)}
@@ -247,10 +253,6 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 where,
                 hint=BACKEND_HINT,
             )
-    if ckpt.config.get("do_layer_norm_before") is False:
-        # OPT-350m: each norm applies to the sum of the residual and the sublayer's output, and no final norm.
-        raise _unsupported("layer norms applied after each residual add (post-LN: config.json "
-                           "do_layer_norm_before = false)", where, spec.model_type)
     names: dict[str, str] = {}
     code = codekeys.code_sources(ckpt)
     try:
@@ -299,7 +301,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
                              for role in ("embed_tokens", "norm", "lm_head"))) from None
     names["embed_tokens"] = embed
-    no_final_norm = _no_final_norm(code or modeling_sources(ckpt)) if norm is None else ""
+    no_final_norm = _no_final_norm(code or modeling_sources(ckpt), ckpt.config) if norm is None else ""
     if norm is not None:  # None: the base model applies no final norm (GPT-1's)
         names["norm"] = norm
     names["lm_head"] = head
@@ -974,6 +976,12 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
                                    "generator does not know", tuple((n, "absent") for n in NORMS if n not in have)))
     if parallel is False and block == "parallel":
         raise _unsupported("config.json use_parallel_residual is false but each layer has one norm", where,
+                           spec.model_type)
+    if ckpt.config.get("do_layer_norm_before") is False and block != "residual_norm":
+        # OPT-350m: each norm applies to the sum of the residual and the sublayer's output. Ported where the
+        # layer's code shows that (block residual_norm); a layout read from names alone would put them before.
+        raise _unsupported("layer norms applied after each residual add (post-LN: config.json "
+                           "do_layer_norm_before = false), which the layer's code does not show", where,
                            spec.model_type)
     spec.set("block", block, Source("code", detail) if block == "residual_norm" else Source("tensor", detail))
 
