@@ -30,6 +30,25 @@ def test_an_o_proj_the_config_contradicts_is_refused_naming_the_shape(tmp_path):
         policy.check(ckpt)
 
 
+def test_embeddings_narrower_than_the_hidden_size_are_refused_as_a_feature(tmp_path):
+    """OPT-350m: embedding and head of width word_embed_proj_dim, projected to the hidden size and back. Named as the
+    form it is where a config key about the embedding gives that width; a head that is merely wrong stays bad input."""
+    shape = Shape()
+    tensors = tensors_for(shape)
+    vocab = config_for(shape)["vocab_size"]
+    tensors["lm_head.weight"] = [vocab, 16]
+    write_checkpoint(tmp_path / "proj", shape, tensors=tensors,
+                     config={**config_for(shape), "word_embed_proj_dim": 16})
+    with pytest.raises(UnsupportedArchitecture, match=r"embeddings of width word_embed_proj_dim = 16, where "
+                                                      r"hidden_size is \d+ \(tensor 'lm_head.weight'") as refused:
+        policy.check(read_checkpoint(tmp_path / "proj"))
+    assert "project_in" in refused.value.problem
+    write_checkpoint(tmp_path / "wrong", shape, tensors=tensors)  # no key says 16: a head of the wrong width
+    with pytest.raises(CheckpointError, match=r"lm_head.weight' has shape") as wrong:
+        policy.check(read_checkpoint(tmp_path / "wrong"))
+    assert not isinstance(wrong.value, UnsupportedArchitecture)
+
+
 def test_every_path_refuses_a_linear_attention_checkpoint_alike(tmp_path):
     config = {**config_for(Shape()), "layer_types": ["linear_attention", "full_attention"]}
     write_checkpoint(tmp_path / "ckpt", Shape(), config=config)

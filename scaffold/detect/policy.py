@@ -87,6 +87,21 @@ def _first_int(config: dict, *keys: str) -> tuple[str | None, int | None]:
     return None, None
 
 
+def _embedding_width(config: dict, info: TensorInfo | None, name: str, vocab: int, hidden: int, hkey: str,
+                     where: Path) -> None:
+    """Refuse by name an embedding or head narrower or wider than the hidden size whose width a config key about
+    the embedding gives (OPT-350m's word_embed_proj_dim, ALBERT-style embedding_size): the model projects the
+    embeddings to the hidden size and back (OPT's project_in / project_out), which the port does not build."""
+    if info is None or len(info.shape) != 2 or info.shape[0] != vocab or info.shape[1] == hidden:
+        return
+    keys = [k for k, v in config.items() if "emb" in k.lower() and _is_int(v) and v == info.shape[1]]
+    if keys:
+        raise UnsupportedArchitecture(
+            f"embeddings of width {keys[0]} = {info.shape[1]}, where {hkey} is {hidden} (tensor {name!r}, stored "
+            f"in {info.file}): an embedding width other than the hidden size (OPT-350m projects its embeddings in "
+            "and out with project_in and project_out), which the port does not build.", where)
+
+
 def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> None:
     """Shapes the config fixes for every decoder of this layout, whatever the family.
 
@@ -111,6 +126,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
 
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if vocab and hidden:
+            _embedding_width(config, tensors.get(name), name, vocab, hidden, hkey, where)
             need(name, (vocab, hidden), f"vocab_size {vocab} and {hkey} {hidden}")
         elif name in tensors and len(tensors[name].shape) != 2:
             raise CheckpointError(f"tensor {name!r} has shape {list(tensors[name].shape)}; it must be 2-D.", where)
