@@ -363,6 +363,10 @@ class Spec:
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
+    moe_weights_on_input: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the routing weights multiply the experts' input, not their output (Llama 4): FusedMoE's "
+            "apply_router_weight_on_input, which vLLM computes for one expert per token")
     moe_correction_bias: str | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="a per-expert bias added to the scores to choose the experts (not to weight them), by its tensor's "
@@ -857,6 +861,9 @@ def validate_names(spec: Spec, origin: str) -> None:
             if {router.split(".")[0], router.rsplit(".", 1)[-1]} & taken:
                 raise SpecError(f"spec field names.router = {router!r} shares a module name with another module "
                                 "of the MoE block.", origin)
+        if spec.moe_weights_on_input and spec.num_experts_per_tok != 1:
+            raise SpecError(f"moe_weights_on_input is computed for one expert per token (vLLM's "
+                            f"apply_router_weight_on_input), not {spec.num_experts_per_tok}.", origin)
         bias = spec.moe_correction_bias
         # The port builds the bias where the checkpoint keeps it: on the block or on one module of it.
         if bias is not None and (not isinstance(bias, str) or not MODULE_NAME.match(bias) or bias.count(".") > 1
