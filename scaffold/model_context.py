@@ -119,6 +119,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rope_condition": (spec.source("no_rope_layers").expr
                            if spec.source("no_rope_layers").kind == "code" and not literal_no_rope else None),
         "literal_tie": literal_tie,
+        # The q/k norms only in layers that rotate (Llama 4's), where some layer does not.
+        "qk_norm_guarded": spec.qk_norm_rope_layers_only and bool(
+            spec.no_rope_layers or (spec.source("no_rope_layers").kind == "code" and not literal_no_rope)),
         # The port picks this layer's rotary parameters from the config's set per layer type
         # (rope_parameters.full_attention, ...) at run time.
         "per_type_rope": per_type_rope,
@@ -250,7 +253,9 @@ def norm_constructor(spec: Spec, cfg: Callable[[str], str]) -> Callable[[str], s
     if spec.norm_weightless:  # no scale, no bias (OLMo's norms)
         bias = ", has_weight=False" if spec.norm_kind == "rms" else ", elementwise_affine=False, bias=False"
 
-    def norm(size: str) -> str:
+    def norm(size: str, weightless: bool = False) -> str:
+        if weightless and not spec.norm_weightless:  # a weightless RMS norm beside scaled ones (Llama 4's q/k)
+            return f"RMSNorm({size}, eps={cfg('norm_eps')}, has_weight=False)"
         return f"{cls}({size}, eps={cfg('norm_eps')}{bias})"
 
     return norm

@@ -247,6 +247,12 @@ class Spec:
                               doc="a norm on q and k: none, per head, or over all heads")
     qk_norm_after_rope: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
                                           doc="the q/k norms apply to the rotated queries and keys (HunYuan)")
+    qk_norm_weightless: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the q/k norms hold no scale while the layer norms do (Llama 4's L2 norm, one module for q and k)")
+    qk_norm_rope_layers_only: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
     sliding_window: int | None = spec_field(None, group="attention", probe="self_attn",
                                             doc="the sliding window's length; None: every layer attends to all")
     sliding_window_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
@@ -836,6 +842,11 @@ def validate_names(spec: Spec, origin: str) -> None:
         for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(spec, size) <= 0:
                 raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
+    if spec.qk_norm_weightless and spec.qk_norm != "per_head":
+        raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
+                        "\"per_head\".", origin)
+    if spec.qk_norm_rope_layers_only and spec.qk_norm == "none":
+        raise SpecError("qk_norm_rope_layers_only needs a q/k norm (qk_norm is \"none\").", origin)
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:

@@ -90,8 +90,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         if "attn_gate" in n:  # a separate gate projection (not one folded into q_proj)
             for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
                 params[f"{p}{attn}.{n['attn_gate']}.{kind}"] = (None,)
-        if spec.qk_norm != "none":  # built as the other norms are, so with their bias
-            for kind in kinds:
+        if spec.qk_norm != "none":  # built as the other norms are, so with their bias; or with nothing
+            for kind in () if spec.qk_norm_weightless else kinds:
                 params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
                 params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
         if spec.attn_sub_norm:  # likewise

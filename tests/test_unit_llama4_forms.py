@@ -1,0 +1,140 @@
+"""Llama 4's forms read from what the code computes, on transformers' own file and on a lab's module written
+otherwise: one q/k norm module without parameters applied to the queries and the keys after the rotary embedding,
+built only in the layers that rotate (and only where a config switch says so)."""
+
+from __future__ import annotations
+
+import pytest
+from ckpt_factory import Shape
+from helpers import LAB_PRELUDE, detect_until, read, transformers_code
+
+from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import dataflow, layout
+from scaffold.errors import UnsupportedArchitecture
+
+# A lab's attention unlike Llama 4's: the norm calls F.rms_norm (no class of transformers'), is kept as `unit`,
+# the rotary flag is `rotates`, the switch `normalize_qk`, the rotation NeoX (rotate_half) on per-head views.
+LAB_CODE = "\n" + LAB_PRELUDE + '''class Unscaled(nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, t):
+        return F.rms_norm(t, (t.shape[-1],), eps=self.eps)
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.d_head = config.head_dim
+        self.rotates = config.rope_flags[layer_idx]
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.d_head, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.d_head, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.d_head, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.d_head, config.hidden_size, bias=False)
+        if self.rotates and config.normalize_qk:
+            self.unit = Unscaled(config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.d_head).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.d_head).transpose(1, 2)
+        if self.rotates:
+            q, k = apply_rope(q, k, cos, sin)
+            if hasattr(self, "unit"):
+                q, k = self.unit(q), self.unit(k)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))
+
+
+class LabMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = LabAttention(config, layer_idx)
+        self.mlp = LabMLP(config)
+        self.input_layernorm = LabRMSNorm(config.hidden_size)
+        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LabRMSNorm(config.hidden_size)
+
+
+class LabForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.model = LabModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+'''
+
+
+def _lab(tmp_path, code=LAB_CODE, **extra):
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_l2", layers=2,
+                  extra={"rope_flags": [1, 0], "normalize_qk": True, **extra})
+    read(tmp_path, shape)
+    (tmp_path / "modeling_lab.py").write_text(code)
+    return read_checkpoint(tmp_path)
+
+
+def test_llama4_one_weightless_norm_for_q_and_k_after_the_rotary_embedding():
+    sources = transformers_code("llama4")
+    config = {"no_rope_layers": [1, 0], "use_qk_norm": True}
+    # The file also holds the vision encoder's layer stack: the decoder is the one the causal LM builds.
+    flow = dataflow.analyze_layer(sources, config)
+    attention = flow.attention_flow
+    assert attention.cls == "Llama4TextAttention"
+    assert (attention.q_norm, attention.k_norm, attention.qk_norm_after_rope) == ("qk_norm", "qk_norm", True)
+    assert attention.rotary_guard == "config.no_rope_layers[layer_idx]"
+    built = layout._qk_norm_built(sources, attention, config, "config.json", "llama4_text")
+    assert built[0] and "builds qk_norm only where `self.use_rope`" in built[1]
+    # The 128-expert model turns it off.
+    off = layout._qk_norm_built(sources, attention, {**config, "use_qk_norm": False}, "config.json", "llama4_text")
+    assert off[0] is False and "`self.config.use_qk_norm`, false in config.json" in off[1]
+
+
+def test_a_labs_unscaled_qk_norm_is_read_with_its_layers(tmp_path):
+    spec = detect_until(_lab(tmp_path), layout)
+    assert spec.names["q_norm"] == spec.names["k_norm"] == "unit"
+    assert (spec.qk_norm, spec.qk_norm_after_rope, spec.qk_norm_weightless, spec.qk_norm_rope_layers_only) == \
+        ("per_head", True, True, True)
+    assert "builds unit only where `self.rotates`" in spec.source("qk_norm_rope_layers_only").detail
+    assert spec.norm_weightless is False  # the layer norms keep their scale
+
+
+def test_a_labs_switched_off_qk_norm_is_none(tmp_path):
+    spec = detect_until(_lab(tmp_path, normalize_qk=False), layout)
+    assert spec.qk_norm == "none" and "`config.normalize_qk`, false in config.json" in spec.source("qk_norm").detail
+
+
+def test_a_qk_norm_built_under_another_condition_is_refused(tmp_path):
+    odd = LAB_CODE.replace("if self.rotates and config.normalize_qk:", "if layer_idx % 2 == 0:")
+    with pytest.raises(UnsupportedArchitecture, match=r"q/k norms built under a condition the config does not "
+                                                      r"decide \(modeling_lab.py:\d+: `layer_idx % 2 == 0`\)"):
+        detect_until(_lab(tmp_path, code=odd), layout)
+
+
+def test_a_weightless_qk_norm_that_centers_is_refused(tmp_path):
+    odd = LAB_CODE.replace("return F.rms_norm(t, (t.shape[-1],), eps=self.eps)",
+                           "return F.layer_norm(t, (t.shape[-1],), eps=self.eps)")
+    with pytest.raises(UnsupportedArchitecture, match=r"not an RMS norm over each head"):
+        detect_until(_lab(tmp_path, code=odd), layout)
