@@ -72,6 +72,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                         if spec.sliding_window and spec.source("sliding_window_layers").kind == "code"
                         and not literal_layers else None)
     literal_no_rope = "no_rope_layers" in overridden
+    literal_chunks = "chunked_layers" in overridden
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
@@ -115,6 +116,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "literal_layers": literal_layers,
         "window_condition": window_condition,
         "literal_no_rope": literal_no_rope,
+        "literal_chunks": literal_chunks,
+        # The code's own condition for a chunked layer (Llama 4's layer type), read by the port at run time.
+        "chunk_condition": (spec.source("chunked_layers").expr
+                            if spec.attention_chunk_size and not literal_chunks else None),
         # The code's own condition for rotating a layer (over config and layer_idx), read by the port at run time.
         "rope_condition": (spec.source("no_rope_layers").expr
                            if spec.source("no_rope_layers").kind == "code" and not literal_no_rope else None),
@@ -129,7 +134,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "reads_layer_types": (bool(spec.sliding_window) and not literal_layers and not window_condition)
                              or per_type_rope,
         # Any override the port writes as a literal (the constants partial says so once).
-        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
+        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie or literal_chunks,
         # MoE ports whose listed layers keep a dense MLP.
         "dense_layers": moe and bool(spec.dense_layers),
         # Qwen2-MoE's shared expert is scaled by a sigmoid gate; DeepSeek-V3's form adds it ungated.

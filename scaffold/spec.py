@@ -255,6 +255,12 @@ class Spec:
         doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
     sliding_window: int | None = spec_field(None, group="attention", probe="self_attn",
                                             doc="the sliding window's length; None: every layer attends to all")
+    attention_chunk_size: int | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="chunked attention: a query sees the keys of its own chunk of this many positions (Llama 4's), on "
+            "chunked_layers; None: none")
+    chunked_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
+                                           omit_when_empty=True, doc="the layers whose attention is chunked")
     sliding_window_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
                                                   doc="the layers with a sliding window")
     attention_scale: float | None = spec_field(None, group="attention", probe="self_attn",
@@ -842,6 +848,13 @@ def validate_names(spec: Spec, origin: str) -> None:
         for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(spec, size) <= 0:
                 raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
+    if bool(spec.attention_chunk_size) != bool(spec.chunked_layers):
+        raise SpecError("attention_chunk_size and chunked_layers go together: a chunk size for the chunked layers.",
+                        origin)
+    if spec.attention_chunk_size is not None and spec.attention_chunk_size <= 0:
+        raise SpecError(f"attention_chunk_size = {spec.attention_chunk_size} is not positive.", origin)
+    if set(spec.chunked_layers) & spec.layers_with_window:
+        raise SpecError("a layer cannot both slide a window and attend in chunks.", origin)
     if spec.qk_norm_weightless and spec.qk_norm != "per_head":
         raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
                         "\"per_head\".", origin)

@@ -9,7 +9,7 @@ from ckpt_factory import Shape
 from helpers import LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import dataflow, layout
+from scaffold.detect import attention, chunks, dataflow, layout
 from scaffold.errors import UnsupportedArchitecture
 
 # A lab's attention unlike Llama 4's: the norm calls F.rms_norm (no class of transformers'), is kept as `unit`,
@@ -138,3 +138,68 @@ def test_a_weightless_qk_norm_that_centers_is_refused(tmp_path):
                            "return F.layer_norm(t, (t.shape[-1],), eps=self.eps)")
     with pytest.raises(UnsupportedArchitecture, match=r"not an RMS norm over each head"):
         detect_until(_lab(tmp_path, code=odd), layout)
+
+
+# ------------------------------------------------------------------ chunked attention
+def test_llama4_chunks_the_layers_of_its_chunked_type():
+    found = chunks.chunked_attention(transformers_code("llama4"))
+    assert (found.key, found.layer_type) == ("attention_chunk_size", "chunked_attention")
+    assert "create_chunked_causal_mask(...) is the mask of the 'chunked_attention' layers" in found.evidence
+
+
+LAB_CHUNKED = '''
+import torch
+from torch import nn
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.span = config.local_span
+        self.layers = nn.ModuleList([nn.Identity() for _ in range(config.num_hidden_layers)])
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1])
+        same = (pos[:, None] // self.span) == (pos[None, :] // self.span)
+        allowed = same & (pos[:, None] >= pos[None, :])
+        for layer in self.layers:
+            x = layer(x, allowed)
+        return x
+'''
+
+
+def test_a_labs_own_chunk_comparison_chunks_every_layer():
+    found = chunks.chunked_attention({"modeling_lab.py": LAB_CHUNKED})
+    assert (found.key, found.layer_type) == ("local_span", None)
+    assert found.evidence.startswith("modeling_lab.py:14: pos[:, None] // self.span == pos[None, :] // self.span")
+
+
+def test_a_chunk_under_a_condition_or_outside_a_mask_per_type_is_refused():
+    odd = LAB_CHUNKED.replace("        same = (pos", "        if x.shape[1] > 4:\n            same = (pos")
+    with pytest.raises(chunks.Refused, match=r"under a condition \(line 14: x.shape\[1\] > 4\)"):
+        chunks.chunked_attention({"modeling_lab.py": odd})
+    alone = "def f(config, x):\n    return create_chunked_causal_mask(config=config, inputs_embeds=x)\n"
+    with pytest.raises(chunks.Refused, match=r"not kept per layer type"):
+        chunks.chunked_attention({"modeling_lab.py": alone})
+
+
+def test_a_floor_division_by_two_different_keys_is_no_chunk():
+    odd = LAB_CHUNKED.replace("(pos[None, :] // self.span)", "(pos[None, :] // 2)")
+    assert chunks.chunked_attention({"modeling_lab.py": odd}) is None
+
+
+def test_the_chunk_size_and_layers_land_in_the_spec(tmp_path):
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_chunk", layers=2, extra={"local_span": 8})
+    read(tmp_path, shape)
+    (tmp_path / "modeling_lab.py").write_text(LAB_CHUNKED)
+    spec = detect_until(read_checkpoint(tmp_path), attention)
+    assert (spec.attention_chunk_size, spec.chunked_layers) == (8, [0, 1])
+    assert spec.source("attention_chunk_size").expr == "config.local_span"
+
+
+
+def test_the_engine_block_size_divides_the_chunk():
+    from scaffold.verify.parity import block_size_for
+
+    # CPU blocks are 128 unless told a multiple of 32; ChunkedLocalAttention wants the chunk a multiple of the block.
+    assert [block_size_for(c) for c in (None, 8192, 256, 64, 96, 32, 16)] == [None, None, None, 64, 32, 32, None]

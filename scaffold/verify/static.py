@@ -398,7 +398,7 @@ RUNTIME_FIELDS = ("rope_parameters", "sliding_rope_parameters", "partial_rotary_
 PRESENCE_FIXED = ("sliding_window", "attention_scale", "attn_logit_softcap", "embedding_multiplier",
                   "residual_multiplier", "logits_scale", "final_logit_softcap", "no_rope_layers",
                   "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers", "moe_groups",
-                  "moe_topk_groups", "moe_routed_scaling_factor")
+                  "moe_topk_groups", "moe_routed_scaling_factor", "attention_chunk_size")
 
 
 def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:
