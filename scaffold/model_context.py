@@ -124,6 +124,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rope_condition": (spec.source("no_rope_layers").expr
                            if spec.source("no_rope_layers").kind == "code" and not literal_no_rope else None),
         "literal_tie": literal_tie,
+        # Temperature tuning (Llama 4's): "True" in every layer, "not self.use_rope" on the NoPE layers only;
+        # None where no layer of this config scales its queries.
+        "temperature": (None if spec.attn_temperature_floor_scale is None
+                        else "True" if not spec.attn_temperature_nope_only
+                        else "not self.use_rope" if spec.no_rope_layers
+                        or (spec.source("no_rope_layers").kind == "code" and not literal_no_rope) else None),
         # The q/k norms only in layers that rotate (Llama 4's), where some layer does not.
         "qk_norm_guarded": spec.qk_norm_rope_layers_only and bool(
             spec.no_rope_layers or (spec.source("no_rope_layers").kind == "code" and not literal_no_rope)),

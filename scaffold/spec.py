@@ -255,6 +255,15 @@ class Spec:
         doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
     sliding_window: int | None = spec_field(None, group="attention", probe="self_attn",
                                             doc="the sliding window's length; None: every layer attends to all")
+    attn_temperature_floor_scale: float | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="temperature tuning (Llama 4's): queries scaled by log(floor((position + 1) / this) + 1) * "
+            "attn_temperature_scale + 1; None: not scaled")
+    attn_temperature_scale: float | None = spec_field(None, group="attention", probe="self_attn",
+                                                      omit_when_empty=True, doc="temperature tuning's scale")
+    attn_temperature_nope_only: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="temperature tuning only in the layers that skip the rotary embedding (no_rope_layers)")
     attention_chunk_size: int | None = spec_field(
         None, group="attention", probe="self_attn", omit_when_empty=True,
         doc="chunked attention: a query sees the keys of its own chunk of this many positions (Llama 4's), on "
@@ -855,6 +864,10 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"attention_chunk_size = {spec.attention_chunk_size} is not positive.", origin)
     if set(spec.chunked_layers) & spec.layers_with_window:
         raise SpecError("a layer cannot both slide a window and attend in chunks.", origin)
+    if (spec.attn_temperature_floor_scale is None) != (spec.attn_temperature_scale is None):
+        raise SpecError("attn_temperature_floor_scale and attn_temperature_scale go together.", origin)
+    if spec.attn_temperature_floor_scale is not None and spec.attn_temperature_floor_scale <= 0:
+        raise SpecError("attn_temperature_floor_scale must be positive.", origin)
     if spec.qk_norm_weightless and spec.qk_norm != "per_head":
         raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
                         "\"per_head\".", origin)

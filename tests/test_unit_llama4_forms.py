@@ -9,7 +9,7 @@ from ckpt_factory import Shape
 from helpers import LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import attention, chunks, dataflow, layout
+from scaffold.detect import attention, chunks, dataflow, layout, temperature
 from scaffold.errors import UnsupportedArchitecture
 
 # A lab's attention unlike Llama 4's: the norm calls F.rms_norm (no class of transformers'), is kept as `unit`,
@@ -203,3 +203,80 @@ def test_the_engine_block_size_divides_the_chunk():
 
     # CPU blocks are 128 unless told a multiple of 32; ChunkedLocalAttention wants the chunk a multiple of the block.
     assert [block_size_for(c) for c in (None, 8192, 256, 64, 96, 32, 16)] == [None, None, None, 64, 32, 32, None]
+
+
+# ------------------------------------------------------------------ temperature tuning
+def _attention_class(sources, name):
+    from scaffold.detect.sourcecode import _classes
+
+    file, cls = _classes(sources)[name]
+    return cls, file
+
+
+def test_llama4_scales_the_queries_of_its_nope_layers():
+    cls, file = _attention_class(transformers_code("llama4"), "Llama4TextAttention")
+    found = temperature.read_temperature(cls, file, "q_proj", {"attn_temperature_tuning": True},
+                                         "config.no_rope_layers[layer_idx]")
+    assert (found.floor_key, found.scale_key, found.nope_only, found.switch) == \
+        ("floor_scale", "attn_scale", True, "attn_temperature_tuning")
+
+
+# A lab's temperature: 1 + gain * log(1 + floor(...)), its own names, the scale indexed into shape, the position
+# computed outside the branch.
+LAB_TEMPERATURE = '''
+import torch
+from torch import nn
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.knee = config.temp_knee
+        self.gain = config.temp_gain
+        self.spin = config.rope_flags[layer_idx]
+        self.tune = config.tune_temperature
+        self.q_proj = nn.Linear(8, 8)
+
+    def forward(self, x, offset=0):
+        q = self.q_proj(x)
+        idx = torch.arange(x.shape[1]) + offset
+        if self.tune and not self.spin:
+            temp = 1.0 + self.gain * torch.log(1 + torch.floor((idx + 1) / self.knee))
+            q = q * temp[None, :, None]
+        return q
+'''
+
+
+def _lab_temperature(code=LAB_TEMPERATURE, config=None):
+    cls, file = _attention_class({"modeling_lab.py": code}, "LabAttention")
+    return temperature.read_temperature(cls, file, "q_proj", config or {"tune_temperature": True},
+                                        "config.rope_flags[layer_idx]")
+
+
+def test_a_labs_temperature_written_otherwise_is_read_with_its_keys():
+    found = _lab_temperature()
+    assert (found.floor_key, found.scale_key, found.nope_only, found.switch) == \
+        ("temp_knee", "temp_gain", True, "tune_temperature")
+    assert found.evidence.startswith("modeling_lab.py:20: queries scaled by log(floor((position + 1) / "
+                                     "config.temp_knee) + 1) * config.temp_gain + 1")
+
+
+def test_another_function_of_the_positions_is_refused():
+    odd = LAB_TEMPERATURE.replace("(idx + 1) / self.knee", "idx / self.knee")
+    with pytest.raises(temperature.Refused, match=r"not vLLM's temperature tuning"):
+        _lab_temperature(odd)
+    odd = LAB_TEMPERATURE.replace("torch.log(", "torch.sqrt(")
+    with pytest.raises(temperature.Refused, match=r"the formula reader does not follow"):
+        _lab_temperature(odd)
+
+
+def test_a_temperature_under_a_condition_the_config_does_not_decide_is_refused():
+    odd = LAB_TEMPERATURE.replace("if self.tune and not self.spin:", "if self.tune and x.shape[1] > 8:")
+    with pytest.raises(temperature.Refused, match=r"condition the config does not decide \(modeling_lab.py:\d+: "
+                                                  r"`x.shape\[1\] > 8`\)"):
+        _lab_temperature(odd)
+
+
+def test_no_positions_no_temperature():
+    plain = LAB_TEMPERATURE.replace("idx = torch.arange(x.shape[1]) + offset", "idx = offset")
+    assert _lab_temperature(plain) is None

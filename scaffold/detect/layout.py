@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules
+from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules, temperature
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -447,6 +447,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                  else Source("default", "q/k norms before the rotary embedding (the code did not say)"))
     else:
         spec.set("qk_norm", "none", src(f"{attn}.{q_norm}.weight (absent)"))
+
+    _temperature(spec, sources, code_attn, ckpt.config, where)
 
     # The MLP: dense in layer 0, or a mixture of experts whose dense parts (the MLP of
     # the layers without experts, or the shared expert) are read like a dense MLP.
@@ -937,6 +939,33 @@ def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
         return True, (f"{found[0]}:{rotary[0].lineno}: {attn.cls} builds {attn.q_norm} only where "
                       f"`{ast.unparse(rotary[0])}`, the condition its rotary embedding runs under")
     return True, None
+
+
+def _temperature(spec: Spec, sources: dict, attn: dataflow.Attention | None, config: dict, where) -> None:
+    """Temperature tuning (Llama 4's): the attention's queries scaled by a function of the positions, read by
+    scaffold.detect.temperature; the scale's config keys read by the port at run time."""
+    found = _classes(sources).get(attn.cls) if attn is not None else None
+    try:
+        tuning = temperature.read_temperature(found[1], found[0], attn.q, config,
+                                              attn.rotary_guard if attn.rotary_guard_when else None) if found else None
+    except temperature.Refused as refused:
+        raise _unsupported(str(refused), where, spec.model_type) from None
+    if tuning is None or tuning.switch is not None and config.get(tuning.switch) is False:
+        why = (Source("code", f"{tuning.evidence}, only under config.{tuning.switch}, false in config.json")
+               if tuning is not None else Source("default", "queries not scaled by position"))
+        for name in ("attn_temperature_floor_scale", "attn_temperature_scale"):
+            spec.set(name, None, why)
+        spec.set("attn_temperature_nope_only", False, why)
+        return
+    for name, key in (("attn_temperature_floor_scale", tuning.floor_key), ("attn_temperature_scale", tuning.scale_key)):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or name.endswith("floor_scale") and value <= 0:
+            raise CheckpointError(f"config key {key!r} must be a {'positive ' if 'floor' in name else ''}number, "
+                                  f"not {value!r} ({tuning.evidence}).", where)
+        spec.set(name, float(value), Source("code", f"{tuning.evidence}: config.json {key}", f"config.{key}"))
+    spec.set("attn_temperature_nope_only", tuning.nope_only,
+             Source("code", f"{tuning.evidence}, only where the rotary embedding does not run" if tuning.nope_only
+                    else f"{tuning.evidence}, in every layer"))
 
 
 def weightless_norm_attributes(sources: dict) -> set[str]:
