@@ -280,3 +280,20 @@ def test_a_temperature_under_a_condition_the_config_does_not_decide_is_refused()
 def test_no_positions_no_temperature():
     plain = LAB_TEMPERATURE.replace("idx = torch.arange(x.shape[1]) + offset", "idx = offset")
     assert _lab_temperature(plain) is None
+
+
+# ------------------------------------------------------------------ the dense layers' MLP width
+def test_the_width_the_decoder_layer_builds_its_mlp_with():
+    from scaffold.detect.sizes import _layer_mlp_width
+
+    # Llama 4 (Maverick) interleaves dense layers, built with config.intermediate_size_mlp, with MoE layers.
+    found, value = _layer_mlp_width(transformers_code("llama4"), {"intermediate_size_mlp": 192}, {})
+    assert (found.expr, value) == ("config.intermediate_size_mlp", 192)
+    lab = LAB_CODE.replace("self.mlp = LabMLP(config)", "self.mlp = LabMLP(config, intermediate_size=config.wide)")
+    lab = lab.replace("    def __init__(self, config):\n        super().__init__()\n        self.gate_proj",
+                      "    def __init__(self, config, intermediate_size=None):\n        super().__init__()\n"
+                      "        self.gate_proj")
+    found, value = _layer_mlp_width({"modeling_lab.py": lab}, {"wide": 48}, {})
+    assert (found.expr, value) == ("config.wide", 48)
+    # Built without the keyword: the class's own expression decides (not this).
+    assert _layer_mlp_width({"modeling_lab.py": LAB_CODE}, {}, {}) is None
