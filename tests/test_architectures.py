@@ -182,9 +182,10 @@ ARCHITECTURES = {
     # apply_router_weight_on_input), a shared expert; experts stored [in, out]; adjacent-pair rotary; layer 1 a NoPE
     # layer whose queries are scaled by the temperature tuning (floor_scale 4, within the prompts), the others with
     # a weightless L2 q/k norm after the rotary and attention chunked in 32 positions (shorter than the longest
-    # prompt and continuation).
+    # prompt and continuation); Maverick's interleaving: layers 0 and 2 dense, built with intermediate_size_mlp.
     "llama4_text": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1, "attention_chunk_size": 32,
-                                    "no_rope_layers": [1, 0, 1], "floor_scale": 4, "attn_scale": 0.5}),
+                                    "no_rope_layers": [1, 0, 1], "floor_scale": 4, "attn_scale": 0.5,
+                                    "interleave_moe_layer_step": 2, "intermediate_size_mlp": 192}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -282,7 +283,8 @@ EXPECTED_SPEC = {
                     "qk_norm": "per_head", "qk_norm_weightless": True, "qk_norm_after_rope": True,
                     "qk_norm_rope_layers_only": True, "no_rope_layers": [1], "attn_temperature_floor_scale": 4.0,
                     "attn_temperature_scale": 0.5, "attn_temperature_nope_only": True, "attention_chunk_size": 32,
-                    "chunked_layers": [0, 2], "rope_neox_style": False},
+                    "chunked_layers": [0, 2], "rope_neox_style": False, "dense_layers": [0, 2],
+                    "intermediate_size": 192, "moe_intermediate_size": 256},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
