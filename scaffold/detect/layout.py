@@ -414,7 +414,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         q_norm, k_norm = code_attn.q_norm, code_attn.k_norm
     built = _qk_norm_built(sources, code_attn, ckpt.config, where, spec.model_type) if code_attn else None
     if (code_attn is not None and code_attn.q_norm and not has(f"{attn}.{code_attn.q_norm}.weight")
-            and {code_attn.q_norm, code_attn.k_norm} <= weightless and (built is None or built[0])):
+            and {code_attn.q_norm, code_attn.k_norm} <= weightless and (built is None or built[0] is not False)):
+        if built is not None and built[0] is None:
+            raise _unsupported(built[1], where, spec.model_type)
         # q/k norms that hold no parameter (NanoChat's; Llama 4's one L2 norm for both): the code alone says they
         # are there, and where __init__ builds them.
         names.update(q_norm=code_attn.q_norm, k_norm=code_attn.k_norm)
@@ -430,7 +432,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("qk_norm_rope_layers_only", built[1] is not None,
                  Source("code", built[1]) if built[1] else Source("default", "q/k norms in every layer"))
     elif (code_attn is not None and code_attn.q_norm and code_attn.q_norm == code_attn.k_norm
-          and built is not None and not built[0]):
+          and built is not None and built[0] is False):
         spec.set("qk_norm", "none", Source("code", built[1]))
     elif has(f"{attn}.{q_norm}.weight"):
         info = layer0[f"{attn}.{q_norm}.weight"]
@@ -890,12 +892,13 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
 
 
 def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
-                   model_type: str | None) -> tuple[bool, str | None] | None:
+                   model_type: str | None) -> tuple[bool | None, str | None] | None:
     """Whether the attention's __init__ builds its q/k norm for this config, and the layers it builds it in: (False,
     why) where a condition config.json decides is false (Llama 4's `config.use_qk_norm`); (True, evidence) where
     the rest of the condition is the one the rotary embedding runs under (`self.use_rope`: the norm only in layers
-    that rotate); (True, None) where it is built unconditionally. A condition on anything else is refused by name.
-    None where the class or the assignment is not found."""
+    that rotate); (True, None) where it is built unconditionally; (None, why) for a condition on anything else,
+    which the caller refuses by name for a norm the code alone shows. None where the class or the assignment is
+    not found."""
     found = _classes(sources).get(attn.cls)
     init = next((f for f in found[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
                 None) if found else None
@@ -922,6 +925,8 @@ def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
     rotary: list[ast.expr] = []
     for test in conjuncts:
         key = _dotted(test)
+        if key.startswith("self.") and key.count(".") == 1 and key[5:] in assigned:
+            key = _dotted(assigned[key[5:]]) or key  # Cohere's `self.use_qk_norm = config.use_qk_norm`
         if key.startswith(("config.", "self.config.")) and key.count(".") == key.startswith("self.") + 1:
             value = config.get(key.rsplit(".", 1)[-1])
             if value is False or value is None:
@@ -933,8 +938,8 @@ def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
         if attn.rotary_guard and attn.rotary_guard_when and resolved == attn.rotary_guard:
             rotary.append(test)
             continue
-        raise _unsupported(f"q/k norms built under a condition the config does not decide ({found[0]}:{test.lineno}: "
-                           f"`{ast.unparse(test)}`)", where, model_type)
+        return None, (f"q/k norms built under a condition the config does not decide ({found[0]}:{test.lineno}: "
+                      f"`{ast.unparse(test)}`)")
     if rotary:
         return True, (f"{found[0]}:{rotary[0].lineno}: {attn.cls} builds {attn.q_norm} only where "
                       f"`{ast.unparse(rotary[0])}`, the condition its rotary embedding runs under")

@@ -14,7 +14,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configreads, positions
+from scaffold.detect import codekeys, configreads, dataflow, positions
 from scaffold.detect.sourcecode import modeling_sources, subtree
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
@@ -241,8 +241,6 @@ def _layer_mlp_width(sources: dict, config: dict, aliases: dict) -> tuple[codeke
     """The MLP width where the decoder layer builds its MLP with it (Llama 4's dense layers:
     `Llama4TextMLP(config, intermediate_size=config.intermediate_size_mlp)`, the class's own default otherwise):
     the one config expression the layer's __init__ passes as an `intermediate_size` keyword."""
-    from scaffold.detect import dataflow  # deferred: dataflow imports this module's neighbours
-
     layer = dataflow.layer_class(sources)
     init = next((f for f in layer[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
                 None) if layer else None
