@@ -148,7 +148,7 @@ def plain_layer_modules(spec: Spec) -> list[str]:
         out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]
     if spec.has_dense_mlp:
         out.append(f"{n['mlp']}.{n['down_proj']}")
-    if spec.qk_norm != "none":
+    if spec.qk_norm != "none" and not spec.qk_norm_weightless:
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
     if spec.mlp_kind == "plain":
         out.append(f"{n['mlp']}.{n['up_proj']}")

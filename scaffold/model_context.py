@@ -72,6 +72,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                         if spec.sliding_window and spec.source("sliding_window_layers").kind == "code"
                         and not literal_layers else None)
     literal_no_rope = "no_rope_layers" in overridden
+    literal_chunks = "chunked_layers" in overridden
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
@@ -115,10 +116,23 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "literal_layers": literal_layers,
         "window_condition": window_condition,
         "literal_no_rope": literal_no_rope,
+        "literal_chunks": literal_chunks,
+        # The code's own condition for a chunked layer (Llama 4's layer type), read by the port at run time.
+        "chunk_condition": (spec.source("chunked_layers").expr
+                            if spec.attention_chunk_size and not literal_chunks else None),
         # The code's own condition for rotating a layer (over config and layer_idx), read by the port at run time.
         "rope_condition": (spec.source("no_rope_layers").expr
                            if spec.source("no_rope_layers").kind == "code" and not literal_no_rope else None),
         "literal_tie": literal_tie,
+        # Temperature tuning (Llama 4's): "True" in every layer, "not self.use_rope" on the NoPE layers only;
+        # None where no layer of this config scales its queries.
+        "temperature": (None if spec.attn_temperature_floor_scale is None
+                        else "True" if not spec.attn_temperature_nope_only
+                        else "not self.use_rope" if spec.no_rope_layers
+                        or (spec.source("no_rope_layers").kind == "code" and not literal_no_rope) else None),
+        # The q/k norms only in layers that rotate (Llama 4's), where some layer does not.
+        "qk_norm_guarded": spec.qk_norm_rope_layers_only and bool(
+            spec.no_rope_layers or (spec.source("no_rope_layers").kind == "code" and not literal_no_rope)),
         # The port picks this layer's rotary parameters from the config's set per layer type
         # (rope_parameters.full_attention, ...) at run time.
         "per_type_rope": per_type_rope,
@@ -126,7 +140,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "reads_layer_types": (bool(spec.sliding_window) and not literal_layers and not window_condition)
                              or per_type_rope,
         # Any override the port writes as a literal (the constants partial says so once).
-        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie,
+        "literals": literal_rope or literal_layers or literal_no_rope or literal_tie or literal_chunks,
         # MoE ports whose listed layers keep a dense MLP.
         "dense_layers": moe and bool(spec.dense_layers),
         # Qwen2-MoE's shared expert is scaled by a sigmoid gate; DeepSeek-V3's form adds it ungated.
@@ -250,7 +264,9 @@ def norm_constructor(spec: Spec, cfg: Callable[[str], str]) -> Callable[[str], s
     if spec.norm_weightless:  # no scale, no bias (OLMo's norms)
         bias = ", has_weight=False" if spec.norm_kind == "rms" else ", elementwise_affine=False, bias=False"
 
-    def norm(size: str) -> str:
+    def norm(size: str, weightless: bool = False) -> str:
+        if weightless and not spec.norm_weightless:  # a weightless RMS norm beside scaled ones (Llama 4's q/k)
+            return f"RMSNorm({size}, eps={cfg('norm_eps')}, has_weight=False)"
         return f"{cls}({size}, eps={cfg('norm_eps')}{bias})"
 
     return norm

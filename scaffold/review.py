@@ -205,8 +205,18 @@ def decisions(spec) -> list[str]:
                    "whole on every tensor-parallel rank, which gathers the heads' outputs to apply it "
                    "(`full_width_norm`).")
     if spec.qk_norm != "none":
-        out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}.")
+        out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}"
+                   + (", without parameters (`RMSNorm(has_weight=False)`)" if spec.qk_norm_weightless else "")
+                   + (", only in the layers that rotate q and k" if spec.qk_norm_rope_layers_only else "") + ".")
     out.append(f"- {_positions(spec)}.")
+    if spec.attn_temperature_floor_scale is not None:
+        out.append(f"- temperature tuning{' on the layers without rotary' if spec.attn_temperature_nope_only else ''}"
+                   f": q scaled by log(floor((position + 1) / {spec.attn_temperature_floor_scale:g}) + 1) * "
+                   f"{spec.attn_temperature_scale:g} + 1 ({_md(spec.source('attn_temperature_floor_scale').detail)}).")
+    if spec.attention_chunk_size:
+        out.append(f"- chunked attention: on layers {spec.chunked_layers} a query sees the keys of its own chunk of "
+                   f"{spec.attention_chunk_size} positions (vLLM's `ChunkedLocalAttention`, whose chunk must be a "
+                   "multiple of the KV-cache block size).")
     if spec.sliding_window:
         out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
                    "the other layers attend fully.")

@@ -247,8 +247,29 @@ class Spec:
                               doc="a norm on q and k: none, per head, or over all heads")
     qk_norm_after_rope: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
                                           doc="the q/k norms apply to the rotated queries and keys (HunYuan)")
+    qk_norm_weightless: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the q/k norms hold no scale while the layer norms do (Llama 4's L2 norm, one module for q and k)")
+    qk_norm_rope_layers_only: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
     sliding_window: int | None = spec_field(None, group="attention", probe="self_attn",
                                             doc="the sliding window's length; None: every layer attends to all")
+    attn_temperature_floor_scale: float | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="temperature tuning (Llama 4's): queries scaled by log(floor((position + 1) / this) + 1) * "
+            "attn_temperature_scale + 1; None: not scaled")
+    attn_temperature_scale: float | None = spec_field(None, group="attention", probe="self_attn",
+                                                      omit_when_empty=True, doc="temperature tuning's scale")
+    attn_temperature_nope_only: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="temperature tuning only in the layers that skip the rotary embedding (no_rope_layers)")
+    attention_chunk_size: int | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="chunked attention: a query sees the keys of its own chunk of this many positions (Llama 4's), on "
+            "chunked_layers; None: none")
+    chunked_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
+                                           omit_when_empty=True, doc="the layers whose attention is chunked")
     sliding_window_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
                                                   doc="the layers with a sliding window")
     attention_scale: float | None = spec_field(None, group="attention", probe="self_attn",
@@ -363,6 +384,10 @@ class Spec:
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
+    moe_weights_on_input: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the routing weights multiply the experts' input, not their output (Llama 4): FusedMoE's "
+            "apply_router_weight_on_input, which vLLM computes for one expert per token")
     moe_correction_bias: str | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="a per-expert bias added to the scores to choose the experts (not to weight them), by its tensor's "
@@ -832,6 +857,22 @@ def validate_names(spec: Spec, origin: str) -> None:
         for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(spec, size) <= 0:
                 raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
+    if bool(spec.attention_chunk_size) != bool(spec.chunked_layers):
+        raise SpecError("attention_chunk_size and chunked_layers go together: a chunk size for the chunked layers.",
+                        origin)
+    if spec.attention_chunk_size is not None and spec.attention_chunk_size <= 0:
+        raise SpecError(f"attention_chunk_size = {spec.attention_chunk_size} is not positive.", origin)
+    if set(spec.chunked_layers) & spec.layers_with_window:
+        raise SpecError("a layer cannot both slide a window and attend in chunks.", origin)
+    if (spec.attn_temperature_floor_scale is None) != (spec.attn_temperature_scale is None):
+        raise SpecError("attn_temperature_floor_scale and attn_temperature_scale go together.", origin)
+    if spec.attn_temperature_floor_scale is not None and spec.attn_temperature_floor_scale <= 0:
+        raise SpecError("attn_temperature_floor_scale must be positive.", origin)
+    if spec.qk_norm_weightless and spec.qk_norm != "per_head":
+        raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
+                        "\"per_head\".", origin)
+    if spec.qk_norm_rope_layers_only and spec.qk_norm == "none":
+        raise SpecError("qk_norm_rope_layers_only needs a q/k norm (qk_norm is \"none\").", origin)
     if spec.is_moe and spec.num_experts <= 0:
         raise SpecError("the spec names an experts module but num_experts is not positive.", origin)
     if spec.num_experts:
@@ -857,6 +898,9 @@ def validate_names(spec: Spec, origin: str) -> None:
             if {router.split(".")[0], router.rsplit(".", 1)[-1]} & taken:
                 raise SpecError(f"spec field names.router = {router!r} shares a module name with another module "
                                 "of the MoE block.", origin)
+        if spec.moe_weights_on_input and spec.num_experts_per_tok != 1:
+            raise SpecError(f"moe_weights_on_input is computed for one expert per token (vLLM's "
+                            f"apply_router_weight_on_input), not {spec.num_experts_per_tok}.", origin)
         bias = spec.moe_correction_bias
         # The port builds the bias where the checkpoint keeps it: on the block or on one module of it.
         if bias is not None and (not isinstance(bias, str) or not MODULE_NAME.match(bias) or bias.count(".") > 1

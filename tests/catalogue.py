@@ -64,6 +64,9 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
                 "attention_types must name one kind per layer (BASE's 3), and a window shorter than the prompts"),
     "dots1": ({"num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
               "its config leaves the expert counts None (the model cannot be made without them)"),
+    "llama4_text": ({"num_experts_per_tok": 1}, "Llama 4 routes each token to one expert (Scout's and Maverick's "
+                                                "configs): its routing weights scale the expert's input, which vLLM's "
+                                                "FusedMoE computes for one expert per token"),
     "falcon": ({"head_dim": None}, "its head_dim is a read-only property (hidden_size / heads)"),
     "granitemoeshared": ({"shared_intermediate_size": 64}, "its config's shared expert width defaults to 0: "
                                                             "without it the checkpoint has no shared expert"),

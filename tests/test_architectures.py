@@ -181,6 +181,14 @@ ARCHITECTURES = {
     # OPT-350m's layers: post-LN where config.json says do_layer_norm_before = false (the layer's code branches on
     # it, and flattens the tokens around its MLP), and no final norm (the base model builds it only otherwise).
     "opt-post-ln": ("opt", {"do_layer_norm_before": False}),
+    # Llama 4: one expert per token whose sigmoid routing weight scales its input (FusedMoE's
+    # apply_router_weight_on_input), a shared expert; experts stored [in, out]; adjacent-pair rotary; layer 1 a NoPE
+    # layer whose queries are scaled by the temperature tuning (floor_scale 4, within the prompts), the others with
+    # a weightless L2 q/k norm after the rotary and attention chunked in 32 positions (shorter than the longest
+    # prompt and continuation); Maverick's interleaving: layers 0 and 2 dense, built with intermediate_size_mlp.
+    "llama4_text": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1, "attention_chunk_size": 32,
+                                    "no_rope_layers": [1, 0, 1], "floor_scale": 4, "attn_scale": 0.5,
+                                    "interleave_moe_layer_step": 2, "intermediate_size_mlp": 192}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -276,6 +284,12 @@ EXPECTED_SPEC = {
                   "shared_expert_intermediate_size": 512},
     "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
                          "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "llama4_text": {"moe_weights_on_input": True, "moe_sigmoid": True, "moe_renormalize": False,
+                    "qk_norm": "per_head", "qk_norm_weightless": True, "qk_norm_after_rope": True,
+                    "qk_norm_rope_layers_only": True, "no_rope_layers": [1], "attn_temperature_floor_scale": 4.0,
+                    "attn_temperature_scale": 0.5, "attn_temperature_nope_only": True, "attention_chunk_size": 32,
+                    "chunked_layers": [0, 2], "rope_neox_style": False, "dense_layers": [0, 2],
+                    "intermediate_size": 192, "moe_intermediate_size": 256},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -290,9 +304,10 @@ UNSUPPORTED = {
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
     "phimoe-sparsemixer": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
                            "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:"),
-    # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
-    "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
-                                  "routing weights applied to the experts' input: Llama4TextMoe"),
+    # Llama 4's routing weights on the experts' input with two experts per token: vLLM's FusedMoE applies them to
+    # the input (apply_router_weight_on_input) for one expert per token only.
+    "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
+                                       "routing weights applied to the experts' input: Llama4TextMoe"),
 }
 
 RESULTS: dict[str, dict] = {}
@@ -455,7 +470,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
-             "apertus", "gpt2", "openai-gpt", "opt-post-ln")
+             "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text")
 
 
 @pytest.mark.engine
@@ -525,6 +540,10 @@ DEFAULTS = {
     "norm_weight_name": "weight",
     # Left out when absent: an activation holding tensors (Apertus' xIELU), norms inside the sublayers (BitNet's).
     "act_tensors": [], "attn_sub_norm": False, "mlp_sub_norm": False,
+    # Left out when absent: Llama 4's forms.
+    "moe_weights_on_input": False, "qk_norm_weightless": False, "qk_norm_rope_layers_only": False,
+    "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
+    "attention_chunk_size": None, "chunked_layers": [],
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -315,10 +315,22 @@ def test_routing_weights_applied_to_the_experts_input_are_refused_by_name(body, 
         assert found.weighted_input is None and found.problem() is None, found.weighted_input
     else:
         assert found.weighted_input.startswith(f"modeling_lab.py:{line}:"), found.weighted_input
-        assert found.problem().startswith("routing weights applied to the experts' input: SparseFfn (modeling_lab.py:")
+        # FusedMoE applies the weights to the input (apply_router_weight_on_input) for one expert per token only.
+        assert found.problem(1) is None
+        assert found.problem(2).startswith("routing weights applied to the experts' input: SparseFfn (modeling_lab.py:")
+        assert "with 2 experts per token" in found.problem(2)
 
 
 def test_llama4_weights_its_experts_input():
     found = routing(transformers_source("llama4"), "experts")
     assert "routed_in * router_scores" in found.weighted_input
     assert found.weighted_input.startswith("transformers/models/llama4/modeling_llama4.py:")
+    # Sigmoid of the top-k logits, no division anywhere on the path: not renormalized.
+    assert found.scoring == "sigmoid" and found.standard and not found.divides
+    assert found.problem(1) is None and "apply_router_weight_on_input" in found.problem(2)
+
+
+def test_a_lab_that_divides_its_input_weights_says_so():
+    body = "gates = gates / gates.sum(-1, keepdim=True)\n        return self.bank(x * gates, idx)"
+    found = routing({"modeling_lab.py": LAB_INPUT_WEIGHTED.replace("BODY", body)}, "bank")
+    assert found.weighted_input and found.divides

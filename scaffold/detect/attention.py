@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import window
+from scaffold.detect import chunks, window
 from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -47,7 +47,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     _scale_and_softcap(ckpt, spec)
     if spec.qkv_layout != "latent" and spec.head_dim % 2:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
+    _sliding_window(ckpt, spec)
+    _chunks(ckpt, spec)
 
+
+def _sliding_window(ckpt: Checkpoint, spec: Spec) -> None:
+    where = ckpt.config_file
     key, window = config_value(ckpt, "sliding_window")
     enabled = ckpt.config.get("use_sliding_window", True) is not False
     found = _code_window(ckpt, spec) if key is None else None
@@ -124,3 +129,42 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
                                                    "config.attn_logit_softcapping"))
     else:
         spec.set("attn_logit_softcap", None, Source("default", "no attn_logit_softcapping in config.json"))
+
+
+def _chunks(ckpt: Checkpoint, spec: Spec) -> None:
+    """Chunked attention (Llama 4's), from where the code builds a chunked causal mask (scaffold.detect.chunks):
+    the chunk's size from config.json, the layers from the code's layer type or every layer."""
+    where = ckpt.config_file
+    try:
+        found = chunks.chunked_attention(modeling_sources(ckpt))
+    except chunks.Refused as refused:
+        raise unsupported(str(refused), where, spec.model_type) from None
+    if found is None:
+        spec.set("attention_chunk_size", None, Source("default", "no chunked causal mask in the code"))
+        spec.set("chunked_layers", [], Source("default", "no chunked attention"))
+        return
+    if found.layer_type is None:
+        layers, expr = list(range(spec.num_layers)), None
+    else:
+        types = ckpt.config.get("layer_types")
+        if not isinstance(types, list) or len(types) != spec.num_layers:
+            raise CheckpointError(f"config key 'layer_types' must list one type for each of {spec.num_layers} "
+                                  f"layers ({found.evidence}).", where)
+        layers = [i for i, t in enumerate(types) if t == found.layer_type]
+        expr = f"config.layer_types[layer_idx] == {found.layer_type!r}"
+    size = ckpt.config.get(found.key)
+    if not layers:
+        spec.set("attention_chunk_size", None, Source("code", f"{found.evidence}; no layer of that type"))
+        spec.set("chunked_layers", [], Source("code", f"{found.evidence}; no layer of that type"))
+        return
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise CheckpointError(f"config key {found.key!r} must be a positive integer, not {size!r} "
+                              f"({found.evidence}).", where)
+    if spec.qkv_layout == "latent" or set(layers) & spec.layers_with_window:
+        raise unsupported(f"chunked attention ({found.evidence}) "
+                          + ("with latent attention" if spec.qkv_layout == "latent" else "on sliding-window layers"),
+                          where, spec.model_type)
+    spec.set("attention_chunk_size", size, Source("code", f"{found.evidence}: config.json {found.key}",
+                                                  f"config.{found.key}"))
+    spec.set("chunked_layers", layers, Source("code", f"{found.evidence}: the layers where {expr or 'always'}",
+                                              expr))

@@ -1106,8 +1106,6 @@ def _qk_norms(events: Events, keys: dict, file: str) -> dict:
     if not (len({a for a, _ in alone["q"]}) == 1 and len({a for a, _ in alone["k"]}) == 1):
         return {}
     (q_norm, q_line), (k_norm, _) = min(alone["q"], key=lambda x: x[1]), min(alone["k"], key=lambda x: x[1])
-    if q_norm == k_norm:
-        return {}
     together = [line for line, args in events.calls
                 if {keys["q"], keys["k"]} <= {o.key for a in args for o in a}
                 and keys["v"] not in {o.key for a in args for o in a}]
@@ -1210,6 +1208,7 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
     """The decoder layer: the class whose instances fill an nn.ModuleList (the one at `list_attr` if given)."""
     hits = []
     for file, tree in _parsed(sources):
+        owners = {id(n): c.name for c in subtree(tree) if isinstance(c, ast.ClassDef) for n in subtree(c)}
         for node in subtree(tree):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Attribute) and isinstance(node.value, ast.Call)
@@ -1228,11 +1227,34 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
                 builder = _builder_return(tree, node, _dotted(elt.func))
                 cls = _class(sources, builder) if builder else None
             if cls is not None:
-                hits.append((cls[0], cls[1], node.lineno, file))
-    classes = {h[1].name for h in hits}
-    if len(classes) != 1:
+                hits.append((cls[0], cls[1], node.lineno, owners.get(id(node))))
+    if len({h[1].name for h in hits}) > 1:
+        # A multimodal file holds several stacks (Llama 4's vision encoder layers beside the text decoder's):
+        # the decoder is the stack a causal LM class builds.
+        built = _built_by_causal_lm(sources)
+        hits = [h for h in hits if h[3] in built]
+    if len({h[1].name for h in hits}) != 1:
         return None
     return hits[0][0], hits[0][1], hits[0][2]
+
+
+def _built_by_causal_lm(sources: dict) -> set[str]:
+    """The classes a `*ForCausalLM` class of the source builds in its __init__, directly or through the modules it
+    builds (the base model), the causal LM included."""
+    inits = {}
+    for _file, tree in _parsed(sources):
+        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            inits[cls.name] = {_dotted(c.func).rsplit(".", 1)[-1] for c in subtree(init) if isinstance(c, ast.Call)
+                               } if init is not None else set()
+    seen = {name for name in inits if name.endswith("ForCausalLM")}
+    frontier = list(seen)
+    while frontier:
+        for called in inits.get(frontier.pop(), ()):
+            if called in inits and called not in seen:
+                seen.add(called)
+                frontier.append(called)
+    return seen
 
 
 def _builder_return(tree: ast.Module, at: ast.AST, name: str) -> str | None:

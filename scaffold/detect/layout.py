@@ -16,11 +16,13 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules
+from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules, temperature
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
 from scaffold.detect.sourcecode import (
+    _classes,
+    _dotted,
     added_to_call,
     configured,
     interleaved_qkv,
@@ -409,16 +411,31 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # The q/k norms: the modules the attention's code applies to the queries and to the keys alone, whatever
     # their names (HunYuan's query_layernorm); where the code does not say, names common families use (hints).
     q_norm, k_norm = next(((q, k) for q, k in QK_NORM_HINTS if has(f"{attn}.{q}.weight")), QK_NORM_HINTS[0])
-    if code_attn is not None and code_attn.q_norm and has(f"{attn}.{code_attn.q_norm}.weight"):
+    if (code_attn is not None and code_attn.q_norm and code_attn.q_norm != code_attn.k_norm
+            and has(f"{attn}.{code_attn.q_norm}.weight")):
         q_norm, k_norm = code_attn.q_norm, code_attn.k_norm
+    built = _qk_norm_built(sources, code_attn, ckpt.config, where, spec.model_type) if code_attn else None
     if (code_attn is not None and code_attn.q_norm and not has(f"{attn}.{code_attn.q_norm}.weight")
-            and {code_attn.q_norm, code_attn.k_norm} <= weightless):
-        # q/k norms that hold no parameter (NanoChat's): the code alone says they are there.
+            and {code_attn.q_norm, code_attn.k_norm} <= weightless and (built is None or built[0] is not False)):
+        if built is not None and built[0] is None:
+            raise _unsupported(built[1], where, spec.model_type)
+        # q/k norms that hold no parameter (NanoChat's; Llama 4's one L2 norm for both): the code alone says they
+        # are there, and where __init__ builds them.
         names.update(q_norm=code_attn.q_norm, k_norm=code_attn.k_norm)
         kind = "per_head" if code_attn.qk_norm_per_head else "full"
+        qk_code = norm_code(sources, code_attn.q_norm, ckpt.config)
+        if built is not None and (qk_code is None or qk_code.centered or kind != "per_head"):
+            raise _unsupported(f"q/k norms without parameters that are not an RMS norm over each head "
+                               f"({code_attn.qk_norm_evidence})", where, spec.model_type)
         spec.set("qk_norm", kind, Source("code", f"{code_attn.qk_norm_evidence} (norms without parameters, "
                                                  f"{'per head' if kind == 'per_head' else 'over all heads'})"))
         spec.set("qk_norm_after_rope", bool(code_attn.qk_norm_after_rope), Source("code", code_attn.qk_norm_evidence))
+        spec.set("qk_norm_weightless", True, Source("code", f"{code_attn.qk_norm_evidence}: no parameter"))
+        spec.set("qk_norm_rope_layers_only", built[1] is not None,
+                 Source("code", built[1]) if built[1] else Source("default", "q/k norms in every layer"))
+    elif (code_attn is not None and code_attn.q_norm and code_attn.q_norm == code_attn.k_norm
+          and built is not None and built[0] is False):
+        spec.set("qk_norm", "none", Source("code", built[1]))
     elif has(f"{attn}.{q_norm}.weight"):
         info = layer0[f"{attn}.{q_norm}.weight"]
         if len(info.shape) != 1 or not has(f"{attn}.{k_norm}.weight"):
@@ -434,6 +451,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                  else Source("default", "q/k norms before the rotary embedding (the code did not say)"))
     else:
         spec.set("qk_norm", "none", src(f"{attn}.{q_norm}.weight (absent)"))
+
+    _temperature(spec, sources, code_attn, ckpt.config, where)
 
     # The MLP: dense in layer 0, or a mixture of experts whose dense parts (the MLP of
     # the layers without experts, or the shared expert) are read like a dense MLP.
@@ -874,6 +893,88 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
 
 
+def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
+                   model_type: str | None) -> tuple[bool | None, str | None] | None:
+    """Whether the attention's __init__ builds its q/k norm for this config, and the layers it builds it in: (False,
+    why) where a condition config.json decides is false (Llama 4's `config.use_qk_norm`); (True, evidence) where
+    the rest of the condition is the one the rotary embedding runs under (`self.use_rope`: the norm only in layers
+    that rotate); (True, None) where it is built unconditionally; (None, why) for a condition on anything else,
+    which the caller refuses by name for a norm the code alone shows. None where the class or the assignment is
+    not found."""
+    found = _classes(sources).get(attn.cls)
+    init = next((f for f in found[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
+                None) if found else None
+    if init is None or not attn.q_norm:
+        return None
+    assigned = {_dotted(n.targets[0])[5:]: n.value for n in subtree(init) if isinstance(n, ast.Assign)
+                and len(n.targets) == 1 and _dotted(n.targets[0]).startswith("self.")}
+    guards: list[ast.expr] = []
+
+    def visit(body: list, tests: list) -> bool:
+        for stmt in body:
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and _dotted(stmt.targets[0]) in (f"self.{attn.q_norm}", f"self.{attn.k_norm}")):
+                guards.extend(tests)
+                return True
+            if isinstance(stmt, ast.If) and (visit(stmt.body, [*tests, stmt.test]) or visit(stmt.orelse, tests)):
+                return True
+        return False
+
+    if not visit(init.body, []):
+        return None
+    conjuncts = [c for g in guards for c in (g.values if isinstance(g, ast.BoolOp) and isinstance(g.op, ast.And)
+                                              else [g])]
+    rotary: list[ast.expr] = []
+    for test in conjuncts:
+        key = _dotted(test)
+        if key.startswith("self.") and key.count(".") == 1 and key[5:] in assigned:
+            key = _dotted(assigned[key[5:]]) or key  # Cohere's `self.use_qk_norm = config.use_qk_norm`
+        if key.startswith(("config.", "self.config.")) and key.count(".") == key.startswith("self.") + 1:
+            value = config.get(key.rsplit(".", 1)[-1])
+            if value is False or value is None:
+                return False, (f"{found[0]}:{test.lineno}: {attn.cls} builds {attn.q_norm} only under "
+                               f"`{ast.unparse(test)}`, false in config.json")
+            if value is True:
+                continue
+        resolved = ast.unparse(assigned[key[5:]]) if key.startswith("self.") and key[5:] in assigned else key
+        if attn.rotary_guard and attn.rotary_guard_when and resolved == attn.rotary_guard:
+            rotary.append(test)
+            continue
+        return None, (f"q/k norms built under a condition the config does not decide ({found[0]}:{test.lineno}: "
+                      f"`{ast.unparse(test)}`)")
+    if rotary:
+        return True, (f"{found[0]}:{rotary[0].lineno}: {attn.cls} builds {attn.q_norm} only where "
+                      f"`{ast.unparse(rotary[0])}`, the condition its rotary embedding runs under")
+    return True, None
+
+
+def _temperature(spec: Spec, sources: dict, attn: dataflow.Attention | None, config: dict, where) -> None:
+    """Temperature tuning (Llama 4's): the attention's queries scaled by a function of the positions, read by
+    scaffold.detect.temperature; the scale's config keys read by the port at run time."""
+    found = _classes(sources).get(attn.cls) if attn is not None else None
+    try:
+        tuning = temperature.read_temperature(found[1], found[0], attn.q, config,
+                                              attn.rotary_guard if attn.rotary_guard_when else None) if found else None
+    except temperature.Refused as refused:
+        raise _unsupported(str(refused), where, spec.model_type) from None
+    if tuning is None or tuning.switch is not None and config.get(tuning.switch) is False:
+        why = (Source("code", f"{tuning.evidence}, only under config.{tuning.switch}, false in config.json")
+               if tuning is not None else Source("default", "queries not scaled by position"))
+        for name in ("attn_temperature_floor_scale", "attn_temperature_scale"):
+            spec.set(name, None, why)
+        spec.set("attn_temperature_nope_only", False, why)
+        return
+    for name, key in (("attn_temperature_floor_scale", tuning.floor_key), ("attn_temperature_scale", tuning.scale_key)):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or name.endswith("floor_scale") and value <= 0:
+            raise CheckpointError(f"config key {key!r} must be a {'positive ' if 'floor' in name else ''}number, "
+                                  f"not {value!r} ({tuning.evidence}).", where)
+        spec.set(name, float(value), Source("code", f"{tuning.evidence}: config.json {key}", f"config.{key}"))
+    spec.set("attn_temperature_nope_only", tuning.nope_only,
+             Source("code", f"{tuning.evidence}, only where the rotary embedding does not run" if tuning.nope_only
+                    else f"{tuning.evidence}, in every layer"))
+
+
 def weightless_norm_attributes(sources: dict) -> set[str]:
     """The attributes the code builds with a norm class that holds no parameter (OLMo's OlmoLayerNorm), which
     no tensor of the checkpoint can confirm."""
@@ -1009,7 +1110,8 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     if weightless and code is not None:
         spec.set("norm_offset", 0.0, Source("code", f"{code.where}: {code.cls} has no scale"))
     qk_weightless = spec.qk_norm != "none" and f"{attention_module(names)}.{names['q_norm']}.weight" not in layer0
-    if spec.qk_norm != "none" and qk_weightless != weightless:
+    # Weightless q/k norms beside layer norms with a scale are their own field (Llama 4's); the other way is not.
+    if spec.qk_norm != "none" and qk_weightless != weightless and not (qk_weightless and spec.qk_norm_weightless):
         raise _unsupported("q/k norms and layer norms that differ in holding parameters", where, spec.model_type)
     final_bias = f"{names['norm']}.bias" in inside if "norm" in names else has_bias
     if final_bias != has_bias:

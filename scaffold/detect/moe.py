@@ -431,7 +431,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
     path = routing.routing(sources, n["experts"])
-    if path is not None and (problem := path.problem()):
+    if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
         raise unsupported(problem, where, spec.model_type)
     if path is not None:
         _routing_fields(spec, ckpt, path)
@@ -571,6 +571,16 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
     where = f"{path.block} ({path.where})"
     spec.set("moe_sigmoid", path.scoring == "sigmoid",
              Source("code", f"{where} scores the experts with {path.scoring} on its routing path"))
+    if path.weighted_input:
+        # One expert per token (problem() refuses more): its weight scales the input it takes, not renormalized
+        # (to 1) unless the path divides.
+        spec.set("moe_weights_on_input", True,
+                 Source("code", f"{path.weighted_input}: {path.block} multiplies the experts' input by the "
+                                "routing weights"))
+        if not path.divides:
+            spec.set("moe_renormalize", False,
+                     Source("code", f"{where} divides nothing on its routing path: the top-k weights are "
+                                    "not renormalized"))
     tests = [k for k in path.config_keys(path.test_attrs) if isinstance(ckpt.config.get(k), bool)]
     if len(tests) == 1:  # `if self.norm_topk_prob:` renormalizes the top-k weights
         set_from_config(spec, ckpt, "moe_renormalize", (tests[0],), bool)

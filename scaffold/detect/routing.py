@@ -43,6 +43,7 @@ class Routing:
     test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:` guarding a division
     # file:line and code where the block multiplies the experts' input (not their output) by the routing weights
     weighted_input: str | None = None
+    divides: bool = False  # some division on the path (a renormalization of the top-k weights, among others)
 
     @property
     def scoring(self) -> str | None:
@@ -62,12 +63,15 @@ class Routing:
         """The config keys the path's classes copy into these attributes, in order."""
         return sorted({key for attr, key in self.config_attrs if attr in attrs})
 
-    def problem(self) -> str | None:
-        """Why FusedMoE's softmax top-k routing would not compute this block's, or None."""
-        if self.weighted_input:
+    def problem(self, top_k: int | None = None) -> str | None:
+        """Why FusedMoE's softmax top-k routing would not compute this block's, or None. Weights on the experts'
+        input (Llama 4's) are FusedMoE's apply_router_weight_on_input, which vLLM computes for one expert per
+        token (`top_k`) only."""
+        if self.weighted_input and top_k != 1:
             return (f"routing weights applied to the experts' input: {self.block} ({self.weighted_input}) multiplies "
-                    "what its experts take by the router's scores, where the port's FusedMoE weights the experts' "
-                    "outputs")
+                    f"what its experts take by the router's scores with {top_k} experts per token, where vLLM's "
+                    "FusedMoE applies the weights to the input (apply_router_weight_on_input) for one expert per "
+                    "token only")
         if self.standard:
             return None
         via = f" in {', '.join(self.helpers)}" if self.helpers else ""
@@ -127,9 +131,12 @@ class _Uses:
     divisor: set[str]
     factor: set[str]
     test: set[str]
+    divides: bool = False
 
     def read(self, body: ast.AST) -> None:
         for node in subtree(body):
+            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div):
+                self.divides = True
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
             if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
@@ -287,5 +294,5 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
         return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers), frozenset(router_calls),
                        frozenset(uses.attributes), tuple(sorted(config_attrs)), frozenset(uses.topk),
                        frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test),
-                       _weighted_input(forward, experts, file))
+                       _weighted_input(forward, experts, file), uses.divides)
     return None

@@ -14,7 +14,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configreads, positions
+from scaffold.detect import codekeys, configreads, dataflow, positions
 from scaffold.detect.sourcecode import modeling_sources, subtree
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
@@ -131,7 +131,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk, nk = spec.source("hidden_size").expr, spec.source("num_heads").expr
         spec.set("head_dim", spec.hidden_size // spec.num_heads,
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
-    found = _mlp_width(sources, spec, ckpt.config, aliases)
+    found = (_mlp_width(sources, spec, ckpt.config, aliases)
+             or _layer_mlp_width(sources or modeling_sources(ckpt), ckpt.config, aliases))
     key, _ = config_value(ckpt, *keys("intermediate_size"))
     if found is not None or key is not None:
         size("intermediate_size", found)
@@ -234,6 +235,23 @@ def _kv_heads(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], reads: set[st
         expr = f"(config.{key} if config.{flag} else {spec.source('num_heads').expr})"
         spec.set("num_kv_heads", spec.num_kv_heads if on else spec.num_heads,
                  Source("code", f"config.json {key} where {flag} (the code reads both)", expr))
+
+
+def _layer_mlp_width(sources: dict, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:
+    """The MLP width where the decoder layer builds its MLP with it (Llama 4's dense layers:
+    `Llama4TextMLP(config, intermediate_size=config.intermediate_size_mlp)`, the class's own default otherwise):
+    the one config expression the layer's __init__ passes as an `intermediate_size` keyword."""
+    layer = dataflow.layer_class(sources)
+    init = next((f for f in layer[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"),
+                None) if layer else None
+    found = []
+    for node in subtree(init) if init is not None else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.value, ast.Call)):
+            for kw in node.value.keywords:
+                if kw.arg == "intermediate_size" and (expr := codekeys.config_expr(kw.value, init)) and expr[1]:
+                    found.append(codekeys.CodeExpr(expr[0], expr[1], layer[0], node.lineno))
+    return _valued(_unique(found), config, aliases)
 
 
 def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:

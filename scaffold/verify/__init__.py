@@ -242,7 +242,8 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                          "prompt": longest,
                                          "points": [(p.label, p.port_module, p.port_output) for p in probes]},
                                      sharding=sharding.request if sharding else None,
-                                     dtype=dequantize.engine_dtype(quantized) if quantized else "float32")
+                                     dtype=dequantize.engine_dtype(quantized) if quantized else "float32",
+                                     block_size=parity.block_size_for(port.spec.attention_chunk_size))
             except ScaffoldError as exc:
                 if together:
                     hf_job.result()  # a failing reference is reported first, as when run one after the other

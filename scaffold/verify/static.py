@@ -90,8 +90,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         if "attn_gate" in n:  # a separate gate projection (not one folded into q_proj)
             for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
                 params[f"{p}{attn}.{n['attn_gate']}.{kind}"] = (None,)
-        if spec.qk_norm != "none":  # built as the other norms are, so with their bias
-            for kind in kinds:
+        if spec.qk_norm != "none":  # built as the other norms are, so with their bias; or with nothing
+            for kind in () if spec.qk_norm_weightless else kinds:
                 params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
                 params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
         if spec.attn_sub_norm:  # likewise
@@ -398,7 +398,7 @@ RUNTIME_FIELDS = ("rope_parameters", "sliding_rope_parameters", "partial_rotary_
 PRESENCE_FIXED = ("sliding_window", "attention_scale", "attn_logit_softcap", "embedding_multiplier",
                   "residual_multiplier", "logits_scale", "final_logit_softcap", "no_rope_layers",
                   "sliding_rope_parameters", "shared_expert_intermediate_size", "dense_layers", "moe_groups",
-                  "moe_topk_groups", "moe_routed_scaling_factor")
+                  "moe_topk_groups", "moe_routed_scaling_factor", "attention_chunk_size")
 
 
 def read_at_run_time(spec: Spec, detected: Spec, name: str) -> bool:

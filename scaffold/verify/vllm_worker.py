@@ -52,6 +52,8 @@ def main(request_file: str) -> None:
         kwargs["model_impl"] = request["model_impl"]
     if request.get("trust_remote_code"):
         kwargs["trust_remote_code"] = True
+    if request.get("block_size"):  # chunked attention: the chunk a multiple of the KV-cache block
+        kwargs["block_size"] = request["block_size"]
     started = time.perf_counter()
     llm = LLM(
         model=request["checkpoint"],
