@@ -320,6 +320,9 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("sharded_weight_loader", sliced),
         ), one_per_line=True),
         Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
+        # PhiMoE's routing, vLLM's own (its phimoe model's custom routing function).
+        *([Import("vllm.model_executor.models.phimoe", ("sparsemixer",))]
+          if moe and spec.moe_routing == "sparsemixer" else []),
         Import("vllm.model_executor.models.utils", (
             "PPMissingLayer", "WeightsMapper", "extract_layer_index", "is_pp_missing_parameter",
             "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",

@@ -374,6 +374,14 @@ class Spec:
     moe_routed_scaling_factor: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the routing weights are scaled by this after the top k; None: not scaled")
+    moe_routing: str = spec_field(
+        "topk", group="moe", probe="mlp", choices=("topk", "sparsemixer"), omit_when_empty=True,
+        doc="topk: the scores' top k (softmax or sigmoid, the fields above); sparsemixer: PhiMoE's routing, vLLM's "
+            "sparsemixer as FusedMoE's custom routing function (two experts, each weighted by a softmax over the "
+            "scores within a relative gap 2 * moe_jitter_eps of the best)")
+    moe_jitter_eps: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="sparsemixer routing: the jitter_eps its masks read (config.router_jitter_noise in PhiMoE)")
     experts_layout: str = spec_field(
         "per_expert", group="moe", probe="mlp", choices=("per_expert", "stacked"), omit_when_empty=True,
         doc="per_expert: one tensor per expert and projection (MLP.experts.N.PROJ.weight); stacked: one 3-D "

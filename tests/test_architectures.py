@@ -178,6 +178,12 @@ ARCHITECTURES = {
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
     "nanochat": ("nanochat", {}),
+    # PhiMoE: sparsemixer routing (two experts, each weighted by a softmax over the scores within a relative gap
+    # 2 * router_jitter_noise of the best), served by FusedMoE with vLLM's sparsemixer as its custom routing
+    # function; the jitter raised from 0.01 (vLLM's phimoe fixes that) so several scores enter each softmax.
+    # Also LayerNorms with biases, biased q/k/v/o and a biased head.
+    "phimoe": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.3,
+                          "attention_bias": True, "lm_head_bias": True}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -271,6 +277,8 @@ EXPECTED_SPEC = {
                   "shared_expert_intermediate_size": 512},
     "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
                          "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "phimoe": {"moe_routing": "sparsemixer", "moe_jitter_eps": 0.3, "moe_renormalize": False, "norm_kind": "layer",
+               "norm_bias": True, "qkv_bias": True, "o_bias": True, "lm_head_bias": True},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -283,8 +291,10 @@ UNSUPPORTED = {
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
-    "phimoe-sparsemixer": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
-                           "sparsemixer (transformers/models/phimoe/modeling_phimoe.py:"),
+    # sparsemixer routes each token to two experts whatever num_experts_per_tok says; vLLM's routes two.
+    "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
+                                ("the routing is sparsemixer, which routes each token to 2 experts, but config.json "
+                                 "says 3")),
     # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
     "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
                                   "routing weights applied to the experts' input: Llama4TextMoe"),
@@ -516,7 +526,7 @@ DEFAULTS = {
     "position_offset": None, "mlp_on_layer": None,
     # Left out of scaffold_spec.toml when unset (softmax top-k routing).
     "moe_sigmoid": False, "moe_correction_bias": None, "moe_groups": 0, "moe_topk_groups": 0,
-    "moe_routed_scaling_factor": None,
+    "moe_routed_scaling_factor": None, "moe_routing": "topk", "moe_jitter_eps": None,
     "norm_weight_name": "weight",
     # Left out when absent: an activation holding tensors (Apertus' xIELU), norms inside the sublayers (BitNet's).
     "act_tensors": [], "attn_sub_norm": False, "mlp_sub_norm": False,

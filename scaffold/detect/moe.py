@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, renamings, routing, sourcecode, stacked
+from scaffold.detect import codekeys, dataflow, renamings, routing, routingmath, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -432,7 +432,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
     path = routing.routing(sources, n["experts"])
     if path is not None and (problem := path.problem()):
-        raise unsupported(problem, where, spec.model_type)
+        if path.weighted_input or "topk" in path.calls:
+            raise unsupported(problem, where, spec.model_type)
+        # No top-k: PhiMoE's sparsemixer, where the code computes what vLLM's does (read over numbers).
+        mixer = routingmath.read_sparsemixer(sources, path.block, n["experts"], ckpt.config,
+                                             spec.num_experts_per_tok)
+        if isinstance(mixer, str):
+            raise unsupported(f"{problem} ({mixer})", where, spec.model_type)
+        _sparsemixer_fields(spec, ckpt, mixer)
+        path = None
     if path is not None:
         _routing_fields(spec, ckpt, path)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
@@ -563,6 +571,18 @@ def shared_class_width_expr(sources: dict[str, str], shared: str,
             if found is not None and found[1]:
                 return found[0], found[1], f"{file}:{call.lineno}"
     return None
+
+
+def _sparsemixer_fields(spec: Spec, ckpt: Checkpoint, mixer: routingmath.SparseMixer) -> None:
+    """PhiMoE's sparsemixer routing: two experts, weights not renormalized, its jitter read from the config at run
+    time where the code reads it from the config."""
+    spec.set("moe_routing", "sparsemixer", Source("code", mixer.evidence))
+    spec.set("moe_renormalize", False, Source("code", f"{mixer.evidence}: each weight is its own masked softmax"))
+    if mixer.jitter_key is not None:
+        set_from_config(spec, ckpt, "moe_jitter_eps", (mixer.jitter_key,), (int, float))
+        spec.set("moe_jitter_eps", float(mixer.jitter), spec.source("moe_jitter_eps"))
+    else:
+        spec.set("moe_jitter_eps", float(mixer.jitter), Source("code", mixer.evidence))
 
 
 def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:

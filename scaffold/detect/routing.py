@@ -5,7 +5,7 @@ renormalized (Qwen-MoE, Mixtral; top-k then softmax is the same computation) and
 (GLM-4-MoE, dots1) also a correction bias added to the scores for choosing only, and a group-limited top-k. A
 lab's block can route otherwise: PhiMoE's `sparsemixer` (masked softmaxes, no top-k). Served through FusedMoE
 those ports would be silently wrong, so a routing path that does not take a top-k of softmax or sigmoid scores is
-refused, naming the code that computes it.
+refused, naming the code that computes it, unless `routingmath` finds it computes vLLM's sparsemixer.
 
 Which config keys the path reads for the DeepSeek-V3 parts is read from the code too: the router's __init__
 keeps `self.A = config.KEY`, and the forward uses `self.A` as a top-k's k (the group top-k), as the divisor
