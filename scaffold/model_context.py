@@ -294,6 +294,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation",
                   (flags["act_call"].split("(", 1)[0] if flags["act_call"] else
+                   "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
                    "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),

@@ -328,6 +328,15 @@ class Spec:
     gate_up_order: str = spec_field("gate_first", group="mlp", probe="mlp", choices=("gate_first", "up_first"),
                                     doc="which half of a fused gate_up tensor holds the gate rows")
     hidden_act: str = spec_field("silu", group="mlp", probe="mlp", doc="the MLP's activation (vLLM's name)")
+    mlp_activation: str = spec_field(
+        "act_and_mul", group="mlp", probe="mlp", choices=("act_and_mul", "swigluoai"), omit_when_empty=True,
+        doc="what the port's dense MLP (also a MoE block's shared expert) computes of gate and up: act_and_mul: "
+            "hidden_act(gate) * up; swigluoai: the clamped SwiGLU (up.clamp(-limit, limit) + 1) * g * "
+            "sigmoid(alpha * g), g = gate.clamp(max=limit), vLLM's SwigluOAIAndMul (MiniMax-M3's shared experts)")
+    mlp_swiglu_alpha: float | None = spec_field(
+        None, group="mlp", probe="mlp", omit_when_empty=True, doc="swigluoai MLP: the alpha the code reads")
+    mlp_swiglu_limit: float | None = spec_field(
+        None, group="mlp", probe="mlp", omit_when_empty=True, doc="swigluoai MLP: the clamp limit the code reads")
     act_tensors: list[str] = spec_field(
         [], group="mlp", probe="mlp", omit_when_empty=True,
         doc="the tensors the MLP's activation module (names.act_fn) holds, loaded under these names into vLLM's "

@@ -184,6 +184,13 @@ ARCHITECTURES = {
     # Also LayerNorms with biases, biased q/k/v/o and a biased head.
     "phimoe": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.3,
                           "attention_bias": True, "lm_head_bias": True}),
+    # MiniMax-M3 (text): shared experts computing the experts' clamped SwiGLU over the halves of one gate_up_proj
+    # (vLLM's SwigluOAIAndMul in the port's dense MLP), routed experts on halves too (swigluoai), sigmoid routing
+    # with a correction bias and a routed scaling factor, Gemma-style (1 + w) norms and q/k norms per head. A
+    # hidden size of 256 puts some gate and up values past the clamp limit 7 (the port with its shared
+    # experts unclamped is 3.1 from transformers).
+    "minimax_m3_vl_text": ("minimax_m3_vl_text", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                  "shared_intermediate_size": 128, "hidden_size": 256}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -277,6 +284,9 @@ EXPECTED_SPEC = {
                   "shared_expert_intermediate_size": 512},
     "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
                          "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "minimax_m3_vl_text": {"mlp_activation": "swigluoai", "mlp_swiglu_alpha": 1.702, "mlp_swiglu_limit": 7.0,
+                           "gate_up_layout": "fused", "shared_expert_intermediate_size": 128,
+                           "expert_activation": "swigluoai", "moe_sigmoid": True, "moe_routed_scaling_factor": 2.0},
     "phimoe": {"moe_routing": "sparsemixer", "moe_jitter_eps": 0.3, "moe_renormalize": False, "norm_kind": "layer",
                "norm_bias": True, "qkv_bias": True, "o_bias": True, "lm_head_bias": True},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
@@ -295,6 +305,12 @@ UNSUPPORTED = {
     "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
                                 ("the routing is sparsemixer, which routes each token to 2 experts, but config.json "
                                  "says 3")),
+    # MiniMax-M3 with dense layers: they build the shared experts' class at another width (dense_intermediate_size),
+    # which the port's one MLP class does not follow yet.
+    "minimax_m3_vl_text-dense-layers": ("minimax_m3_vl_text", {
+        **TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 128,
+        "mlp_layer_types": ["dense", "sparse", "sparse"], "dense_intermediate_size": 256},
+        "a shared expert computing a clamped SwiGLU (mlp.shared_experts, MiniMaxM3VLDenseMLP"),
     # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
     "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
                                   "routing weights applied to the experts' input: Llama4TextMoe"),
@@ -527,6 +543,7 @@ DEFAULTS = {
     # Left out of scaffold_spec.toml when unset (softmax top-k routing).
     "moe_sigmoid": False, "moe_correction_bias": None, "moe_groups": 0, "moe_topk_groups": 0,
     "moe_routed_scaling_factor": None, "moe_routing": "topk", "moe_jitter_eps": None,
+    "mlp_activation": "act_and_mul",
     "norm_weight_name": "weight",
     # Left out when absent: an activation holding tensors (Apertus' xIELU), norms inside the sublayers (BitNet's).
     "act_tensors": [], "attn_sub_norm": False, "mlp_sub_norm": False,
