@@ -310,6 +310,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation",
                   (flags["act_call"].split("(", 1)[0] if flags["act_call"] else
+                   "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
                    "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
@@ -336,6 +337,9 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("sharded_weight_loader", sliced),
         ), one_per_line=True),
         Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
+        # PhiMoE's routing, vLLM's own (its phimoe model's custom routing function).
+        *([Import("vllm.model_executor.models.phimoe", ("sparsemixer",))]
+          if moe and spec.moe_routing == "sparsemixer" else []),
         Import("vllm.model_executor.models.utils", (
             "PPMissingLayer", "WeightsMapper", "extract_layer_index", "is_pp_missing_parameter",
             "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",

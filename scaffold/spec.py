@@ -349,6 +349,15 @@ class Spec:
     gate_up_order: str = spec_field("gate_first", group="mlp", probe="mlp", choices=("gate_first", "up_first"),
                                     doc="which half of a fused gate_up tensor holds the gate rows")
     hidden_act: str = spec_field("silu", group="mlp", probe="mlp", doc="the MLP's activation (vLLM's name)")
+    mlp_activation: str = spec_field(
+        "act_and_mul", group="mlp", probe="mlp", choices=("act_and_mul", "swigluoai"), omit_when_empty=True,
+        doc="what the port's dense MLP (also a MoE block's shared expert) computes of gate and up: act_and_mul: "
+            "hidden_act(gate) * up; swigluoai: the clamped SwiGLU (up.clamp(-limit, limit) + 1) * g * "
+            "sigmoid(alpha * g), g = gate.clamp(max=limit), vLLM's SwigluOAIAndMul (MiniMax-M3's shared experts)")
+    mlp_swiglu_alpha: float | None = spec_field(
+        None, group="mlp", probe="mlp", omit_when_empty=True, doc="swigluoai MLP: the alpha the code reads")
+    mlp_swiglu_limit: float | None = spec_field(
+        None, group="mlp", probe="mlp", omit_when_empty=True, doc="swigluoai MLP: the clamp limit the code reads")
     act_tensors: list[str] = spec_field(
         [], group="mlp", probe="mlp", omit_when_empty=True,
         doc="the tensors the MLP's activation module (names.act_fn) holds, loaded under these names into vLLM's "
@@ -399,6 +408,14 @@ class Spec:
     moe_routed_scaling_factor: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the routing weights are scaled by this after the top k; None: not scaled")
+    moe_routing: str = spec_field(
+        "topk", group="moe", probe="mlp", choices=("topk", "sparsemixer"), omit_when_empty=True,
+        doc="topk: the scores' top k (softmax or sigmoid, the fields above); sparsemixer: PhiMoE's routing, vLLM's "
+            "sparsemixer as FusedMoE's custom routing function (two experts, each weighted by a softmax over the "
+            "scores within a relative gap 2 * moe_jitter_eps of the best)")
+    moe_jitter_eps: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="sparsemixer routing: the jitter_eps its masks read (config.router_jitter_noise in PhiMoE)")
     experts_layout: str = spec_field(
         "per_expert", group="moe", probe="mlp", choices=("per_expert", "stacked"), omit_when_empty=True,
         doc="per_expert: one tensor per expert and projection (MLP.experts.N.PROJ.weight); stacked: one 3-D "

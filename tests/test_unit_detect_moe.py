@@ -385,3 +385,74 @@ def test_a_labs_clamped_swiglu_is_read_by_what_it_computes(cut, body, interleave
         assert read_code.swigluoai.limit == (7.0, "config.glu_cap") and read_code.swigluoai.alpha == (1.702, "1.702")
     else:
         assert problem in read_code.problem, read_code.problem
+
+
+# ------------------------------------------------------------ a shared expert computing a clamped SwiGLU
+def _dense_class(source: dict[str, str], name: str):
+    from scaffold.detect import sourcecode
+
+    return sourcecode._classes(source)[name]
+
+
+def test_minimax_m3_shared_experts_compute_swigluoai_with_the_configs_alpha_and_limit():
+    """MiniMax-M3's dense MLP (its shared experts) cuts one gate_up_proj in halves and computes the experts'
+    clamped SwiGLU before down_proj: vLLM's SwigluOAIAndMul, which takes alpha and limit as arguments, so
+    another alpha or limit in the config is read, not refused."""
+    from scaffold.detect import gluformula, stacked
+
+    for alpha, limit in ((1.702, 7.0), (1.5, 10.0)):
+        config = {"swiglu_alpha": alpha, "swiglu_limit": limit}
+        file, cls = _dense_class(_transformers_source("minimax_m3_vl"), "MiniMaxM3VLDenseMLP")
+        read = gluformula.dense_swigluoai(cls, file, stacked._init_values(cls, config), "down_proj")
+        assert isinstance(read, gluformula.SwigluOai), read
+        assert read.alpha == (alpha, "config.swiglu_alpha") and read.limit == (limit, "config.swiglu_limit")
+
+
+LAB_DENSE = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class AlwaysOnFfn(nn.Module):
+    def __init__(self, config, width):
+        super().__init__()
+        self.wi = nn.Linear(config.d_model, 2 * width, bias=False)
+        self.wo = nn.Linear(width, config.d_model, bias=False)
+        self.steep = config.glu_steepness
+        self.cap = 6.5
+
+    def forward(self, x):
+        CUT
+        BODY
+        return self.wo(out)
+'''
+
+
+@pytest.mark.parametrize("cut, body, problem", [
+    # Other names, torch.clamp and F.sigmoid, the limit a number in the code, alpha from another config key.
+    ("g, u = self.wi(x).chunk(2, dim=-1)",
+     ("g = torch.clamp(g, max=self.cap)\n        u = u.clip(-self.cap, self.cap)\n"
+      "        out = (1.0 + u) * g * F.sigmoid(self.steep * g)"), None),
+    # No +1 on the up half: another formula, named with its difference.
+    ("g, u = self.wi(x).chunk(2, dim=-1)",
+     "g = g.clamp(max=self.cap)\n        u = u.clamp(-self.cap, self.cap)\n        out = u * g * torch.sigmoid(self.steep * g)",
+     "its values differ from swigluoai's"),
+    # Halves swapped (up first): the port's fused gate_up reads the gate first; refused, not guessed.
+    ("u, g = self.wi(x).chunk(2, dim=-1)",
+     "g = g.clamp(max=self.cap)\n        u = u.clamp(-self.cap, self.cap)\n        out = (u + 1) * g * torch.sigmoid(self.steep * g)",
+     "its values differ"),
+    # Two projections, no cut: not the form the reader follows.
+    ("g = self.wi(x)\n        u = self.wi(x)",
+     "g = g.clamp(max=self.cap)\n        out = (u + 1) * g * torch.sigmoid(self.steep * g)",
+     "not one projection's output cut in halves"),
+])
+def test_a_labs_clamped_dense_mlp_is_read_by_what_it_computes(cut, body, problem):
+    from scaffold.detect import gluformula, stacked
+
+    source = {"lab/modeling_lab.py": LAB_DENSE.replace("CUT", cut).replace("BODY", body)}
+    file, cls = _dense_class(source, "AlwaysOnFfn")
+    read = gluformula.dense_swigluoai(cls, file, stacked._init_values(cls, {"glu_steepness": 2.5}), "wo")
+    if problem is None:
+        assert isinstance(read, gluformula.SwigluOai), read
+        assert read.alpha == (2.5, "config.glu_steepness") and read.limit == (6.5, "6.5")
+    else:
+        assert isinstance(read, str) and problem in read and read.startswith("lab/modeling_lab.py:"), read

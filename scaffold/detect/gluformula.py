@@ -10,6 +10,9 @@ which vLLM's FusedMoE computes as its "swigluoai" activation, with alpha 1.702 a
 up from the odd ones and agrees with that formula to float32 rounding). A lab may write the same formula with
 other names, another operand order, torch.clamp or F.sigmoid; or write another one (a different clamp, no +1).
 
+MiniMax-M3's shared experts (a dense MLP) compute the same formula; for them the port uses vLLM's SwigluOAIAndMul,
+which takes alpha and limit as arguments (`dense_swigluoai`).
+
 So the formula is not matched as text: the statements after the cut are interpreted over numbers (a small
 expression language: + - * /, unary minus, clamp/clip with min and max, sigmoid, dtype casts, numbers, and
 `self.A` read from __init__ as `self.A = config.KEY` or a number), at sample points where the clamps matter,
@@ -128,6 +131,9 @@ def _result(func: ast.FunctionDef, start: int, down: str) -> tuple[list[ast.stmt
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and any(
                     isinstance(n, ast.Attribute) and n.attr == down for n in subtree(node.right)):
                 return steps, node.left
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == down
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and len(node.args) == 1):
+                return steps, node.args[0]  # a dense MLP's self.down_proj(product)
         if isinstance(stmt, ast.Return) and stmt.value is not None:
             return steps, stmt.value
         steps.append(stmt)
@@ -135,7 +141,7 @@ def _result(func: ast.FunctionDef, start: int, down: str) -> tuple[list[ast.stmt
 
 
 def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]],
-                   down: str, file: str) -> SwigluOai | str:
+                   down: str, file: str, alpha: float = ALPHA, limit: float = LIMIT) -> SwigluOai | str:
     """The clamped SwiGLU the statements of `func` after the cut into `first` (even columns or first half) and
     `second` compute, when it is swigluoai with `first` as the gate; else why not (a str)."""
     cut = next(n.lineno for n in subtree(func) if isinstance(n, ast.Assign) and any(
@@ -162,17 +168,47 @@ def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[
                     else:
                         raise _Unknown(ast.unparse(stmt).splitlines()[0])
                 got = evaluate(result)
-                gate = min(g, LIMIT)
-                want = (max(-LIMIT, min(u, LIMIT)) + 1.0) * gate / (1.0 + math.exp(-ALPHA * gate))
+                gate = min(g, limit)
+                want = (max(-limit, min(u, limit)) + 1.0) * gate / (1.0 + math.exp(-alpha * gate))
                 worst = max(worst, abs(got - want) / max(1.0, abs(want)))
     except _Unknown as exc:
         return f"{file}:{cut}: the gate computes {str(exc)[:60]}, which the formula reader does not follow"
     read = ", ".join(f"self.{a} = {w} ({v:g})" for a, (v, w) in sorted(used.items()))
     if worst > 1e-6:
         return (f"{file}:{cut}: with {read or 'no constants'}, its values differ from swigluoai's "
-                f"((up.clamp(-{LIMIT:g}, {LIMIT:g}) + 1) * g * sigmoid({ALPHA:g} * g), g = gate.clamp(max={LIMIT:g})) "
+                f"((up.clamp(-{limit:g}, {limit:g}) + 1) * g * sigmoid({alpha:g} * g), g = gate.clamp(max={limit:g})) "
                 f"by up to {worst:.2g}")
     # Which of the values read is the alpha and which the limit: the one equal to each constant.
-    alpha = next((v for v in used.values() if v[0] == ALPHA), (ALPHA, "a number in the code"))
-    limit = next((v for v in used.values() if v[0] == LIMIT), (LIMIT, "a number in the code"))
-    return SwigluOai(alpha, limit, f"{file}:{cut}: {first} is the gate of swigluoai ({read})")
+    found_alpha = next((v for v in used.values() if v[0] == alpha), (alpha, "a number in the code"))
+    found_limit = next((v for v in used.values() if v[0] == limit), (limit, "a number in the code"))
+    return SwigluOai(found_alpha, found_limit, f"{file}:{cut}: {first} is the gate of swigluoai ({read})")
+
+
+def dense_swigluoai(cls: ast.ClassDef, file: str, values: dict[str, tuple[float, str]],
+                    down: str) -> SwigluOai | str:
+    """A dense MLP class (MiniMax-M3's shared experts) computing a clamped SwiGLU: its forward cuts one
+    projection's output in halves (`gate, up = self.gate_up_proj(x).chunk(2, dim=-1)`) and applies the formula
+    before self.<down>. vLLM's SwigluOAIAndMul takes alpha and limit as arguments, so each pair of the numbers
+    the class reads is tried; the SwigluOai read, or why not (a str naming the line)."""
+    forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+    if forward is None:
+        return f"{file}:{cls.lineno}: {cls.name} has no forward"
+    cuts = [n for n in subtree(forward) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Tuple) and len(n.targets[0].elts) == 2
+            and all(isinstance(e, ast.Name) for e in n.targets[0].elts) and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "chunk"
+            and n.value.args and isinstance(n.value.args[0], ast.Constant) and n.value.args[0].value == 2]
+    if len(cuts) != 1:
+        return (f"{file}:{forward.lineno}: {cls.name}'s gate and up are not one projection's output cut in "
+                "halves (chunk(2)), the form the reader follows")
+    first, second = (e.id for e in cuts[0].targets[0].elts)
+    numbers = sorted({v for v, _ in values.values()})
+    pairs = [(a, b) for a in numbers for b in numbers if a != b] or [(ALPHA, LIMIT)]
+    read = None
+    for alpha, limit in pairs:
+        read = read_swigluoai(forward, first, second, values, down, file, alpha, limit)
+        if isinstance(read, SwigluOai):
+            return read
+    if len(pairs) > 1:  # name the difference at vLLM's defaults
+        read = read_swigluoai(forward, first, second, values, down, file)
+    return read

@@ -9,7 +9,8 @@ The router is the block's `gate` or `router` linear, or the one linear directly 
 
 A shared expert is the block's one other module holding gate_proj/up_proj/down_proj (Qwen2-MoE's
 shared_expert, DeepSeek-V3's shared_experts), scaled by a sigmoid gate where the checkpoint has
-`<name>_gate`, else added as it is. How the block routes (softmax or sigmoid scores, a correction
+`<name>_gate`, else added as it is. A shared expert computing a clamped SwiGLU (MiniMax-M3's) is ported where
+the formula is vLLM's SwigluOAIAndMul (scaffold.detect.gluformula), else refused naming it. How the block routes (softmax or sigmoid scores, a correction
 bias, expert groups, a scaling factor) is read from its code (scaffold.detect.routing).
 """
 
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, renamings, routing, sourcecode, stacked
+from scaffold.detect import codekeys, dataflow, gluformula, renamings, routing, routingmath, sourcecode, stacked
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -100,9 +101,11 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
             names.update(shared_expert_gate=f"{shared}_gate")
             claimed.add(f"{mlp}.{shared}_gate")
     elif (clamped := _clamped_block_module(ckpt, tensors, mlp, router)) is not None:
-        # MiniMax-M3's shared experts compute the experts' clamped SwiGLU: the port's dense MLP computes act(gate) * up.
-        raise unsupported(f"a shared expert computing a clamped SwiGLU ({clamped}), which the port's dense MLP "
-                          "does not compute", ckpt.config_file, spec.model_type)
+        # MiniMax-M3's shared experts compute the experts' clamped SwiGLU: the port's dense MLP computes it with
+        # vLLM's SwigluOAIAndMul where the formula is that one, from one fused gate-and-up projection.
+        shared = _clamped_shared_expert(ckpt, spec, tensors, mlp, clamped, dense)
+        names.update(shared_expert=shared)
+        claimed |= {f"{mlp}.{shared}.{p}" for p in ("gate_up_proj", "down_proj")}
     elif (beside := layer_shared_mlp(ckpt, spec, names, tensors, mlp)) is not None:
         # GraniteMoE-Shared's shared_mlp: on the decoder layer, its output added to the block's.
         attr, projections, evidence = beside
@@ -211,9 +214,37 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                          else f"every layer has {mlp}'s 3-D expert tensors")
 
 
-def _clamped_block_module(ckpt: Checkpoint, tensors: dict, mlp: str, router: str) -> str | None:
-    """'attr, Class, file:line' of a module of the MoE block (besides its experts and router) that holds weights
-    and whose class's forward clamps (torch.clamp, .clamp, .clip): a dense MLP computing a clamped SwiGLU."""
+def _clamped_shared_expert(ckpt: Checkpoint, spec: Spec, tensors: dict, mlp: str, clamped: tuple[str, str, str],
+                           dense: list[int]) -> str:
+    """The shared expert computing a clamped SwiGLU, when it is vLLM's SwigluOAIAndMul over the halves of one
+    gate_up_proj, in a model whose port has no other dense MLP (the port's one MLP class computes it); sets
+    mlp_activation and the alpha and limit. Refused naming the formula or what else differs."""
+    attr, cls_name, found_at = clamped
+    where = ckpt.config_file
+    what = f"a shared expert computing a clamped SwiGLU ({mlp}.{attr}, {cls_name}, {found_at})"
+    if dense:
+        raise unsupported(f"{what} in a model with dense layers ({', '.join(map(str, dense))}), whose MLP the "
+                          "port builds with the same class", where, spec.model_type)
+    if not {f"{mlp}.{attr}.gate_up_proj.weight", f"{mlp}.{attr}.down_proj.weight"} <= set(tensors) or any(
+            rest.startswith(f"{mlp}.{attr}.") and rest.split(".")[2] not in ("gate_up_proj", "down_proj")
+            for rest in tensors):
+        raise unsupported(f"{what} whose tensors are not one gate_up_proj and one down_proj", where,
+                          spec.model_type)
+    file, cls = sourcecode._classes(sourcecode.modeling_sources(ckpt))[cls_name]
+    read = gluformula.dense_swigluoai(cls, file, stacked._init_values(cls, ckpt.config), "down_proj")
+    if isinstance(read, str):
+        raise unsupported(f"{what}: not vLLM's SwigluOAIAndMul: {read}", where, spec.model_type)
+    spec.set("mlp_activation", "swigluoai", Source("code", read.evidence))
+    for field, (value, origin) in (("mlp_swiglu_alpha", read.alpha), ("mlp_swiglu_limit", read.limit)):
+        spec.set(field, value, Source("config", f"config.json {origin[7:]}", origin) if origin.startswith(
+            "config.") else Source("code", f"{read.evidence}: {origin}"))
+    return attr
+
+
+def _clamped_block_module(ckpt: Checkpoint, tensors: dict, mlp: str, router: str) -> tuple[str, str, str] | None:
+    """(attr, Class, 'file:line: code') of a module of the MoE block (besides its experts and router) that holds
+    weights and whose class's forward clamps (torch.clamp, .clamp, .clip): a dense MLP computing a clamped
+    SwiGLU."""
     held = {rest.split(".")[1] for rest in tensors if rest.startswith(f"{mlp}.") and rest.endswith(".weight")
             and rest.count(".") == 3} - {"experts", router.split(".")[0]}
     if not held:
@@ -231,7 +262,7 @@ def _clamped_block_module(ckpt: Checkpoint, tensors: dict, mlp: str, router: str
         clamps = [n for n in subtree(forward) if isinstance(n, ast.Call) and codekeys.callee(n) in ("clamp", "clip")
                   ] if forward is not None else []
         if clamps:
-            return f"{mlp}.{attr}, {cls.name}, {file}:{clamps[0].lineno}: {ast.unparse(clamps[0])[:50]}"
+            return attr, cls.name, f"{file}:{clamps[0].lineno}: {ast.unparse(clamps[0])[:50]}"
     return None
 
 
@@ -430,9 +461,22 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if spec.expert_activation == "act_and_mul" and spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
-    path = routing.routing(sources, n["experts"])
+    shared_code = frozenset()
+    if "shared_expert" in n and not spec.shared_expert_on_layer:
+        code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
+        shared_code = frozenset({n["shared_expert"], code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight")
+                                 .split(".")[1]})
+    path = routing.routing(sources, n["experts"], shared_code)
     if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
-        raise unsupported(problem, where, spec.model_type)
+        if path.weighted_input or "topk" in path.calls:
+            raise unsupported(problem, where, spec.model_type)
+        # No top-k: PhiMoE's sparsemixer, where the code computes what vLLM's does (read over numbers).
+        mixer = routingmath.read_sparsemixer(sources, path.block, n["experts"], ckpt.config,
+                                             spec.num_experts_per_tok)
+        if isinstance(mixer, str):
+            raise unsupported(f"{problem} ({mixer})", where, spec.model_type)
+        _sparsemixer_fields(spec, ckpt, mixer)
+        path = None
     if path is not None:
         _routing_fields(spec, ckpt, path)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
@@ -563,6 +607,18 @@ def shared_class_width_expr(sources: dict[str, str], shared: str,
             if found is not None and found[1]:
                 return found[0], found[1], f"{file}:{call.lineno}"
     return None
+
+
+def _sparsemixer_fields(spec: Spec, ckpt: Checkpoint, mixer: routingmath.SparseMixer) -> None:
+    """PhiMoE's sparsemixer routing: two experts, weights not renormalized, its jitter read from the config at run
+    time where the code reads it from the config."""
+    spec.set("moe_routing", "sparsemixer", Source("code", mixer.evidence))
+    spec.set("moe_renormalize", False, Source("code", f"{mixer.evidence}: each weight is its own masked softmax"))
+    if mixer.jitter_key is not None:
+        set_from_config(spec, ckpt, "moe_jitter_eps", (mixer.jitter_key,), (int, float))
+        spec.set("moe_jitter_eps", float(mixer.jitter), spec.source("moe_jitter_eps"))
+    else:
+        spec.set("moe_jitter_eps", float(mixer.jitter), Source("code", mixer.evidence))
 
 
 def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:

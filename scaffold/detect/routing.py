@@ -5,7 +5,7 @@ renormalized (Qwen-MoE, Mixtral; top-k then softmax is the same computation) and
 (GLM-4-MoE, dots1) also a correction bias added to the scores for choosing only, and a group-limited top-k. A
 lab's block can route otherwise: PhiMoE's `sparsemixer` (masked softmaxes, no top-k). Served through FusedMoE
 those ports would be silently wrong, so a routing path that does not take a top-k of softmax or sigmoid scores is
-refused, naming the code that computes it.
+refused, naming the code that computes it, unless `routingmath` finds it computes vLLM's sparsemixer.
 
 Which config keys the path reads for the DeepSeek-V3 parts is read from the code too: the router's __init__
 keeps `self.A = config.KEY`, and the forward uses `self.A` as a top-k's k (the group top-k), as the divisor
@@ -229,10 +229,12 @@ def _weighted_input(forward: ast.FunctionDef, experts: str, file: str) -> str | 
     return None
 
 
-def routing(sources: dict[str, str], experts: str) -> Routing | None:
+def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = frozenset()) -> Routing | None:
     """The routing path of the class whose __init__ builds `self.<experts>`: its forward and the forwards of the
     other modules it builds from classes of the source (the router, whatever the code calls it: checkpoints saved
-    in a legacy layout name it differently). None when the code has no such class."""
+    in a legacy layout name it differently), except those in `beside` (the shared expert, whose forward is no
+    part of the routing: MiniMax-M3's multiplies by its config's swiglu_alpha). None when the code has no such
+    class."""
     classes = _classes(sources)
     functions = {node.name: (file, node) for file, tree in _parsed(sources) for node in tree.body
                  if isinstance(node, ast.FunctionDef)}
@@ -247,7 +249,8 @@ def routing(sources: dict[str, str], experts: str) -> Routing | None:
         frontier = [(forward, cls)]
         path_classes = [cls]
         for attr, sub in assigned.items():
-            if attr != experts and sub in classes and sub != name and _method(classes[sub][1], "forward"):
+            if (attr != experts and attr not in beside and sub in classes and sub != name
+                    and _method(classes[sub][1], "forward")):
                 frontier.append((_method(classes[sub][1], "forward"), classes[sub][1]))
                 path_classes.append(classes[sub][1])
         routers = {id(body) for body, _ in frontier[1:]}  # the sub-modules' forwards and what they call
