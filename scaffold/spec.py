@@ -292,15 +292,29 @@ class Spec:
     # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
     # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.
     position_scheme: str = spec_field("rotary", group="positions", probe="self_attn",
-                                      choices=("rotary", "alibi", "learned", "none"),
+                                      choices=("rotary", "alibi", "learned", "sinusoidal", "none"),
                                       doc="how attention sees positions (learned: a table names.embed_positions "
-                                          "indexed by position and added to the token embedding)")
+                                          "indexed by position and added to the token embedding; sinusoidal: a "
+                                          "fixed table of sines and cosines the port computes, added so)")
     alibi_scaled: bool = spec_field(False, group="positions", probe="self_attn", omit_when_empty=True,
                                     doc="the ALiBi bias is multiplied by the attention's scale with the scores "
                                         "(Falcon's); false: added to the scaled scores (BLOOM's)")
     position_offset: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
                                       doc="added to every position before the learned table's lookup "
                                           "(OPT's table starts at row 2)")
+    # Sinusoidal positions (position_scheme "sinusoidal"): row p of the table is sin(p * f_j) and cos(p * f_j) for
+    # f_j = base ** (-j / (d / 2 - shift)), j < d / 2, d the hidden size; read from the code that builds it.
+    sinusoid_base: float = spec_field(10000.0, group="positions", probe="embed", omit_when_empty=True,
+                                      doc="the base of the sinusoidal table's inverse frequencies")
+    sinusoid_shift: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
+                                     doc="the frequencies' exponent divisor is hidden_size / 2 - shift (XGLM's 1, "
+                                         "CTRL's 0)")
+    sinusoid_interleaved: bool = spec_field(False, group="positions", probe="embed", omit_when_empty=True,
+                                            doc="sines and cosines alternate along a row; false: all sines, then all "
+                                                "cosines")
+    sinusoid_padding_row: int | None = spec_field(None, group="positions", probe="embed", omit_when_empty=True,
+                                                  doc="a row of the sinusoidal table set to zero (XGLM's padding_idx, "
+                                                      "config.pad_token_id); None: none")
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = spec_field({}, group="rotary", probe="self_attn",

@@ -199,7 +199,6 @@ def test_gpt_neo_wrapper_unscaled_scores_and_local_window_are_read_from_its_code
 
 @pytest.mark.parametrize("model_type, overrides, feature", [
     ("opt", {"do_layer_norm_before": False}, r"post-LN: config.json do_layer_norm_before = false"),
-    ("xglm", {}, r"absolute positions computed by XGLMSinusoidalPositionalEmbedding"),
 ])
 def test_gpt2_family_forms_not_expressed_yet_are_refused_by_name(model_type, overrides, feature, tmp_path):
     """Forms of the GPT-2 family the templates cannot express yet: one line naming the form, no field dump."""
