@@ -14,7 +14,10 @@ load under their own name. Three kinds of tensor load into part of a parameter:
   regrouped into the q, k, v shards;
 - grouped: one tensor holding, per KV head, that group's query heads, then its key,
   then its value ([kv_heads, heads / kv_heads + 2, head_dim] rows, InternLM2's wqkv);
-  interleaved is its special case kv_heads == heads.
+  interleaved is its special case kv_heads == heads;
+- blocked: one tensor of B equal row blocks, each holding its heads / B query, key and
+  value heads in an order of their own ([B, 3, heads / B * head_dim] rows, CodeGen's
+  qkv_proj: B = 4, q, v, k).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
     """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
     n = spec.names
     rows = []
-    if spec.qkv_layout in ("fused", "interleaved", "grouped"):
+    if spec.qkv_layout in ("fused", "interleaved", "grouped", "blocked"):
         rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
         # Shard ids in row order: a tensor holding the up half first fills shard 1 from its first rows.
@@ -318,6 +321,9 @@ def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) 
             return [(rest, s, f"rows of every head's {s} block") for s in shards]
         if spec.qkv_layout == "grouped" and shards == QKV:
             return [(rest, s, f"rows of every KV group's {s} block") for s in shards]
+        if spec.qkv_layout == "blocked" and shards == QKV:
+            part = spec.qkv_block_order.index
+            return [(rest, s, f"part {part(s) + 1} of 3 in each of {spec.qkv_blocks} row blocks") for s in shards]
         return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards, module)]
     if module in modules.plain:
         return [(rest, None, "")]

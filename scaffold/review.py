@@ -177,6 +177,9 @@ def decisions(spec) -> list[str]:
         "grouped": f"the checkpoint's `{qkv}` holds, per KV head, that group's query heads, then its key, then its "
                    "value ([kv_heads, heads / kv_heads + 2, head_dim] rows); load_weights regroups it into shards "
                    "q, k, v",
+        "blocked": f"the checkpoint's `{qkv}` holds {spec.qkv_blocks} row blocks, each with its share of the heads "
+                   f"as {', '.join(spec.qkv_block_order)} parts ([blocks, 3, heads / blocks * head_dim] rows); "
+                   "load_weights regroups it into shards q, k, v",
     }.get(spec.qkv_layout)
     if spec.qkv_layout == "latent":
         out = [_latent(spec)]

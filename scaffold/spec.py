@@ -238,9 +238,16 @@ class Spec:
 
     # Attention.
     qkv_layout: str = spec_field("separate", group="attention", probe="self_attn",
-                                 choices=("separate", "fused", "interleaved", "grouped", "latent"),
+                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "latent"),
                                  doc="q, k, v as three tensors, or one fused tensor and how it is cut, or "
                                      "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's)")
+    qkv_blocks: int = spec_field(0, group="attention", probe="self_attn", omit_when_empty=True,
+                                 doc="qkv_layout \"blocked\": the fused rows form this many equal blocks, each "
+                                     "holding its share of the q, k and v heads (CodeGen's mp_num = 4)")
+    qkv_block_order: str = spec_field("", group="attention", probe="self_attn", omit_when_empty=True,
+                                      choices=("", "qkv", "qvk", "kqv", "kvq", "vqk", "vkq"),
+                                      doc="qkv_layout \"blocked\": the order of the parts in each block (CodeGen's "
+                                          "qvk)")
     qkv_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="q, k, v projections have a bias")
     o_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="the output projection has a bias")
     qk_norm: str = spec_field("none", group="attention", probe="self_attn", choices=("none", "per_head", "full"),
@@ -803,6 +810,13 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
                         f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "
                         "projection).", origin)
+    if (spec.qkv_layout == "blocked") != bool(spec.qkv_blocks and spec.qkv_block_order):
+        raise SpecError("qkv_blocks and qkv_block_order are set for qkv_layout \"blocked\" only, and both are "
+                        f"needed there (qkv_layout {spec.qkv_layout!r}, qkv_blocks {spec.qkv_blocks}, qkv_block_order "
+                        f"{spec.qkv_block_order!r}).", origin)
+    if spec.qkv_layout == "blocked" and (spec.num_heads % spec.qkv_blocks or spec.num_kv_heads != spec.num_heads):
+        raise SpecError(f"qkv_layout \"blocked\" needs as many KV heads as query heads ({spec.num_kv_heads} for "
+                        f"{spec.num_heads}) and blocks ({spec.qkv_blocks}) that hold whole heads.", origin)
     if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
         raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
                         origin)
