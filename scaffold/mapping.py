@@ -149,12 +149,13 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if spec.qkv_layout == "latent":
         latent = ("q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj", "kv_a_proj")
         out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]
+    port = port_names(n)  # an nn.Sequential MLP's numbered children load under the port's names (renamed_substrings)
     if spec.has_dense_mlp:
-        out.append(f"{n['mlp']}.{n['down_proj']}")
+        out.append(f"{n['mlp']}.{port['down_proj']}")
     if spec.qk_norm != "none":
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
     if spec.mlp_kind == "plain":
-        out.append(f"{n['mlp']}.{n['up_proj']}")
+        out.append(f"{n['mlp']}.{port['up_proj']}")
     if spec.is_moe:  # a router kept deeper (gate.wg) loads under the port's name for it (renamed_suffixes)
         out.append(f"{n['mlp']}.{port_names(n)['router']}")
     if "shared_expert" in n:

@@ -148,6 +148,9 @@ NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", 
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
 BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down", "stacked_gate_up_bias", "stacked_down_bias")
+# The MLP's projections where the MLP is an nn.Sequential (CTRL's ffn): the checkpoint names them by their index
+# ("0", "2"); the port calls them by their role and maps the checkpoint's names onto them on load.
+NUMBERED_ROLES = ("up_proj", "down_proj")
 STACKED_ROLES = ("stacked_gate_up", "stacked_down")
 STACKED_BIAS_ROLES = ("stacked_gate_up_bias", "stacked_down_bias")
 
@@ -784,6 +787,9 @@ def validate_names(spec: Spec, origin: str) -> None:
                             origin)
         nested = role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
         pattern = MODULE_NAME if nested else IDENTIFIER
+        if role in NUMBERED_ROLES and isinstance(value, str) and value.isdigit() and value.isascii() \
+                and len(value) < 4:
+            continue  # a numbered child of an nn.Sequential MLP: port_names gives the port's attribute
         if (not isinstance(value, str) or not pattern.match(value)
                 or any(keyword.iskeyword(part) for part in value.split("."))):
             kind = "a dotted module path" if nested else "a valid Python identifier"
@@ -899,9 +905,11 @@ def validate_names(spec: Spec, origin: str) -> None:
 
 def port_names(names: dict[str, str]) -> dict[str, str]:
     """The port's module names by role: a nested top-level role (NESTED_ROLES) or a router kept deeper in its
-    block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; every other
-    role is named as in the checkpoint."""
-    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES else value
+    block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; a numbered child
+    of an nn.Sequential MLP (NUMBERED_ROLES) is called by its role; every other role is named as in the
+    checkpoint."""
+    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
+            else role if role in NUMBERED_ROLES and value.isdigit() else value
             for role, value in names.items() if role not in STACKED_ROLES + STACKED_BIAS_ROLES}
 
 
@@ -930,12 +938,19 @@ def attention_module(names: dict[str, str]) -> str:
 
 def renamed_substrings(spec: Spec) -> dict[str, str]:
     """Checkpoint name pieces -> the port's, for vLLM's WeightsMapper(orig_to_new_substr=...): the module an
-    attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`). Dots on both sides: whole
-    module names only, so no other module's tensor matches."""
+    attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`), the numbered children of an
+    nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`). Dots on both sides: whole module names only, so no other
+    module's tensor matches."""
     names = spec.names
-    if not names.get("attn_inner"):
-        return {}
-    return {f".{attention_module(names)}.": f".{names['self_attn']}."}
+    out = {}
+    if names.get("attn_inner"):
+        out[f".{attention_module(names)}."] = f".{names['self_attn']}."
+    # The numbered children of an nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`).
+    port = port_names(names)
+    for role in NUMBERED_ROLES:
+        if role in names and names[role] != port[role]:
+            out[f".{names['mlp']}.{names[role]}."] = f".{names['mlp']}.{port[role]}."
+    return out
 
 
 NORM_ROLES = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm", "norm")

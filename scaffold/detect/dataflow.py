@@ -876,6 +876,8 @@ class Mlp:
     up_first: bool  # ... with the up half first
     evidence: str
     linears: dict
+    # The activation a Sequential MLP's module child applies (transformers' name); "" where the code calls one.
+    activation: str = ""
 
 
 @dataclass(frozen=True)
@@ -949,6 +951,62 @@ def _submodule_class(sources: dict, value: ast.expr) -> tuple[str, ast.ClassDef]
                     return _class(sources, _dotted(node.value.values[0]))
         return None
     return _class(sources, _dotted(func))
+
+
+# Torch's activation modules by class name (a child of an nn.Sequential MLP), as transformers' ACT2FN names them.
+SEQUENTIAL_ACTIVATIONS = {"ReLU": "relu", "GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+SEQUENTIAL_SKIPPED = ("Dropout", "Identity")
+
+
+def sequential_children(sources: dict, value: ast.expr) -> tuple[str, list[ast.expr], int] | None:
+    """(file, children, line) of an nn.Sequential a `self.X = ...` value builds: nn.Sequential(...) itself, or a
+    module-level function of the sources whose one return is one (CTRL's point_wise_feed_forward_network)."""
+    if not isinstance(value, ast.Call):
+        return None
+    name = _dotted(value.func).rsplit(".", 1)[-1]
+    if name == "Sequential":
+        return "", list(value.args), value.lineno
+    for file, tree in _parsed(sources):
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                returns = [n for n in subtree(node) if isinstance(n, ast.Return)]
+                if (len(returns) == 1 and isinstance(returns[0].value, ast.Call)
+                        and _dotted(returns[0].value.func).rsplit(".", 1)[-1] == "Sequential"):
+                    return file, list(returns[0].value.args), returns[0].lineno
+    return None
+
+
+def analyze_sequential_mlp(sources: dict, value: ast.expr, file: str) -> Mlp | None:
+    """A plain MLP built as nn.Sequential(Linear, activation module, Linear) (dropouts aside): the children are
+    numbered, so the up and down projections are "0" and "2" (their indices); the activation is the module's
+    (Mlp.activation). None for any other Sequential."""
+    found = sequential_children(sources, value)
+    if found is None:
+        return None
+    where, children, line = found
+    where = where or file
+    linear = set(linear_classes(sources))
+    kinds = []
+    for index, child in enumerate(children):
+        callee = _dotted(child.func).rsplit(".", 1)[-1] if isinstance(child, ast.Call) else ""
+        if callee in SEQUENTIAL_SKIPPED:
+            continue
+        kind = "linear" if callee in linear else SEQUENTIAL_ACTIVATIONS.get(callee)
+        if kind is None:
+            return None
+        kinds.append((index, kind, child))
+    if len(kinds) != 3 or kinds[0][1] != "linear" or kinds[2][1] != "linear" or kinds[1][1] == "linear":
+        return None
+    (up, _, up_call), (_, act, _), (down, _, down_call) = kinds
+
+    def bias(call: ast.Call) -> str:
+        return next((ast.unparse(k.value) for k in call.keywords if k.arg == "bias"), "True")
+
+    linears_found = {str(up): Linear(str(up), bias(up_call), up_call.lineno),
+                     str(down): Linear(str(down), bias(down_call), down_call.lineno)}
+    return Mlp("Sequential", where, "plain", None, str(up), str(down), False, False,
+               _where(where, line, f"nn.Sequential: child {down} (a linear) reads the {act} of child {up} (a linear)"),
+               linears_found, activation=act)
 
 
 def _where(file: str, line: int, text: str) -> str:
@@ -1335,6 +1393,11 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     others = _other_assignments(init, config)
     for attr, value in subs.items():
         sub = _submodule_class(sources, value)
+        if sub is None and attr != attn_attr and (seq := analyze_sequential_mlp(sources, value, file)) is not None:
+            if mlp is not None:
+                return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
+            mlp, mlp_attr = seq, attr
+            continue
         if sub is None or attr == attn_attr or attr in attention_like:
             continue
         try:
