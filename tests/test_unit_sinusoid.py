@@ -132,3 +132,7 @@ def test_xglm_checkpoint_spec(tmp_path):
     assert spec.sinusoid_padding_row == 3 and spec.source("sinusoid_padding_row").expr == "config.pad_token_id"
     assert "embed_positions" not in spec.names  # no tensor: the port computes the table
     assert spec.embedding_multiplier == pytest.approx(spec.hidden_size ** 0.5)
+    from scaffold.review import decisions
+    said = [d for d in decisions(spec) if "positions:" in d]
+    assert len(said) == 1 and "hidden_size / 2 - 1" in said[0] and "position + 2" in said[0], said
+    assert "row `config.pad_token_id` zeroed" in said[0] and "rotary embedding:" not in said[0]
