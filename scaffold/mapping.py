@@ -14,7 +14,10 @@ load under their own name. Three kinds of tensor load into part of a parameter:
   regrouped into the q, k, v shards;
 - grouped: one tensor holding, per KV head, that group's query heads, then its key,
   then its value ([kv_heads, heads / kv_heads + 2, head_dim] rows, InternLM2's wqkv);
-  interleaved is its special case kv_heads == heads.
+  interleaved is its special case kv_heads == heads;
+- blocked: one tensor of B equal row blocks, each holding its heads / B query, key and
+  value heads in an order of their own ([B, 3, heads / B * head_dim] rows, CodeGen's
+  qkv_proj: B = 4, q, v, k).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
     """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
     n = spec.names
     rows = []
-    if spec.qkv_layout in ("fused", "interleaved", "grouped"):
+    if spec.qkv_layout in ("fused", "interleaved", "grouped", "blocked"):
         rows.append((f"{n['self_attn']}.{n['qkv_proj']}", QKV))
     if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
         # Shard ids in row order: a tensor holding the up half first fills shard 1 from its first rows.
@@ -146,12 +149,13 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if spec.qkv_layout == "latent":
         latent = ("q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj", "kv_a_proj")
         out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]
+    port = port_names(n)  # an nn.Sequential MLP's numbered children load under the port's names (renamed_substrings)
     if spec.has_dense_mlp:
-        out.append(f"{n['mlp']}.{n['down_proj']}")
+        out.append(f"{n['mlp']}.{port['down_proj']}")
     if spec.qk_norm != "none" and not spec.qk_norm_weightless:
         out += [f"{n['self_attn']}.{n['q_norm']}", f"{n['self_attn']}.{n['k_norm']}"]
     if spec.mlp_kind == "plain":
-        out.append(f"{n['mlp']}.{n['up_proj']}")
+        out.append(f"{n['mlp']}.{port['up_proj']}")
     if spec.is_moe:  # a router kept deeper (gate.wg) loads under the port's name for it (renamed_suffixes)
         out.append(f"{n['mlp']}.{port_names(n)['router']}")
     if "shared_expert" in n:
@@ -318,6 +322,9 @@ def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) 
             return [(rest, s, f"rows of every head's {s} block") for s in shards]
         if spec.qkv_layout == "grouped" and shards == QKV:
             return [(rest, s, f"rows of every KV group's {s} block") for s in shards]
+        if spec.qkv_layout == "blocked" and shards == QKV:
+            part = spec.qkv_block_order.index
+            return [(rest, s, f"part {part(s) + 1} of 3 in each of {spec.qkv_blocks} row blocks") for s in shards]
         return [(rest, s, f"rows {a}:{a + r}") for s, a, r in shard_rows(spec, shards, module)]
     if module in modules.plain:
         return [(rest, None, "")]

@@ -107,6 +107,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "alibi": spec.position_scheme == "alibi",
         # GPT-2 layouts: a learned absolute position table added to the token embedding.
         "learned": spec.position_scheme == "learned",
+        # A table of sines and cosines the port computes (XGLM's, CTRL's), added to the token embedding.
+        "sinusoidal": spec.position_scheme == "sinusoidal",
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
         "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
         "literal_rope": literal_rope,

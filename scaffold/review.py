@@ -12,7 +12,7 @@ from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
 from scaffold.detect.activations import gated_forms
 from scaffold.mapping import embedding_tensor, head_tensor
-from scaffold.spec import FIELDS, group_heading, omitted
+from scaffold.spec import FIELDS, group_heading, omitted, port_names
 from scaffold.text import markdown_text
 
 VERIFY_MARKER = "<!-- scaffold verify results -->"
@@ -177,6 +177,9 @@ def decisions(spec) -> list[str]:
         "grouped": f"the checkpoint's `{qkv}` holds, per KV head, that group's query heads, then its key, then its "
                    "value ([kv_heads, heads / kv_heads + 2, head_dim] rows); load_weights regroups it into shards "
                    "q, k, v",
+        "blocked": f"the checkpoint's `{qkv}` holds {spec.qkv_blocks} row blocks, each with its share of the heads "
+                   f"as {', '.join(spec.qkv_block_order)} parts ([blocks, 3, heads / blocks * head_dim] rows); "
+                   "load_weights regroups it into shards q, k, v",
     }.get(spec.qkv_layout)
     if spec.qkv_layout == "latent":
         out = [_latent(spec)]
@@ -233,7 +236,10 @@ def decisions(spec) -> list[str]:
                       else "on the gate half, then the multiply (vLLM has no fused kernel for it; `get_act_fn`)."))
     else:
         out.append(f"- MLP: plain, `{n['mlp']}.{n['up_proj']}` (`ColumnParallelLinear`) then `{_md(spec.hidden_act)}` "
-                   f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`).")
+                   f"then `{n['mlp']}.{n['down_proj']}` (`RowParallelLinear`)"
+                   + (f"; the numbered children of an nn.Sequential, the port's `{port_names(n)['up_proj']}` and "
+                      f"`{port_names(n)['down_proj']}`, renamed on load." if n['up_proj'] != port_names(n)['up_proj']
+                      else "."))
     if spec.act_tensors:
         out.append(f"- the activation holds tensors of its own, `{n['mlp']}.{n['act_fn']}.`"
                    f"{{{', '.join(spec.act_tensors)}}} ({_md(spec.source('act_tensors').detail)}): the port builds "
@@ -289,6 +295,18 @@ def _positions(spec) -> str:
                 "distance to the attention scores, slopes computed per head and sliced per tensor-parallel rank")
     if spec.position_scheme == "none":
         return f"positions: none, no rotary embedding and no attention bias ({where})"
+    at = f"position + {spec.position_offset}" if spec.position_offset else "the position"
+    if spec.position_scheme == "learned":
+        return (f"positions: a learned table `{spec.names.get('embed_positions')}`, its row at {at} added to the "
+                f"token embedding; no rotary embedding ({where})")
+    if spec.position_scheme == "sinusoidal":
+        divisor = "hidden_size / 2" + (f" - {spec.sinusoid_shift}" if spec.sinusoid_shift else "")
+        order = "sines and cosines interleaved" if spec.sinusoid_interleaved else "all sines, then all cosines"
+        zeroed = (f", row `{_md(spec.source('sinusoid_padding_row').expr or spec.sinusoid_padding_row)}` zeroed"
+                  if spec.source("sinusoid_padding_row").kind != "default" else "")
+        return (f"positions: a table of sines and cosines the port builds at init (sin/cos of position x "
+                f"{spec.sinusoid_base:g} ** (-j / ({divisor})), {order}{zeroed}), its row at {at} added to the token "
+                f"embedding; no checkpoint tensor, no rotary embedding ({where})")
     rope = f"rotary embedding: {'NeoX' if spec.rope_neox_style else 'GPT-J (interleaved pairs)'} style"
     if spec.rope_reversed:
         rope += (" turning by -theta (rotate_half returns cat((x2, -x1))): q and k rows loaded with each head's "

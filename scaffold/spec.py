@@ -148,6 +148,9 @@ NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", 
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
 BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down", "stacked_gate_up_bias", "stacked_down_bias")
+# The MLP's projections where the MLP is an nn.Sequential (CTRL's ffn): the checkpoint names them by their index
+# ("0", "2"); the port calls them by their role and maps the checkpoint's names onto them on load.
+NUMBERED_ROLES = ("up_proj", "down_proj")
 STACKED_ROLES = ("stacked_gate_up", "stacked_down")
 STACKED_BIAS_ROLES = ("stacked_gate_up_bias", "stacked_down_bias")
 
@@ -238,9 +241,16 @@ class Spec:
 
     # Attention.
     qkv_layout: str = spec_field("separate", group="attention", probe="self_attn",
-                                 choices=("separate", "fused", "interleaved", "grouped", "latent"),
+                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "latent"),
                                  doc="q, k, v as three tensors, or one fused tensor and how it is cut, or "
                                      "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's)")
+    qkv_blocks: int = spec_field(0, group="attention", probe="self_attn", omit_when_empty=True,
+                                 doc="qkv_layout \"blocked\": the fused rows form this many equal blocks, each "
+                                     "holding its share of the q, k and v heads (CodeGen's mp_num = 4)")
+    qkv_block_order: str = spec_field("", group="attention", probe="self_attn", omit_when_empty=True,
+                                      choices=("", "qkv", "qvk", "kqv", "kvq", "vqk", "vkq"),
+                                      doc="qkv_layout \"blocked\": the order of the parts in each block (CodeGen's "
+                                          "qvk)")
     qkv_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="q, k, v projections have a bias")
     o_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="the output projection has a bias")
     qk_norm: str = spec_field("none", group="attention", probe="self_attn", choices=("none", "per_head", "full"),
@@ -313,15 +323,29 @@ class Spec:
     # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
     # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.
     position_scheme: str = spec_field("rotary", group="positions", probe="self_attn",
-                                      choices=("rotary", "alibi", "learned", "none"),
+                                      choices=("rotary", "alibi", "learned", "sinusoidal", "none"),
                                       doc="how attention sees positions (learned: a table names.embed_positions "
-                                          "indexed by position and added to the token embedding)")
+                                          "indexed by position and added to the token embedding; sinusoidal: a "
+                                          "fixed table of sines and cosines the port computes, added so)")
     alibi_scaled: bool = spec_field(False, group="positions", probe="self_attn", omit_when_empty=True,
                                     doc="the ALiBi bias is multiplied by the attention's scale with the scores "
                                         "(Falcon's); false: added to the scaled scores (BLOOM's)")
     position_offset: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
                                       doc="added to every position before the learned table's lookup "
                                           "(OPT's table starts at row 2)")
+    # Sinusoidal positions (position_scheme "sinusoidal"): row p of the table is sin(p * f_j) and cos(p * f_j) for
+    # f_j = base ** (-j / (d / 2 - shift)), j < d / 2, d the hidden size; read from the code that builds it.
+    sinusoid_base: float = spec_field(10000.0, group="positions", probe="embed", omit_when_empty=True,
+                                      doc="the base of the sinusoidal table's inverse frequencies")
+    sinusoid_shift: int = spec_field(0, group="positions", probe="embed", omit_when_empty=True,
+                                     doc="the frequencies' exponent divisor is hidden_size / 2 - shift (XGLM's 1, "
+                                         "CTRL's 0)")
+    sinusoid_interleaved: bool = spec_field(False, group="positions", probe="embed", omit_when_empty=True,
+                                            doc="sines and cosines alternate along a row; false: all sines, then all "
+                                                "cosines")
+    sinusoid_padding_row: int | None = spec_field(None, group="positions", probe="embed", omit_when_empty=True,
+                                                  doc="a row of the sinusoidal table set to zero (XGLM's padding_idx, "
+                                                      "config.pad_token_id); None: none")
 
     # Rotary embedding.
     rope_parameters: dict[str, Any] = spec_field({}, group="rotary", probe="self_attn",
@@ -805,6 +829,9 @@ def validate_names(spec: Spec, origin: str) -> None:
                             origin)
         nested = role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
         pattern = MODULE_NAME if nested else IDENTIFIER
+        if role in NUMBERED_ROLES and isinstance(value, str) and value.isdigit() and value.isascii() \
+                and len(value) < 4:
+            continue  # a numbered child of an nn.Sequential MLP: port_names gives the port's attribute
         if (not isinstance(value, str) or not pattern.match(value)
                 or any(keyword.iskeyword(part) for part in value.split("."))):
             kind = "a dotted module path" if nested else "a valid Python identifier"
@@ -831,6 +858,13 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
                         f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "
                         "projection).", origin)
+    if (spec.qkv_layout == "blocked") != bool(spec.qkv_blocks and spec.qkv_block_order):
+        raise SpecError("qkv_blocks and qkv_block_order are set for qkv_layout \"blocked\" only, and both are "
+                        f"needed there (qkv_layout {spec.qkv_layout!r}, qkv_blocks {spec.qkv_blocks}, qkv_block_order "
+                        f"{spec.qkv_block_order!r}).", origin)
+    if spec.qkv_layout == "blocked" and (spec.num_heads % spec.qkv_blocks or spec.num_kv_heads != spec.num_heads):
+        raise SpecError(f"qkv_layout \"blocked\" needs as many KV heads as query heads ({spec.num_kv_heads} for "
+                        f"{spec.num_heads}) and blocks ({spec.qkv_blocks}) that hold whole heads.", origin)
     if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
         raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
                         origin)
@@ -932,9 +966,11 @@ def validate_names(spec: Spec, origin: str) -> None:
 
 def port_names(names: dict[str, str]) -> dict[str, str]:
     """The port's module names by role: a nested top-level role (NESTED_ROLES) or a router kept deeper in its
-    block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; every other
-    role is named as in the checkpoint."""
-    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES else value
+    block (BLOCK_NESTED_ROLES) keeps the last component of its checkpoint path as its attribute; a numbered child
+    of an nn.Sequential MLP (NUMBERED_ROLES) is called by its role; every other role is named as in the
+    checkpoint."""
+    return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
+            else role if role in NUMBERED_ROLES and value.isdigit() else value
             for role, value in names.items() if role not in STACKED_ROLES + STACKED_BIAS_ROLES}
 
 
@@ -963,12 +999,19 @@ def attention_module(names: dict[str, str]) -> str:
 
 def renamed_substrings(spec: Spec) -> dict[str, str]:
     """Checkpoint name pieces -> the port's, for vLLM's WeightsMapper(orig_to_new_substr=...): the module an
-    attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`). Dots on both sides: whole
-    module names only, so no other module's tensor matches."""
+    attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`), the numbered children of an
+    nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`). Dots on both sides: whole module names only, so no other
+    module's tensor matches."""
     names = spec.names
-    if not names.get("attn_inner"):
-        return {}
-    return {f".{attention_module(names)}.": f".{names['self_attn']}."}
+    out = {}
+    if names.get("attn_inner"):
+        out[f".{attention_module(names)}."] = f".{names['self_attn']}."
+    # The numbered children of an nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`).
+    port = port_names(names)
+    for role in NUMBERED_ROLES:
+        if role in names and names[role] != port[role]:
+            out[f".{names['mlp']}.{names[role]}."] = f".{names['mlp']}.{port[role]}."
+    return out
 
 
 NORM_ROLES = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm", "norm")

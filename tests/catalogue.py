@@ -88,6 +88,8 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
               "it has no position limit (the config refuses one) and d_head must be hidden / heads"),
     "gptj": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
                                  "forward fails on it"),
+    "codegen": ({"rotary_dim": 16}, "its default rotary_dim (64) is wider than BASE's heads: transformers' own "
+                                    "forward fails on it"),
 }
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 

@@ -202,6 +202,18 @@ ARCHITECTURES = {
     # experts unclamped is 3.1 from transformers).
     "minimax_m3_vl_text": ("minimax_m3_vl_text", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
                                                   "shared_intermediate_size": 128, "hidden_size": 256}),
+    # XGLM: a table of sines and cosines the model computes (no tensor; exponent divisor d/2 - 1, all sines then all
+    # cosines) looked up at position + 2, its row config.pad_token_id zeroed (3 here: position 1 reads a zero row),
+    # added to the token embedding scaled by sqrt(d_model); fc1, fc2 on the layer.
+    "xglm": ("xglm", {"pad_token_id": 3}),
+    # CodeGen: GPT-J's parallel block and interleaved partial rotary, q, k, v in one qkv_proj whose rows form 4
+    # blocks of q, v, k parts (mp_num), regrouped into the q, k, v shards on load.
+    "codegen": ("codegen", {"rotary_dim": 16}),
+    # CTRL: its MLP an nn.Sequential(Linear, ReLU, Linear) built by a function handed config.dff (384 here, not
+    # BASE's intermediate_size), its numbered children renamed on load; a sinusoidal table (divisor d/2) added to
+    # the embedding scaled in place by sqrt(n_embd); the layers' norms built with eps 1e-6 written in the code; a
+    # head with a bias.
+    "ctrl": ("ctrl", {"dff": 384}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -253,6 +265,11 @@ EXPECTED_SPEC = {
     "persimmon": {"qkv_layout": "interleaved", "qk_norm": "per_head", "norm_kind": "layer", "norm_bias": True,
                   "hidden_act": "relu2"},
     "gptj": {"partial_rotary_factor": 0.5, "rope_neox_style": False, "block": "parallel"},
+    "xglm": {"position_scheme": "sinusoidal", "position_offset": 2, "sinusoid_shift": 1, "sinusoid_padding_row": 3,
+             "mlp_on_layer": True},
+    "ctrl": {"position_scheme": "sinusoidal", "intermediate_size": 384, "hidden_act": "relu", "lm_head_bias": True},
+    "codegen": {"qkv_layout": "blocked", "qkv_blocks": 4, "qkv_block_order": "qvk", "partial_rotary_factor": 0.5,
+                "rope_neox_style": False, "block": "parallel"},
     "mpt": {"position_scheme": "alibi", "hidden_act": "gelu", "norm_bias": False},
     "olmo": {"norm_weightless": True, "norm_kind": "layer", "norm_eps": 1e-5},
     "deepseek_v3": {"qkv_layout": "latent", "q_lora_rank": 96, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
@@ -497,7 +514,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
-             "minimax_m3_vl_text")
+             "minimax_m3_vl_text", "codegen", "xglm", "ctrl")
 
 
 @pytest.mark.engine

@@ -198,7 +198,8 @@ def test_gpt_neo_wrapper_unscaled_scores_and_local_window_are_read_from_its_code
 
 
 @pytest.mark.parametrize("model_type, overrides, feature", [
-    ("xglm", {}, r"absolute positions computed by XGLMSinusoidalPositionalEmbedding"),
+    # OPT-350m: embeddings of width word_embed_proj_dim, projected to the hidden size and back.
+    ("opt", {"word_embed_proj_dim": 64}, r"embeddings of width word_embed_proj_dim = 64, where hidden_size is"),
 ])
 def test_gpt2_family_forms_not_expressed_yet_are_refused_by_name(model_type, overrides, feature, tmp_path):
     """Forms of the GPT-2 family the templates cannot express yet: one line naming the form, no field dump."""

@@ -57,8 +57,10 @@ class Origin:
 
     src: str
     piece: int | None = None
-    layout: str | None = None  # how the piece was cut: "fused" (one after another), "interleaved", "grouped"
-    stage: str = "flat"  # the shape the fused output was given: flat, per_head, grouped, stacked, per_head_stacked
+    layout: str | None = None  # how the piece was cut: "fused" (one after another), "interleaved", "grouped",
+    # "blocked" (the output viewed as [..., blocks, -1], each block cut into its q, k and v parts: CodeGen's)
+    stage: str = "flat"  # the shape the fused output was given: flat, per_head, grouped, stacked, per_head_stacked,
+    # blocked (then `unit` is the number of blocks as the code writes it, resolved to an integer)
     pending: str | None = None  # cut by split/chunk, not yet unpacked into pieces
     act: bool = False
     line: int = 0
@@ -133,6 +135,8 @@ class Events:
     pair_cuts: list = field(default_factory=list)
     # Sums of two derived values: (line, left origins, right origins, the sum's origins).
     sums: list = field(default_factory=list)
+    # producer -> the block counts of every view of its whole output as [..., blocks, -1] (Interpreter.blocks)
+    blocked_views: dict = field(default_factory=dict)
 
 
 class Interpreter:
@@ -445,7 +449,10 @@ class Interpreter:
             # not pieces of a fused output.
             if all(o.stage == "shaped" or o.piece is not None for o in base):
                 return base
-            layout = "interleaved" if any(o.stage == "per_head" for o in base) else "fused"
+            layout = ("interleaved" if any(o.stage == "per_head" for o in base)
+                      else "blocked" if any(o.stage == "blocked" for o in base) else "fused")
+            if layout == "blocked" and not self.last_axis(method, rest, node, env):
+                return frozenset(replace(o, stage="shaped") if o.piece is None else o for o in base)
             return frozenset(replace(o, pending=layout) if o.piece is None else o for o in base)
         if method in RESHAPERS:
             # A shape this does not recognize ("shaped") stops slices from reading as pieces
@@ -453,6 +460,12 @@ class Interpreter:
             stage = self.shape_stage(method, rest, node, env)
             unit = None
             dims = self.dims(method, rest, env)
+            if stage is None and all(o.piece is None and o.stage == "flat" for o in base):
+                blocks = self.blocks(dims)
+                if blocks is not None:
+                    for o in base:
+                        self.events.blocked_views.setdefault(o.src, []).append(blocks)
+                    return frozenset(replace(o, stage="blocked", unit=str(blocks)) for o in base)
             for o in base:
                 if o.piece is None and o.stage == "flat" and dims:
                     self.events.head_views.setdefault(o.src, ast.unparse(dims[-1]))
@@ -469,13 +482,31 @@ class Interpreter:
         return base
 
     def dims(self, method: str, args: list, env: dict) -> list:
-        """The dimensions a view/reshape/unflatten gives, as written (locals replaced by what they hold)."""
+        """The dimensions a view/reshape/unflatten gives, as written (locals replaced by what they hold); of a
+        shape written `x.shape[:-1] + (a, b)`, the trailing ones it adds."""
         exprs = [self.local_expr(a, env) for a in args]
         if method == "unflatten":
             dims = exprs[1].elts if len(exprs) >= 2 and isinstance(exprs[1], (ast.Tuple, ast.List)) else []
+        elif (len(exprs) == 1 and isinstance(exprs[0], ast.BinOp) and isinstance(exprs[0].op, ast.Add)
+              and isinstance(exprs[0].right, (ast.Tuple, ast.List))):
+            dims = exprs[0].right.elts
         else:
             dims = exprs[0].elts if len(exprs) == 1 and isinstance(exprs[0], (ast.Tuple, ast.List)) else exprs
         return [self.local_expr(d, env) for d in dims]
+
+    @staticmethod
+    def blocks(dims: list) -> int | None:
+        """The number of blocks of a view (…, blocks, -1) with blocks a number the code writes (CodeGen's
+        `qkv.reshape(qkv.shape[:-1] + (mp_num, -1))`, mp_num = 4): each block then holds a part of every head
+        kind, cut along the last axis."""
+        if len(dims) >= 2 and _int(dims[-1]) == -1 and (blocks := _int(dims[-2])) is not None and blocks >= 2:
+            return blocks
+        return None
+
+    def last_axis(self, method: str, args: list, node: ast.Call, env: dict) -> bool:
+        """Whether a split/chunk cuts along the last axis (dim=-1, or the dim written as the last positional)."""
+        dim = next((k.value for k in node.keywords if k.arg in ("dim", "axis")), args[1] if len(args) > 1 else None)
+        return dim is not None and _int(self.local_expr(dim, env)) == -1
 
     def pair_unit(self, dims: list, env: dict) -> str | None:
         """A view per head as a pair: (…, heads, 2 * unit) gives the unit as written (`self.head_dim` in
@@ -789,13 +820,17 @@ class Linear:
 class Attention:
     cls: str
     file: str
-    layout: str  # separate, fused, interleaved, grouped
+    layout: str  # separate, fused, interleaved, grouped, blocked
     q: str
     k: str
     v: str
     o: str | None
     evidence: str  # FILE:LINE: what decided it
     linears: dict
+    # layout "blocked": the number of blocks the fused output is viewed as, and the order of the parts in each
+    # ("qvk": the queries' part, then the values', then the keys')
+    qkv_blocks: int = 0
+    qkv_block_order: str = ""
     # The modules forward applies to the queries alone and to the keys alone (q/k norms, whatever their names),
     # and whether it does so after the rotary embedding (None: no call took q and k together before them).
     q_norm: str | None = None
@@ -841,6 +876,8 @@ class Mlp:
     up_first: bool  # ... with the up half first
     evidence: str
     linears: dict
+    # The activation a Sequential MLP's module child applies (transformers' name); "" where the code calls one.
+    activation: str = ""
 
 
 @dataclass(frozen=True)
@@ -916,6 +953,62 @@ def _submodule_class(sources: dict, value: ast.expr) -> tuple[str, ast.ClassDef]
     return _class(sources, _dotted(func))
 
 
+# Torch's activation modules by class name (a child of an nn.Sequential MLP), as transformers' ACT2FN names them.
+SEQUENTIAL_ACTIVATIONS = {"ReLU": "relu", "GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+SEQUENTIAL_SKIPPED = ("Dropout", "Identity")
+
+
+def sequential_children(sources: dict, value: ast.expr) -> tuple[str, list[ast.expr], int] | None:
+    """(file, children, line) of an nn.Sequential a `self.X = ...` value builds: nn.Sequential(...) itself, or a
+    module-level function of the sources whose one return is one (CTRL's point_wise_feed_forward_network)."""
+    if not isinstance(value, ast.Call):
+        return None
+    name = _dotted(value.func).rsplit(".", 1)[-1]
+    if name == "Sequential":
+        return "", list(value.args), value.lineno
+    for file, tree in _parsed(sources):
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                returns = [n for n in subtree(node) if isinstance(n, ast.Return)]
+                if (len(returns) == 1 and isinstance(returns[0].value, ast.Call)
+                        and _dotted(returns[0].value.func).rsplit(".", 1)[-1] == "Sequential"):
+                    return file, list(returns[0].value.args), returns[0].lineno
+    return None
+
+
+def analyze_sequential_mlp(sources: dict, value: ast.expr, file: str) -> Mlp | None:
+    """A plain MLP built as nn.Sequential(Linear, activation module, Linear) (dropouts aside): the children are
+    numbered, so the up and down projections are "0" and "2" (their indices); the activation is the module's
+    (Mlp.activation). None for any other Sequential."""
+    found = sequential_children(sources, value)
+    if found is None:
+        return None
+    where, children, line = found
+    where = where or file
+    linear = set(linear_classes(sources))
+    kinds = []
+    for index, child in enumerate(children):
+        callee = _dotted(child.func).rsplit(".", 1)[-1] if isinstance(child, ast.Call) else ""
+        if callee in SEQUENTIAL_SKIPPED:
+            continue
+        kind = "linear" if callee in linear else SEQUENTIAL_ACTIVATIONS.get(callee)
+        if kind is None:
+            return None
+        kinds.append((index, kind, child))
+    if len(kinds) != 3 or kinds[0][1] != "linear" or kinds[2][1] != "linear" or kinds[1][1] == "linear":
+        return None
+    (up, _, up_call), (_, act, _), (down, _, down_call) = kinds
+
+    def bias(call: ast.Call) -> str:
+        return next((ast.unparse(k.value) for k in call.keywords if k.arg == "bias"), "True")
+
+    linears_found = {str(up): Linear(str(up), bias(up_call), up_call.lineno),
+                     str(down): Linear(str(down), bias(down_call), down_call.lineno)}
+    return Mlp("Sequential", where, "plain", None, str(up), str(down), False, False,
+               _where(where, line, f"nn.Sequential: child {down} (a linear) reads the {act} of child {up} (a linear)"),
+               linears_found, activation=act)
+
+
 def _where(file: str, line: int, text: str) -> str:
     return f"{file}:{line}: {text}"
 
@@ -934,6 +1027,7 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     origins = {r: roles[r][keys[r]] for r in "qkv"}
     halves = [r for r in "qkv" if keys[r][2] == "halves"]
     query_gate: dict = {}
+    extra: dict = {}
     whole = dict(keys)  # the layout below reads the queries' projection as a whole
     if halves:
         if halves != ["q"] or len(srcs) != 3 or any(keys[r][1] is not None for r in "kv"):
@@ -953,12 +1047,23 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     if len(srcs) == 3 and all(whole[r][1] is None for r in "qkv"):
         layout, q, k, v = "separate", keys["q"][0], keys["k"][0], keys["v"][0]
         evidence = _where(file, origins["q"], f"q, k, v are {q}, {k}, {v}")
-    elif len(srcs) == 1 and [keys[r][1] for r in "qkv"] == [0, 1, 2] and len({keys[r][2] for r in "qkv"}) == 1:
+    elif len(srcs) == 1 and [keys[r][1] for r in "qkv"] == [0, 1, 2] and len({keys[r][2] for r in "qkv"}) == 1 \
+            and keys["q"][2] != "blocked":
         layout = keys["q"][2]
         q = k = v = keys["q"][0]
         what = {"fused": "q, k, v one after another", "interleaved": "q, k, v per head",
                 "grouped": "per KV head: its query heads, then k, then v"}[layout]
         evidence = _where(file, origins["k"], f"{q}'s output cut into {what}")
+    elif (len(srcs) == 1 and sorted(keys[r][1] for r in "qkv") == [0, 1, 2]
+          and {keys[r][2] for r in "qkv"} == {"blocked"}
+          and len(blocked := set(interp.events.blocked_views.get(keys["q"][0], ()))) == 1):
+        # The output viewed as [..., blocks, -1] and each block cut along its last axis into three parts, in the
+        # order the pieces say (CodeGen's q, v, k in each of mp_num = 4 blocks).
+        layout, q, k, v = "blocked", keys["q"][0], keys["q"][0], keys["q"][0]
+        order = "".join(sorted("qkv", key=lambda r: keys[r][1]))
+        extra["qkv_blocks"], extra["qkv_block_order"] = blocked.pop(), order
+        evidence = _where(file, origins["k"], f"{q}'s output viewed as {extra['qkv_blocks']} blocks along its rows, "
+                                              f"each cut into {', '.join(order)}")
     else:
         raise Undecided(f"{cls.name}.forward: q, k, v come from {keys}, not three projections or three pieces of "
                         "one in q, k, v order")
@@ -972,7 +1077,7 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
                                                 "output projection"}
     gate = query_gate if query_gate.get("output_gate") else {
         **_output_gate(interp.events, keys["v"], used | {o_proj}, o_proj, file), **query_gate}
-    return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found,
+    return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found, **extra,
                      unscaled_scores=_unscaled_scores(interp.events, keys, file),
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
                      **gate,
@@ -1310,6 +1415,11 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     others = _other_assignments(init, config)
     for attr, value in subs.items():
         sub = _submodule_class(sources, value)
+        if sub is None and attr != attn_attr and (seq := analyze_sequential_mlp(sources, value, file)) is not None:
+            if mlp is not None:
+                return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
+            mlp, mlp_attr = seq, attr
+            continue
         if sub is None or attr == attn_attr or attr in attention_like:
             continue
         try:

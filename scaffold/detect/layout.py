@@ -1006,6 +1006,10 @@ def _code_qkv(ckpt: Checkpoint, spec: Spec, names: dict, code: dataflow.Attentio
         _one_kv_head_per_head(ckpt, spec, f"{module}.{code.q}.weight")
     elif code.layout == "grouped":
         _grouped_rows(ckpt, spec, f"{module}.{code.q}.weight")
+    elif code.layout == "blocked":
+        _blocked_rows(ckpt, spec, f"{module}.{code.q}.weight", code.qkv_blocks)
+        spec.set("qkv_blocks", code.qkv_blocks, source)
+        spec.set("qkv_block_order", code.qkv_block_order, source)
     spec.set("qkv_bias", f"{attn}.{code.q}.bias" in layer0, Source("tensor", f"{module}.{code.q}.bias"))
 
 
@@ -1032,6 +1036,15 @@ def _grouped_rows(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
     if kv <= 0 or heads % kv or rows != (heads + 2 * kv) * dim:
         raise CheckpointError(f"tensor {tensor} has {rows} rows; q, k, v grouped per KV head over {heads} heads and "
                               f"{kv} KV heads of size {dim} needs {(heads + 2 * kv) * dim}.", ckpt.config_file)
+
+
+def _blocked_rows(ckpt: Checkpoint, spec: Spec, tensor: str, blocks: int) -> None:
+    """q, k, v in `blocks` equal blocks, each cut into three equal parts: as many KV heads as query heads, and
+    whole heads in every part."""
+    _one_kv_head_per_head(ckpt, spec, tensor)
+    if blocks <= 0 or spec.num_heads % blocks:
+        raise CheckpointError(f"tensor {tensor}: the code cuts it into {blocks} blocks of q, k and v parts, which "
+                              f"do not hold whole heads of {spec.num_heads}.", ckpt.config_file)
 
 
 def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:

@@ -6,7 +6,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys
+from scaffold.detect import codekeys, dataflow
 from scaffold.detect.activations import (
     _package_file,
     gated_forms,
@@ -301,6 +301,12 @@ def code_activation(sources: dict[str, str], mlp_attr: str, config: dict | None 
                     and _activation_of(node.left) == "relu" and isinstance(node.right, ast.Constant)
                     and node.right.value == 2):
                 found["relu2"] = f"{file}:{node.lineno}"
+    for file, _cls, _fn, attr, value in codekeys.self_assignments(sources):
+        # An MLP built as nn.Sequential (CTRL's): its activation module among the children.
+        if attr == mlp_attr and (children := dataflow.sequential_children(sources, value)) is not None:
+            for child in children[1]:
+                if isinstance(child, ast.Call) and (name := _activation_of(child)):
+                    found.setdefault(name, f"{children[0] or file}:{child.lineno}")
     if "relu2" in found:
         found.pop("relu", None)  # the relu inside the square
     return next(iter(found.items())) if len(found) == 1 else None

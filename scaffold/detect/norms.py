@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys
-from scaffold.detect.common import set_from_config
+from scaffold.detect import codekeys, dataflow
+from scaffold.detect.common import set_from_config, unsupported
 from scaffold.detect.sourcecode import _classes, module_class, modeling_sources, subtree
 from scaffold.spec import Source, Spec
 
@@ -24,6 +24,36 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if spec.source("norm_eps").kind == "default" and (written := _constant_eps(ckpt, spec)) is not None:
         value, where = written
         spec.set("norm_eps", value, Source("code", f"{where}: the norm's code passes eps={value}"))
+    elif (built := _built_eps(ckpt, spec)) is not None:
+        # The decoder layer builds its norms with an eps written as a number (CTRL's nn.LayerNorm(n_embd,
+        # eps=1e-6)), whatever config.json says; the port builds every norm with the one norm_eps.
+        value, where = built
+        if value != spec.norm_eps:
+            raise unsupported(f"the decoder layer's norms use eps={value} written in the code ({where}), the other "
+                              f"norms {spec.norm_eps} ({spec.source('norm_eps').detail}): the port builds every "
+                              "norm with one eps", ckpt.config_file, spec.model_type)
+        spec.set("norm_eps", value, Source("code", f"{where}: the layer's norms are built with eps={value}, as "
+                                                   f"{spec.source('norm_eps').detail} gives the others"))
+
+
+def _built_eps(ckpt: Checkpoint, spec: Spec) -> tuple[float, str] | None:
+    """The eps the decoder layer's norms are built with where the constructor writes it as a number:
+    `self.<attn_norm> = nn.LayerNorm(..., eps=1e-6)`; None where it hands a config value or nothing."""
+    names = [spec.names.get(r) for r in ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm")]
+    sources = modeling_sources(ckpt)
+    layers = spec.names.get("layers")
+    layer = dataflow.layer_class(sources, layers.rsplit(".", 1)[-1] if layers else None)
+    if layer is None:
+        return None
+    found = set()
+    for file, cls, _func, attr, value in codekeys.self_assignments(sources):
+        if cls.name != layer[1].name or attr not in names or not isinstance(value, ast.Call):
+            continue
+        for kw in value.keywords:
+            if (kw.arg in ("eps", "epsilon") and isinstance(kw.value, ast.Constant)
+                    and isinstance(kw.value.value, (int, float)) and not isinstance(kw.value.value, bool)):
+                found.add((float(kw.value.value), f"{file}:{value.lineno}"))
+    return min(found) if len({v for v, _ in found}) == 1 else None
 
 
 def _constant_eps(ckpt: Checkpoint, spec: Spec) -> tuple[float, str] | None:

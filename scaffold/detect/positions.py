@@ -134,6 +134,11 @@ def _offset(sources: dict[str, str], cls_name: str) -> int:
     return value if value is not None and added else 0
 
 
+def positions_offset(sources: dict[str, str], cls_name: str) -> int:
+    """The constant the position module's class adds to every position (XGLM's `self.offset = 2`)."""
+    return _offset(sources, cls_name)
+
+
 def learned_positions(sources: dict[str, str]) -> LearnedPositions | None:
     """Where a forward adds a position-indexed embedding to the token embedding: `self.wte(input_ids) +
     self.wpe(position_ids)`, directly or through local names. The position table is the one whose lookup reads
@@ -142,22 +147,50 @@ def learned_positions(sources: dict[str, str]) -> LearnedPositions | None:
 
 
 def computed_positions(sources: dict[str, str]) -> tuple[LearnedPositions, str] | None:
-    """(where, class) of absolute positions the code computes rather than stores: a module other than an
-    embedding table, called on the positions and added to the token embedding (XGLM's sinusoidal table)."""
+    """(where, builder) of absolute positions the code computes rather than stores: a module other than an
+    embedding table, called on the positions (XGLM's sinusoidal module), or a buffer the code builds and indexes by
+    the positions (CTRL's `self.pos_encoding[position_ids, :]`), added to the token embedding. The builder is the
+    module's class, or the function whose result the buffer holds."""
     tables = _embedding_classes(sources)
     found = _added_positions(sources, None)
     if found is None:
         return None
-    built = {attr: callee(value) for _f, _c, _fn, attr, value in self_assignments(sources)
-             if attr == found.positions and isinstance(value, ast.Call)}
-    kind = built.get(found.positions, "")
+    kinds = [_builder(value) for _f, _c, func, attr, value in self_assignments(sources)
+             if attr == found.positions and isinstance(value, ast.Call) and func.name == "__init__"]
+    kinds += [_builder(value) for attr, value in registered(sources) if attr == found.positions]
+    kind = next((k for k in kinds if k), "")
     return (found, kind) if kind and kind not in tables else None
+
+
+def registered(sources: dict[str, str]):
+    """(name, value) of every `self.register_buffer("name", f(...))` in a constructor, the value a call."""
+    for _file, _cls, func in methods(sources):
+        if func.name != "__init__":
+            continue
+        for node in subtree(func):
+            if (isinstance(node, ast.Call) and _dotted(node.func) == "self.register_buffer" and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                    and isinstance(node.args[1], ast.Call)):
+                yield node.args[0].value, node.args[1]
+
+
+BUFFER_WRAPPERS = ("Buffer", "Parameter", "tensor", "as_tensor")
+
+
+def _builder(call: ast.Call) -> str:
+    """The class or function a module attribute is built with: `nn.Buffer(f(...))` is f's."""
+    name = callee(call)
+    if name in BUFFER_WRAPPERS and call.args and isinstance(call.args[0], ast.Call):
+        return callee(call.args[0])
+    return name
 
 
 def _added_positions(sources: dict[str, str], classes: set[str] | None) -> LearnedPositions | None:
     """The sum token_module(ids) + position_module(positions), with modules built from `classes` (None: any)."""
     embeddings = {attr: callee(value) for _file, _cls, _func, attr, value in self_assignments(sources)
                   if isinstance(value, ast.Call) and (classes is None or callee(value) in classes)}
+    if classes is None:
+        embeddings.update({attr: _builder(value) for attr, value in registered(sources)})
     for file, _cls, func in methods(sources):
         if func.name != "forward":
             continue
@@ -176,6 +209,9 @@ def _added_positions(sources: dict[str, str], classes: set[str] | None) -> Learn
                     return lookups(node.func.value, depth + 1)
             if isinstance(node, ast.Name):
                 return [hit for value in local.get(node.id, []) for hit in lookups(value, depth + 1)]
+            if (classes is None and isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                    and _dotted(node.value) in {f"self.{a}" for a in embeddings}):
+                return [(node.value.attr, node)]  # a computed table indexed by the positions (CTRL's buffer)
             return []
 
         for node in subtree(func):

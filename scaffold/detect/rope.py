@@ -9,8 +9,24 @@ import re
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, conditions, dataflow
 from scaffold.detect.common import unsupported
-from scaffold.detect.positions import alibi_code, alibi_scaled, computed_positions, learned_positions, rotary_code
-from scaffold.detect.sourcecode import Found, config_default, modeling_sources, rotate_half_style, subtree, walk
+from scaffold.detect.positions import (
+    alibi_code,
+    alibi_scaled,
+    computed_positions,
+    learned_positions,
+    positions_offset,
+    rotary_code,
+)
+from scaffold.detect.sinusoid import SinusoidTable, sinusoid_table
+from scaffold.detect.sourcecode import (
+    Found,
+    _classes,
+    config_default,
+    modeling_sources,
+    rotate_half_style,
+    subtree,
+    walk,
+)
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
@@ -208,10 +224,8 @@ def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:
                         if learned is not None else "a learned position table (names.embed_positions)"))
         return
     if rotary is None and alibi is None and (computed := computed_positions(sources)) is not None:
-        found, kind = computed
-        raise UnsupportedArchitecture(
-            f"absolute positions computed by {kind} ({found}: {found.positions}(positions) added to the token "
-            "embedding, no stored table, e.g. sinusoidal); the generator cannot express this yet.", ckpt.config_file)
+        _sinusoidal(ckpt, spec, sources, *computed)
+        return
     if alibi is not None and rotary is not None:
         if not isinstance(flag, bool):
             raise UnsupportedArchitecture(
@@ -231,6 +245,52 @@ def _position_scheme(ckpt: Checkpoint, spec: Spec) -> None:
              Source("code", f"{scaled}: the ALiBi bias is scaled with the scores") if scaled is not None
              else Source("default", "the ALiBi bias is added to the scaled scores" if scheme == "alibi"
                          else "no ALiBi"))
+
+
+def _sinusoidal(ckpt: Checkpoint, spec: Spec, sources: dict, found, kind: str) -> None:
+    """Absolute positions from a table the code computes (positions.computed_positions) and adds to the token
+    embedding: the table read by scaffold.detect.sinusoid, the position offset and the zeroed row from the module
+    that holds it. Anything else is refused naming what the code computes."""
+    what = f"absolute positions computed by {kind} ({found}: {found.positions} of the positions added to the token " \
+           "embedding, no stored table)"
+    classes = dict(_classes(sources))
+    holder = classes.get(kind, (None, None))[1]
+    table = sinusoid_table(sources, holder, kind)
+    if not isinstance(table, SinusoidTable):
+        raise UnsupportedArchitecture(f"{what}: {table or 'no function of the code builds it from sines and cosines'}"
+                                      "; the generator cannot express this.", ckpt.config_file)
+    if spec.hidden_size % 2:
+        raise UnsupportedArchitecture(f"{what}: a sinusoidal table of odd width {spec.hidden_size}; the generator "
+                                      "builds even ones only.", ckpt.config_file)
+    offset = positions_offset(sources, kind) if holder is not None else 0
+    where = f"{table}: {table.describe()}; {found}: {found.tokens}(input_ids) + {found.positions}"
+    spec.set("position_scheme", "sinusoidal", Source("code", where))
+    spec.set("sinusoid_base", table.base, Source("code", f"{table}: {table.describe()}"))
+    spec.set("sinusoid_shift", table.shift, Source("code", f"{table}: {table.describe()}"))
+    spec.set("sinusoid_interleaved", table.interleaved, Source("code", f"{table}: {table.describe()}"))
+    spec.set("position_offset", offset,
+             Source("code", f"{found}: {kind} looks up position + {offset}") if offset
+             else Source("code", f"{found}: {found.positions} looks up the positions as they are"))
+    if table.padding_param is None:
+        return
+    # The zeroed row is a parameter of the table's builder: what the model hands the holder's constructor for it.
+    expr = None
+    for file, func, _attr, call in codekeys.constructed(sources, (kind,), found.positions):
+        index = codekeys.signatures(sources).get(kind, ()).index(table.padding_param) \
+            if table.padding_param in codekeys.signatures(sources).get(kind, ()) else -1
+        node = codekeys._arg(call, index, table.padding_param) if index >= 0 else None
+        read = codekeys.config_expr(node, func) if node is not None else None
+        if read is not None and re.fullmatch(r"config\.\w+", read[0]):
+            expr = (read[0], f"{file}:{call.lineno}")
+    if expr is None:
+        raise UnsupportedArchitecture(f"{what}: its builder zeroes the row {table.padding_param} ({table}), which "
+                                      "the reader does not trace to a config value.", ckpt.config_file)
+    value = ckpt.config.get(expr[0].removeprefix("config."))
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise UnsupportedArchitecture(f"{what}: the zeroed row {expr[0]} is {value!r}, not a row number.",
+                                      ckpt.config_file)
+    spec.set("sinusoid_padding_row", value,
+             Source("config", f"{expr[1]}: {table.padding_param}={expr[0]}, the row {table} zeroes", expr[0]))
 
 
 def _checked(params: dict, where) -> dict:

@@ -42,7 +42,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                  Source("code", f"{found}: embeddings scaled by hidden_size ** 0.5 where config.{flag}",
                         f"{hk}**0.5") if on else Source("config", f"config.json {flag} is not true: unscaled"))
     elif (found := _scaled_call(ckpt, spec.names.get("embed_tokens"))
-          or _embedding_scale_argument(ckpt, spec.names.get("embed_tokens"))) is not None:
+          or _embedding_scale_argument(ckpt, spec.names.get("embed_tokens"))
+          or _scaled_in_place(ckpt, spec.names.get("embed_tokens"))) is not None:
         spec.set("embedding_multiplier", *_as_multiplier(ckpt, found, "the embedding's output"))
     else:
         spec.set("embedding_multiplier", None, Source("default", "embeddings used as they are"))
@@ -132,9 +133,9 @@ def _kept(cls: ast.ClassDef) -> dict[str, ast.expr]:
     return kept
 
 
-def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
+def _products(ckpt: Checkpoint, operand, augmented: bool = False) -> list[tuple[str, bool, str]]:
     """(config expression, divides, "FILE:LINE") of each `X * E` / `X / E` whose X satisfies `operand(X, func)`,
-    func being the method the product is in."""
+    func being the method the product is in; with `augmented`, of each `X *= E` / `X /= E` instead."""
     out = []
     props = configexpr.properties(codekeys.configuration_sources(ckpt))
     for name, text in modeling_sources(ckpt).items():
@@ -147,6 +148,12 @@ def _products(ckpt: Checkpoint, operand) -> list[tuple[str, bool, str]]:
                 if not isinstance(func, ast.FunctionDef):
                     continue
                 for node in subtree(func):
+                    if augmented:
+                        if (isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Mult, ast.Div))
+                                and operand(node.target, func)
+                                and (expr := configexpr.expression(node.value, kept, props)) is not None):
+                            out.append((expr, isinstance(node.op, ast.Div), f"{name}:{node.lineno}"))
+                        continue
                     if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div))):
                         continue
                     sides = [(node.left, node.right)] + ([(node.right, node.left)] if isinstance(node.op, ast.Mult)
@@ -213,6 +220,12 @@ def _scaled_call(ckpt: Checkpoint, *modules: str | None, operand=_calls) -> tupl
     if not any(modules):
         return None
     return _unique(_products(ckpt, operand(*modules)))
+
+
+def _scaled_in_place(ckpt: Checkpoint, embed: str | None) -> tuple[str, bool, str] | None:
+    """The one config expression a name holding the embedding's output is multiplied by in place (CTRL's
+    `inputs_embeds = self.w(input_ids)` ... `inputs_embeds *= np.sqrt(self.d_model_size)`)."""
+    return _unique(_products(ckpt, _outputs_of(embed), augmented=True)) if embed else None
 
 
 def _embedding_scale_argument(ckpt: Checkpoint, embed: str | None) -> tuple[str, bool, str] | None:

@@ -15,7 +15,7 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, configreads, dataflow, positions
-from scaffold.detect.sourcecode import modeling_sources, subtree
+from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.errors import CheckpointError
@@ -134,6 +134,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     found = (_mlp_width(sources, spec, ckpt.config, aliases)
              or _layer_mlp_width(sources or modeling_sources(ckpt), ckpt.config, aliases))
     key, _ = config_value(ckpt, *keys("intermediate_size"))
+    if found is None and key is None and not sources and spec.source("hidden_size").expr:
+        # transformers' own file, where no key it reads under a standard name gives the width: a builder function
+        # it hands config values to (CTRL's point_wise_feed_forward_network(config.n_embd, config.dff)).
+        hidden = spec.source("hidden_size").expr
+        heads = set(re.findall(r"config\.(\w+)", spec.source("num_heads").expr or ""))
+        found = _valued(_unique(_built_widths(modeling_sources(ckpt), hidden, heads, False)), ckpt.config, aliases)
     if found is not None or key is not None:
         size("intermediate_size", found)
     else:
@@ -278,5 +284,35 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
                 if (features_out and features_out[0] == hidden and features_in and features_in[0] != hidden
                         and not heads & set(features_in[1])):
                     found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
-    return _valued(_unique(found), config, aliases)
+    return _valued(_unique(found + _built_widths(sources, hidden, heads, bool(classes))), config, aliases)
+
+
+def _built_widths(sources: dict, hidden: str, heads: set, mlp_named: bool) -> list[codekeys.CodeExpr]:
+    """A module-level function that builds the MLP's linears from its parameters (CTRL's
+    point_wise_feed_forward_network(d_model_size, dff) returning an nn.Sequential), called by a constructor with
+    config values: the widths its linears map back to hidden_size, read with the call's arguments in place of the
+    parameters."""
+    linear = linear_classes(sources)
+    found = []
+    builders = {node.name: node for _file, tree in _parsed(sources) for node in tree.body
+                if isinstance(node, ast.FunctionDef)}
+    for file, _cls, init, attr, value in codekeys.self_assignments(sources):
+        if not isinstance(value, ast.Call) or (mlp_named and attr != "mlp"):
+            continue
+        fn = builders.get(codekeys.callee(value)) if isinstance(value.func, ast.Name) else None
+        if fn is None:
+            continue
+        bound = dict(zip((a.arg for a in fn.args.args), value.args))
+        bound.update({k.arg: k.value for k in value.keywords if k.arg})
+        for node in subtree(fn):
+            kind = linear.get(codekeys.callee(node)) if isinstance(node, ast.Call) else None
+            if kind is None or len(node.args) <= max(kind.in_arg, kind.out_arg):
+                continue
+            args = [bound.get(a.id, a) if isinstance(a, ast.Name) else a for a in node.args]
+            features_in = codekeys.config_expr(args[kind.in_arg], init)
+            features_out = codekeys.config_expr(args[kind.out_arg], init)
+            if (features_out and features_out[0] == hidden and features_in and features_in[0] != hidden
+                    and not heads & set(features_in[1])):
+                found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
+    return found
 
