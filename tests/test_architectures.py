@@ -178,6 +178,15 @@ ARCHITECTURES = {
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
     "nanochat": ("nanochat", {}),
+    # Laguna: each layer's attention built with its own head count (config.num_attention_heads_per_layer
+    # [layer_idx]: 4, 8, 2 heads over 2 KV heads), a softplus gate per head on the attention output, rotary
+    # parameters per layer type (half the head rotated on the full layer, all of it on the sliding ones, another
+    # theta), a window shorter than the prompts, sigmoid routing with the correction bias the checkpoint keeps
+    # under the experts, scaled by 2.5, a shared expert, and a first dense layer.
+    "laguna": ("laguna", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                          "num_attention_heads_per_layer": [4, 8, 2], "sliding_window": 8, "gating": "per-head",
+                          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                          "mlp_layer_types": ["dense", "sparse", "sparse"], "moe_routed_scaling_factor": 2.5}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -271,6 +280,10 @@ EXPECTED_SPEC = {
                   "shared_expert_intermediate_size": 512},
     "granitemoeshared": {"experts_layout": "stacked", "shared_expert_on_layer": True,
                          "shared_expert_intermediate_size": 64, "gate_up_layout": "fused"},
+    "laguna": {"layer_num_heads": [4, 8, 2], "attn_output_gate": "per_head", "attn_gate_act": "softplus",
+               "sliding_window_layers": [1, 2], "moe_sigmoid": True,
+               "moe_correction_bias": "experts.e_score_correction_bias", "moe_routed_scaling_factor": 2.5,
+               "dense_layers": [0], "partial_rotary_factor": 0.5},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -450,7 +463,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
-             "apertus", "gpt2", "openai-gpt")
+             "apertus", "gpt2", "openai-gpt", "laguna")
 
 
 @pytest.mark.engine
@@ -520,6 +533,7 @@ DEFAULTS = {
     "norm_weight_name": "weight",
     # Left out when absent: an activation holding tensors (Apertus' xIELU), norms inside the sublayers (BitNet's).
     "act_tensors": [], "attn_sub_norm": False, "mlp_sub_norm": False,
+    "layer_num_heads": [],  # left out when every layer has num_heads
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -8,6 +8,7 @@ and the shapes config.json fixes for a decoder of the common (Llama) layout. `ch
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -18,7 +19,35 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 def check(ckpt: Checkpoint) -> None:
     """Refuse a checkpoint no native port expresses, or whose tensors contradict its config.json."""
     unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file)
-    check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file)
+    check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt))
+
+
+def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
+    """(module, KEY, one count per layer) wherever a decoder layer's __init__ builds `self.<module> = Class(...,
+    config.KEY[layer_idx], ...)` and config.json's KEY holds one positive count per layer (Laguna's
+    `self.self_attn = LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`): that
+    module's tensors may differ from layer to layer. scaffold.detect.layout reads what the count sizes (the
+    attention's query heads) and refuses any other such module; for self_attn the count is the heads o_proj takes."""
+    from scaffold.detect import sourcecode  # detection's reader of the modeling code, needed only here
+
+    layers = ckpt.config.get("num_hidden_layers")
+    found = []
+    for _file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
+        for node in sourcecode.subtree(tree):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
+                    and isinstance(node.targets[0], ast.Attribute)
+                    and ast.unparse(node.targets[0].value) == "self"):
+                continue
+            for arg in [*node.value.args, *(k.value for k in node.value.keywords)]:
+                if not (isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Name)
+                        and isinstance(arg.value, ast.Attribute)
+                        and ast.unparse(arg.value.value) in ("config", "self.config")):
+                    continue
+                value = ckpt.config.get(arg.value.attr)
+                if (isinstance(value, list) and len(value) == layers
+                        and all(_is_int(v) and v > 0 for v in value)):
+                    found.append((node.targets[0].attr, arg.value.attr, value))
+    return found
 
 
 # Blocks whose computation a generated port cannot express; named in the error.
@@ -87,12 +116,17 @@ def _first_int(config: dict, *keys: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> None:
+def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
+                 per_layer: list[tuple[str, str, list[int]]] = ()) -> None:
     """Shapes the config fixes for every decoder of this layout, whatever the family.
 
     The detectors check the attention and MLP projections in detail; this covers the
     embedding and head (vocab rows), the norms, o_proj, and every bias against its weight.
+    `per_layer`: (module, KEY, one count per layer) that layer_sized_modules found: that module's tensors may
+    differ between layers of different counts; self_attn's count is the layer's query heads.
     """
+    sized = {module: counts for module, _key, counts in per_layer}
+    layer_heads = sized.get("self_attn")
     hkey, hidden = _first_int(config, "hidden_size", "n_embd", "d_model")
     vocab = config.get("vocab_size") if _is_int(config.get("vocab_size")) else None
     _, heads = _first_int(config, "num_attention_heads", "n_head")
@@ -126,10 +160,12 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
             value = config["v_head_dim"]
             need(name, (hidden, heads * value), f"{heads} heads of values {value} wide (v_head_dim) and {hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
-            need(name, (hidden, heads * head_dim), f"{heads} heads of size {head_dim} and {hkey} {hidden}")
+            here = layer_heads[int(name.split(".")[2])] if layer_heads else heads
+            need(name, (hidden, here * head_dim), f"{here} heads of size {head_dim} and {hkey} {hidden}")
         if heads and head_dim and _QK_NORM.match(name):
             _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
-            heads_here = heads if ".q_norm." in name else kv or heads
+            query_heads = layer_heads[int(name.split(".")[2])] if layer_heads else heads
+            heads_here = query_heads if ".q_norm." in name else kv or query_heads
             if info.shape not in ((head_dim,), (heads_here * head_dim,), (heads_here, head_dim)):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{head_dim}], "
@@ -159,6 +195,10 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
             first[rest] = (name, info.shape)
         elif first[rest][1] != info.shape:
             other, shape = first[rest]
+            counts = sized.get(match.group(3).split(".", 1)[0], [])
+            here, there = int(match.group(2)), int(_LAYER_PARTS.match(other).group(2))
+            if len(counts) > max(here, there) and counts[here] != counts[there]:
+                continue  # a module sized per layer: scaffold.detect.layout checks each layer against its count
             raise CheckpointError(
                 f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
                 "must have the same shape in every layer.",
