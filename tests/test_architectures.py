@@ -301,6 +301,14 @@ UNSUPPORTED = {
     # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
     "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
                                   "routing weights applied to the experts' input: Llama4TextMoe"),
+    # MiMo-V2-Flash doubles the KV heads of its sliding layers (config.layer_types[layer_idx]) and gives the values
+    # a head width of their own (config.v_head_dim); Gemma 4 reads each layer's head width and KV heads from
+    # config.per_layer_config[layer_idx]. The port builds every layer's attention from the same sizes.
+    "mimo_v2_flash-sizes": ("mimo_v2_flash", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
+                            "k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
+                            "value heads of their own width: builds o_proj, v_proj from config.v_head_dim"),
+    "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
 }
 
 RESULTS: dict[str, dict] = {}

@@ -167,3 +167,63 @@ def test_a_correction_bias_under_the_experts_is_registered_on_the_fused_experts(
     spec.moe_correction_bias = "gate.e_score_correction_bias"  # on the router (GLM-4-MoE's)
     assert routing_choices(spec)["bias_ref"] == "self.gate.e_score_correction_bias"
     assert routing_choices(spec)["bias_on_experts"] is None
+
+
+# ---------------------------------------------------------------- sizes the port cannot build, named
+def _odd_o_proj(tmp_path, model_type, extra, o_cols, layers=2, code=None):
+    """A checkpoint of `model_type` whose layer i's o_proj takes o_cols[i] columns (the rest Llama's shapes)."""
+    from ckpt_factory import write_checkpoint
+
+    shape = Shape(model_type=model_type, layers=layers, extra=extra,
+                  architecture="LabForCausalLM" if code else "FactoryLlamaForCausalLM")
+    tensors = tensors_for(shape)
+    for i, cols in enumerate(o_cols):
+        tensors[f"model.layers.{i}.self_attn.o_proj.weight"] = [shape.hidden, cols]
+    write_checkpoint(tmp_path, shape, tensors=tensors)
+    if code:
+        (tmp_path / "modeling_lab.py").write_text(code)
+    return read_checkpoint(tmp_path)
+
+
+def test_mimo_v2_per_layer_kv_heads_and_value_width_are_named(tmp_path):
+    ckpt = _odd_o_proj(tmp_path, "mimo_v2_flash", {"v_head_dim": 32, "layer_types": ["full_attention",
+                                                                                        "sliding_attention"]},
+                       (4 * 32, 4 * 32))
+    with pytest.raises(UnsupportedArchitecture) as exc:
+        policy.check(ckpt)
+    text = " ".join(str(exc.value).split())
+    assert ("per-layer attention sizes: MiMoV2FlashAttention (transformers/models/mimo_v2_flash/modeling_mimo_v2_"
+            "flash.py:") in text
+    assert "builds k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx])" in text
+    assert "value heads of their own width: builds o_proj, v_proj from config.v_head_dim = 32, where q and k heads " \
+           "have head_dim 16" in text
+
+
+def test_gemma4_per_layer_head_width_is_named(tmp_path):
+    ckpt = _odd_o_proj(tmp_path, "gemma4_text", {"per_layer_config": {"1": {"head_dim": 64}}}, (4 * 16, 4 * 64))
+    with pytest.raises(UnsupportedArchitecture, match=r"per-layer attention sizes: Gemma4TextAttention \(.*\) builds "
+                                                      r"k_proj, o_proj, q_proj, v_proj with sizes of each layer's own "
+                                                      r"\(from config\.per_layer_config\[layer_idx\]\.head_dim"):
+        policy.check(ckpt)
+
+
+LAB_WIDTHS = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
+    def __init__(self, config, idx):
+        super().__init__()
+        dims = config.head_widths[idx]
+        self.wq = nn.Linear(config.hidden_size, config.num_attention_heads * dims, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * dims, config.hidden_size, bias=False)
+'''
+
+
+def test_a_lab_head_width_per_layer_is_named_and_plain_contradictions_stay_errors(tmp_path):
+    ckpt = _odd_o_proj(tmp_path / "lab", "lab_widths", {"head_widths": [16, 32]}, (64, 128), code=LAB_WIDTHS)
+    with pytest.raises(UnsupportedArchitecture, match=r"per-layer attention sizes: LabAttention \(modeling_lab\.py:"
+                                                      r"\d+\) builds o_proj with sizes of each layer's own \(from "
+                                                      r"config\.head_widths\[idx\]\)"):
+        policy.check(ckpt)
+    # The same tensors where the code sizes every layer alike: the checkpoint contradicts its config.
+    alike = LAB_WIDTHS.replace("config.head_widths[idx]", "config.head_dim")
+    ckpt = _odd_o_proj(tmp_path / "alike", "lab_widths", {"head_widths": [16, 32]}, (64, 128), code=alike)
+    with pytest.raises(CheckpointError, match=r"o_proj\.weight' has shape \[64, 128\], but 4 heads of size 16"):
+        policy.check(ckpt)
