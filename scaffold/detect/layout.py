@@ -351,8 +351,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if code_attn is not None and flow.attention_inner is not None:
         names["self_attn"], names["attn_inner"] = flow.attention, flow.attention_inner
     per_layer_read = _per_layer_attention_argument(sources, flow, flow.attention) if code_attn is not None else None
+    read_heads = (attn.split(".")[0], per_layer_read.key) if per_layer_read is not None else None
     for module, key, counts in policy.layer_sized_modules(ckpt):
-        if len(set(counts)) > 1 and (per_layer_read is None or (module, key) != (attn.split(".")[0], per_layer_read.key)):
+        if len(set(counts)) > 1 and (module, key) != read_heads:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
             raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with config.{key}[layer_idx], "
                                f"a value of its own for each layer ({counts}), and the port builds it from one config "

@@ -236,12 +236,14 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
                       + (" (3-D tensors, cut per expert)" if stacked else "")
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
+    own_heads = (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_heads))))} query heads"
+                 if spec.layer_num_heads else "")
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
                  if latent else f"q {spec.query_rows}"
                  f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {kv} rows "
                  f"(GQA {spec.num_heads}:{spec.num_kv_heads}"
-                 f"{'; layers of ' + '/'.join(map(str, sorted(set(spec.layer_num_heads)))) + ' query heads' if spec.layer_num_heads else ''}"
+                 f"{own_heads}"
                  f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''})")
     report.add("per-shard shapes", not problems, problems[0] if problems else f"{attention}; {mlp_detail}")
 
