@@ -102,6 +102,11 @@ def test_each_layer_gets_the_heads_the_code_builds_it_with(tmp_path):
     assert source.expr == "config.heads_by_layer"
     line = next(i for i, text in enumerate(LAB_CODE.splitlines(), 1) if "config.heads_by_layer[idx]" in text)
     assert f"config.heads_by_layer[idx] (modeling_lab.py:{line})" in source.detail
+    from scaffold.review import decisions
+
+    spec.names.setdefault("qkv_proj", "qkv_proj")
+    assert any(d.startswith("- query heads of each layer's own: `config.heads_by_layer[layer_idx]` (4, 2)")
+               for d in decisions(spec))
 
 
 def test_tensors_the_per_layer_value_does_not_size_are_refused(tmp_path):
