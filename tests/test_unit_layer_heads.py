@@ -6,6 +6,8 @@ each layer type's own, and the routing correction bias the checkpoint keeps unde
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ckpt_factory import Shape, tensors_for
 from helpers import LAB_PRELUDE, detect_until, transformers_code
@@ -139,8 +141,9 @@ def test_without_the_code_the_policy_holds_every_layer_to_one_shape(tmp_path):
 
 def test_laguna_router_soft_capping_is_a_branch_config_json_decides():
     path = routing.routing(transformers_code("laguna"), "experts")
-    (attr, test, op, constant, _line), = path.guarded_factors
+    (attr, test, op, constant, _line, calls), = path.guarded_factors
     assert (attr, test, op, constant) == ("router_logit_softcapping", "router_logit_softcapping", ">", 0.0)
+    assert calls == ("tanh",)  # a transform of the scores, not a plain scale
     assert "router_logit_softcapping" not in path.factor_attrs
     assert path.config_keys(frozenset({test})) == ["moe_router_logit_softcapping"]
     assert not routing.holds(0.0, op, constant) and routing.holds(30.0, op, constant)
@@ -232,3 +235,63 @@ def test_a_lab_head_width_per_layer_is_named_and_plain_contradictions_stay_error
     ckpt = _odd_o_proj(tmp_path / "alike", "lab_widths", {"head_widths": [16, 32]}, (64, 128), code=alike)
     with pytest.raises(CheckpointError, match=r"o_proj\.weight' has shape \[64, 128\], but 4 heads of size 16"):
         policy.check(ckpt)
+
+
+# A lab router written unlike Laguna's: a plain boost under one switch, a soft cap under another.
+LAB_ROUTER = """
+import torch
+import torch.nn as nn
+
+
+class Picker(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.boost = config.router_boost
+        self.cap = config.router_cap
+
+    def forward(self, x):
+        logits = self.w(x)
+        if self.cap >= 1:
+            logits = self.cap * torch.tanh(logits / self.cap)
+        probs = logits.softmax(-1)
+        top, idx = probs.topk(2, dim=-1)
+        if self.boost != 1.0:
+            top = top * self.boost
+        return top, idx
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.router = Picker(config)
+        self.experts = nn.ModuleList()
+
+    def forward(self, x):
+        return self.router(x)
+"""
+
+
+@pytest.mark.parametrize(("boost", "cap", "outcome"), [
+    (1.0, 0, None),  # neither branch runs
+    (2.5, 0, 2.5),  # the boost runs: a plain scale, read like an unguarded one
+    (1.0, 30, "transforms its router's scores with self.cap (tanh) under `if self.cap >= 1`"),
+])
+def test_a_guarded_router_branch_counts_where_config_json_runs_it(boost, cap, outcome):
+    from types import SimpleNamespace
+
+    from scaffold.detect import moe
+
+    path = routing.routing({"modeling_lab.py": LAB_ROUTER}, "experts")
+    calls = {attr: found[-1] for attr, *found in path.guarded_factors}
+    assert calls == {"boost": (), "cap": ("tanh",)}
+    spec = Spec()
+    spec.num_experts, spec.num_experts_per_tok, spec.names = 4, 2, {"experts": "experts"}
+    ckpt = SimpleNamespace(config={"router_boost": boost, "router_cap": cap, "num_experts": 4},
+                           config_file="config.json")
+    if isinstance(outcome, str):
+        with pytest.raises(UnsupportedArchitecture, match=re.escape(outcome)):
+            moe._routing_fields(spec, ckpt, path)
+        return
+    moe._routing_fields(spec, ckpt, path)
+    assert spec.moe_routed_scaling_factor == outcome

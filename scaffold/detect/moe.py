@@ -596,7 +596,8 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
             raise CheckpointError(f"config.json splits {spec.num_experts} experts into {spec.moe_groups} groups "
                                   f"and chooses {spec.moe_topk_groups} of them.", ckpt.config_file)
     file = path.where.rsplit(":", 1)[0]
-    for attr, test, op, constant, line in path.guarded_factors:
+    factors = set(path.factor_attrs)
+    for attr, test, op, constant, line, calls in path.guarded_factors:
         # A factor used only under `if self.R <op> constant:`: config.json decides whether that branch runs.
         keys = path.config_keys(frozenset({test}))
         value = ckpt.config.get(keys[0]) if len(keys) == 1 else None
@@ -604,11 +605,14 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
             raise unsupported(f"{where} applies self.{attr} to its routing under `if self.{test} {op} {constant}` "
                               f"({file}:{line}), a condition config.json does not decide", ckpt.config_file,
                               spec.model_type)
+        if routing.holds(value, op, constant) and calls:
+            raise unsupported(f"{where} transforms its router's scores with self.{attr} ({', '.join(calls)}) under "
+                              f"`if self.{test} {op} {constant}` ({file}:{line}), which config.json's {keys[0]} = "
+                              f"{value} enables: a routing the port's FusedMoE does not compute", ckpt.config_file,
+                              spec.model_type)
         if routing.holds(value, op, constant):
-            raise unsupported(f"{where} transforms its router's scores with self.{attr} under `if self.{test} {op} "
-                              f"{constant}` ({file}:{line}), which config.json's {keys[0]} = {value} enables: a "
-                              "routing the port's FusedMoE does not compute", ckpt.config_file, spec.model_type)
-    scale = [k for k in path.config_keys(path.factor_attrs)
+            factors.add(attr)  # a plain scale the branch applies: as if unguarded
+    scale = [k for k in path.config_keys(frozenset(factors))
              if isinstance(ckpt.config.get(k), (int, float)) and not isinstance(ckpt.config.get(k), bool)]
     if len(scale) > 1:
         raise unsupported(f"{where} scales its routing weights by several config values ({', '.join(scale)})",

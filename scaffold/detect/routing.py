@@ -41,9 +41,10 @@ class Routing:
     divisor_attrs: frozenset[str] = frozenset()  # `self.G` in `... // self.G`
     factor_attrs: frozenset[str] = frozenset()  # `self.S` in `... * self.S` or `*= self.S`
     test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:` guarding a division
-    # (S, R, op, constant, line) for a factor `self.S` used only under `if self.R <op> constant:` (Laguna's router
-    # soft-capping under `if self.router_logit_softcapping > 0.0:`): config.json decides whether that branch runs.
-    guarded_factors: tuple[tuple[str, str, str, object, int], ...] = ()
+    # (S, R, op, constant, line, calls) for a factor `self.S` used only under `if self.R <op> constant:` (Laguna's
+    # router soft-capping under `if self.router_logit_softcapping > 0.0:`): config.json decides whether that branch
+    # runs; `calls`: the functions the branch calls (tanh there), empty where it only multiplies by the factor.
+    guarded_factors: tuple[tuple[str, str, str, object, int, tuple[str, ...]], ...] = ()
     # file:line and code where the block multiplies the experts' input (not their output) by the routing weights
     weighted_input: str | None = None
 
@@ -130,10 +131,10 @@ class _Uses:
     divisor: set[str]
     factor: set[str]
     test: set[str]
-    guarded: dict[str, tuple[str, str, object, int]] = field(default_factory=dict)
+    guarded: dict[str, tuple] = field(default_factory=dict)
 
     def read(self, body: ast.AST) -> None:
-        guard_of: dict[int, tuple[str, str, object, int]] = {}
+        guard_of: dict[int, tuple] = {}
         for node in subtree(body):
             guard = _constant_guard(node)
             if guard is not None:
@@ -161,8 +162,8 @@ class _Uses:
 COMPARISONS = {ast.Gt: ">", ast.GtE: ">=", ast.Lt: "<", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}
 
 
-def _constant_guard(node: ast.AST) -> tuple[str, str, object, int] | None:
-    """(R, op, constant, line) of `if self.R <op> <number>:`, else None."""
+def _constant_guard(node: ast.AST) -> tuple[str, str, object, int, tuple[str, ...]] | None:
+    """(R, op, constant, line, the functions its body calls) of `if self.R <op> <number>:`, else None."""
     if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
             and type(node.test.ops[0]) in COMPARISONS and (attr := _self_attr(node.test.left)) is not None):
         return None
@@ -170,7 +171,9 @@ def _constant_guard(node: ast.AST) -> tuple[str, str, object, int] | None:
     if not (isinstance(value, ast.Constant) and isinstance(value.value, (int, float))
             and not isinstance(value.value, bool)):
         return None
-    return attr, COMPARISONS[type(node.test.ops[0])], value.value, node.lineno
+    calls = sorted({_dotted(sub.func).rsplit(".", 1)[-1] for stmt in node.body for sub in subtree(stmt)
+                    if isinstance(sub, ast.Call)})
+    return attr, COMPARISONS[type(node.test.ops[0])], value.value, node.lineno, tuple(calls)
 
 
 def holds(value: float, op: str, constant: float) -> bool:
