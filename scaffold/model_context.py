@@ -219,10 +219,15 @@ def routing_choices(spec: Spec) -> dict[str, object]:
     routing_args = spec.is_moe and bool(spec.moe_sigmoid or bias or spec.moe_groups
                                         or spec.moe_routed_scaling_factor is not None)
     holder = bias.split(".")[0] if bias and "." in bias else None
+    # Laguna's checkpoints keep it under the experts (`experts.e_score_correction_bias`): the port registers it on
+    # the module FusedMoE builds, after building it.
+    on_experts = holder is not None and holder == spec.names.get("experts") and bias.count(".") == 1
     return {
         "routing_args": routing_args,
         "correction_bias": bias,
-        "bias_holder": holder if holder != spec.names.get("router") else None,
+        "bias_holder": holder if holder not in (spec.names.get("router"), None) and not on_experts else None,
+        "bias_on_experts": bias.split(".")[1] if on_experts else None,
+        "bias_ref": "e_score_correction_bias" if on_experts else f"self.{bias}" if bias else None,
     }
 
 

@@ -187,6 +187,10 @@ def decisions(spec) -> list[str]:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    if spec.layer_num_heads:
+        out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
+                   f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "
+                   f"(`{n['q_proj']}` and `{n['o_proj']}` sized by it; the KV heads are num_kv_heads in every layer).")
     if spec.attn_output_gate == "in_query":
         out.append(f"- gated attention, the gate folded into `{n['q_proj']}`: its rows hold, per head, the query "
                    f"then the gate ({q} rows); `{qkv}` is built with twice the query heads so each "

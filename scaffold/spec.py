@@ -229,6 +229,11 @@ class Spec:
     num_kv_heads: int = spec_field(0, group="sizes", limit=8192, probe="self_attn", config_key=True,
                                    doc="key/value heads")
     head_dim: int = spec_field(0, group="sizes", probe="self_attn", config_key=True, doc="the width of one head")
+    layer_num_heads: list[int] = spec_field([], group="sizes", probe="self_attn", omit_when_empty=True,
+                                            doc="each layer's query heads, where the code builds every layer's "
+                                                "attention with a count of its own (Laguna's config."
+                                                "num_attention_heads_per_layer[layer_idx]); empty: num_heads in "
+                                                "every layer")
     intermediate_size: int = spec_field(0, group="sizes", probe="mlp", config_key=True, doc="the dense MLP's width")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
@@ -588,6 +593,10 @@ class Spec:
             return []
         return [i for i in range(self.num_layers) if i not in set(self.dense_layers)]
 
+    def heads_of(self, layer: int) -> int:
+        """The query heads of one layer: its own count (layer_num_heads) where the layers differ, else num_heads."""
+        return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
+
     @property
     def query_rows(self) -> int:
         """The query projection's rows: heads x head_dim, twice that where it also holds the output gate per head
@@ -854,6 +863,12 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
+    if spec.layer_num_heads and (len(spec.layer_num_heads) != spec.num_layers or spec.qkv_layout != "separate"
+                                 or spec.attn_output_gate == "in_query"
+                                 or any(h <= 0 or h % max(spec.num_kv_heads, 1) for h in spec.layer_num_heads)):
+        raise SpecError(f"layer_num_heads must give each of the {spec.num_layers} layers a positive head count that "
+                        f"its {spec.num_kv_heads} KV heads divide, with separate q, k, v projections and no gate "
+                        "folded into the query projection.", origin)
     if (spec.attn_output_gate not in ("none", "in_query")) != ("attn_gate" in names):
         raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
                         f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "

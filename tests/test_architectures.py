@@ -214,6 +214,15 @@ ARCHITECTURES = {
     # the embedding scaled in place by sqrt(n_embd); the layers' norms built with eps 1e-6 written in the code; a
     # head with a bias.
     "ctrl": ("ctrl", {"dff": 384}),
+    # Laguna: each layer's attention built with its own head count (config.num_attention_heads_per_layer
+    # [layer_idx]: 4, 8, 2 heads over 2 KV heads), a softplus gate per head on the attention output, rotary
+    # parameters per layer type (half the head rotated on the full layer, all of it on the sliding ones, another
+    # theta), a window shorter than the prompts, sigmoid routing with the correction bias the checkpoint keeps
+    # under the experts, scaled by 2.5, a shared expert, and a first dense layer.
+    "laguna": ("laguna", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                          "num_attention_heads_per_layer": [4, 8, 2], "sliding_window": 8, "gating": "per-head",
+                          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                          "mlp_layer_types": ["dense", "sparse", "sparse"], "moe_routed_scaling_factor": 2.5}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -325,6 +334,10 @@ EXPECTED_SPEC = {
                            "expert_activation": "swigluoai", "moe_sigmoid": True, "moe_routed_scaling_factor": 2.0},
     "phimoe": {"moe_routing": "sparsemixer", "moe_jitter_eps": 0.3, "moe_renormalize": False, "norm_kind": "layer",
                "norm_bias": True, "qkv_bias": True, "o_bias": True, "lm_head_bias": True},
+    "laguna": {"layer_num_heads": [4, 8, 2], "attn_output_gate": "per_head", "attn_gate_act": "softplus",
+               "sliding_window_layers": [1, 2], "moe_sigmoid": True,
+               "moe_correction_bias": "experts.e_score_correction_bias", "moe_routed_scaling_factor": 2.5,
+               "dense_layers": [0], "partial_rotary_factor": 0.5},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -351,6 +364,14 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
+    # MiMo-V2-Flash doubles the KV heads of its sliding layers (config.layer_types[layer_idx]) and gives the values
+    # a head width of their own (config.v_head_dim); Gemma 4 reads each layer's head width and KV heads from
+    # config.per_layer_config[layer_idx]. The port builds every layer's attention from the same sizes.
+    "mimo_v2_flash-sizes": ("mimo_v2_flash", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
+                            "k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
+                            "value heads of their own width: builds o_proj, v_proj from config.v_head_dim"),
+    "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
 }
 
 RESULTS: dict[str, dict] = {}
@@ -514,7 +535,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
-             "minimax_m3_vl_text", "codegen", "xglm", "ctrl")
+             "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna")
 
 
 @pytest.mark.engine
@@ -589,6 +610,7 @@ DEFAULTS = {
     "moe_weights_on_input": False, "qk_norm_weightless": False, "qk_norm_rope_layers_only": False,
     "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
     "attention_chunk_size": None, "chunked_layers": [],
+    "layer_num_heads": [],  # left out when every layer has num_heads
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

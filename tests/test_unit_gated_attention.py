@@ -139,12 +139,13 @@ def test_afmoe_rotates_its_sliding_layers_only():
 
 def test_laguna_gate_is_read_and_its_per_layer_head_counts_are_named():
     """Laguna: F.softplus(self.g_proj(x)) on each head (or element); its decoder layer builds each attention
-    with config.num_attention_heads_per_layer[layer_idx], which the port cannot express: refused by that name."""
+    with config.num_attention_heads_per_layer[layer_idx], the key the port reads each layer's heads from."""
     sources = transformers_code("laguna")
     flow = dataflow.analyze_layer(sources, {"gating": True})
     assert (flow.attention_flow.output_gate, flow.attention_flow.output_gate_act) == ("g_proj", "softplus")
     found = layout._per_layer_attention_argument(sources, flow, flow.attention)
-    assert found.startswith("config.num_attention_heads_per_layer[layer_idx] (modeling_laguna.py:")
+    assert found.key == "num_attention_heads_per_layer"
+    assert str(found).startswith("config.num_attention_heads_per_layer[layer_idx] (modeling_laguna.py:")
     assert layout._per_layer_attention_argument(transformers_code("afmoe"),
                                                 dataflow.analyze_layer(transformers_code("afmoe"), {}),
                                                 "self_attn") is None

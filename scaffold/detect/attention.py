@@ -26,6 +26,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if expected:
         expected["o_proj"] = spec.hidden_size
     for layer in range(spec.num_layers):
+        if spec.layer_num_heads and spec.qkv_layout == "separate":  # each layer's own query heads
+            q = q_rows = spec.heads_of(layer) * spec.head_dim
+            expected["q_proj"] = q_rows
         for role, rows in expected.items():
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
@@ -36,7 +39,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 doubled = (role == "q_proj" and spec.attn_output_gate != "in_query"
                            and info.shape == stored_shape(spec, role, (2 * q, spec.hidden_size)))
                 raise CheckpointError(
-                    f"tensor {name} has shape {list(info.shape)}, but {spec.num_heads} query heads and "
+                    f"tensor {name} has shape {list(info.shape)}, but {spec.heads_of(layer)} query heads and "
                     f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
                     f"need {list(shape)}"
                     + (": twice the query rows, as where the query projection also emits an output gate per head "

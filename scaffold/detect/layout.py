@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules, temperature
+from scaffold.detect import codekeys, dataflow, latent, moe, policy, positions, submodules, temperature
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -354,10 +354,14 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     names["self_attn"] = attn
     if code_attn is not None and flow.attention_inner is not None:
         names["self_attn"], names["attn_inner"] = flow.attention, flow.attention_inner
-    if code_attn is not None and (per_layer_read := _per_layer_attention_argument(sources, flow, flow.attention)):
-        raise _unsupported(f"per-layer attention sizes: the decoder layer builds {attn} with {per_layer_read}, a "
-                           "value of its own for each layer (the port builds every layer's attention from one "
-                           "config value)", where, spec.model_type)
+    per_layer_read = _per_layer_attention_argument(sources, flow, flow.attention) if code_attn is not None else None
+    read_heads = (attn.split(".")[0], per_layer_read.key) if per_layer_read is not None else None
+    for module, key, counts in policy.layer_sized_modules(ckpt):
+        if len(set(counts)) > 1 and (module, key) != read_heads:
+            # The policy check let this module's tensors differ between layers; only the attention's heads are read.
+            raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with config.{key}[layer_idx], "
+                               f"a value of its own for each layer ({counts}), and the port builds it from one config "
+                               "value", where, spec.model_type)
     latent_modules: set[str] = set()
     if latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
         latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
@@ -404,7 +408,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
-    sinks = _attention_sinks(sources, layer0, attn, spec.num_heads)
+    if per_layer_read is not None:
+        _layer_heads(ckpt, spec, names, per_layer_read, per_layer, attn, f"{prefix}.{names['layers']}", where)
+    sinks = _attention_sinks(sources, layer0, attn, spec.heads_of(0))
     spec.set("attention_sinks", sinks[0] if sinks else None,
              Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
     _output_gate(spec, names, code_attn, layer0, attn, f"{prefix}.{names['layers']}.0.{attn}", where)
@@ -451,6 +457,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                  else Source("default", "q/k norms before the rotary embedding (the code did not say)"))
     else:
         spec.set("qk_norm", "none", src(f"{attn}.{q_norm}.weight (absent)"))
+    if spec.layer_num_heads and spec.qk_norm == "full":
+        raise _unsupported(f"per-layer attention sizes ({spec.source('layer_num_heads').expr}[layer_idx] heads) with "
+                           "q/k norms over all heads, whose width differs per layer", where, spec.model_type)
 
     _temperature(spec, sources, code_attn, ckpt.config, where)
 
@@ -588,9 +597,21 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
 
 
-def _per_layer_attention_argument(sources: dict, flow: dataflow.Layer, attn: str) -> str | None:
+@dataclass(frozen=True)
+class PerLayerRead:
+    """`config.KEY[layer_idx]` handed to the attention's constructor in the decoder layer's __init__."""
+
+    key: str
+    code: str  # the subscript as the code writes it
+    where: str  # FILE:LINE
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.where})"
+
+
+def _per_layer_attention_argument(sources: dict, flow: dataflow.Layer, attn: str) -> PerLayerRead | None:
     """`config.KEY[layer_idx]` handed to the attention's constructor in the decoder layer's __init__ (Laguna's
-    `LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`), with FILE:LINE."""
+    `LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`)."""
     tree = codekeys.parse(sources.get(flow.file, ""))
     for node in subtree(tree) if tree is not None else ():
         if not (isinstance(node, ast.ClassDef) and node.name == flow.cls):
@@ -601,9 +622,46 @@ def _per_layer_attention_argument(sources: dict, flow: dataflow.Layer, attn: str
                 continue
             for arg in [*sub.value.args, *(k.value for k in sub.value.keywords)]:
                 if (isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Name)
+                        and isinstance(arg.value, ast.Attribute)
                         and ast.unparse(arg.value).startswith(("config.", "self.config."))):
-                    return f"{ast.unparse(arg)} ({flow.file}:{arg.lineno})"
+                    return PerLayerRead(arg.value.attr, ast.unparse(arg), f"{flow.file}:{arg.lineno}")
     return None
+
+
+def _layer_heads(ckpt: Checkpoint, spec: Spec, names: dict, read: PerLayerRead, per_layer: dict[int, dict],
+                 attn: str, layers: str, where) -> None:
+    """The decoder layer builds its attention with `config.KEY[layer_idx]` (`read`): a value of its own per layer.
+    It is each layer's query head count where every layer's tensors say so: q_proj has KEY[i] x head_dim rows and
+    o_proj as many columns, in every layer i (k and v keep num_kv_heads, which the attention checks). The port
+    then builds each layer's attention with config.KEY[layer_idx] heads; anything else stays refused."""
+    refusal = (f"per-layer attention sizes: the decoder layer builds {attn} with {read}, a value of its own for "
+               "each layer")
+    value = ckpt.config.get(read.key)
+    if not (isinstance(value, list) and len(value) == spec.num_layers
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise _unsupported(f"{refusal}, but config.json's {read.key} is not one positive count per layer "
+                           f"({spec.num_layers})", where, spec.model_type)
+    if spec.qkv_layout != "separate" or spec.attn_output_gate == "in_query":
+        raise _unsupported(f"{refusal}, with q, k, v {spec.qkv_layout} (the port builds per-layer head counts from "
+                           "separate q, k, v projections only)", where, spec.model_type)
+    dim, q, o = spec.head_dim, names["q_proj"], names["o_proj"]
+    for layer, heads in enumerate(value):
+        tensors = per_layer.get(layer, {})
+        rows = tensors.get(f"{attn}.{q}.weight")
+        cols = tensors.get(f"{attn}.{o}.weight")
+        if (rows is None or cols is None or tuple(rows.shape) != (heads * dim, spec.hidden_size)
+                or tuple(cols.shape) != (spec.hidden_size, heads * dim)):
+            found = [list(t.shape) if t is not None else None for t in (rows, cols)]
+            raise _unsupported(f"{refusal}, but layer {layer}'s {q} and {o} (shapes {found[0]} and {found[1]}) are "
+                               f"not {read.key}[{layer}] = {heads} heads of {dim}: the value sizes something the "
+                               "port does not build per layer", where, spec.model_type)
+        if heads % spec.num_kv_heads:
+            raise CheckpointError(f"layer {layer}'s {heads} heads ({read.key}) cannot share {spec.num_kv_heads} KV "
+                                  "heads.", where)
+    spec.set("layer_num_heads", list(value),
+             Source("code", f"{read}: each layer's attention has config.{read.key}[layer_idx] query heads; "
+                            f"{layers}.N.{attn}.{q} has that many x head_dim {dim} rows in every layer",
+                    f"config.{read.key}"))
 
 
 def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer0: dict, attn: str, module: str,
@@ -634,7 +692,7 @@ def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer
                            f"{', '.join(GATE_ACTIVATIONS)} ({file}:{code.output_gate_act_line}: {act or 'unnamed'})",
                            where, spec.model_type)
     shape = tuple(layer0[weight].shape)
-    heads, dim = spec.num_heads, spec.head_dim
+    heads, dim = spec.heads_of(0), spec.head_dim
     if len(shape) != 2 or shape[1] != spec.hidden_size or shape[0] not in (heads * dim, heads):
         raise _unsupported(f"{what}, its weight {module}.{gate}.weight of shape {list(shape)} neither one row per "
                            f"head ({heads}) nor per output element ({heads} x {dim}) over hidden_size "

@@ -518,7 +518,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if spec.moe_correction_bias:
             _check_bias(ckpt, f"{base}.{layer}.{mlp}.{spec.moe_correction_bias}", experts)
         inside = f"{base}.{layer}."
-        extra = sorted(name for name in expert_tensors.get(layer, ()) if name[len(inside):] not in shapes)
+        bias = f"{mlp}.{spec.moe_correction_bias}" if spec.moe_correction_bias else None  # Laguna's, under experts
+        extra = sorted(name for name in expert_tensors.get(layer, ())
+                       if name[len(inside):] not in shapes and name[len(inside):] != bias)
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
@@ -659,7 +661,24 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
                 or spec.num_experts // spec.moe_groups < 2 and spec.moe_correction_bias):
             raise CheckpointError(f"config.json splits {spec.num_experts} experts into {spec.moe_groups} groups "
                                   f"and chooses {spec.moe_topk_groups} of them.", ckpt.config_file)
-    scale = [k for k in path.config_keys(path.factor_attrs)
+    file = path.where.rsplit(":", 1)[0]
+    factors = set(path.factor_attrs)
+    for attr, test, op, constant, line, calls in path.guarded_factors:
+        # A factor used only under `if self.R <op> constant:`: config.json decides whether that branch runs.
+        keys = path.config_keys(frozenset({test}))
+        value = ckpt.config.get(keys[0]) if len(keys) == 1 else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise unsupported(f"{where} applies self.{attr} to its routing under `if self.{test} {op} {constant}` "
+                              f"({file}:{line}), a condition config.json does not decide", ckpt.config_file,
+                              spec.model_type)
+        if routing.holds(value, op, constant) and calls:
+            raise unsupported(f"{where} transforms its router's scores with self.{attr} ({', '.join(calls)}) under "
+                              f"`if self.{test} {op} {constant}` ({file}:{line}), which config.json's {keys[0]} = "
+                              f"{value} enables: a routing the port's FusedMoE does not compute", ckpt.config_file,
+                              spec.model_type)
+        if routing.holds(value, op, constant):
+            factors.add(attr)  # a plain scale the branch applies: as if unguarded
+    scale = [k for k in path.config_keys(frozenset(factors))
              if isinstance(ckpt.config.get(k), (int, float)) and not isinstance(ckpt.config.get(k), bool)]
     if len(scale) > 1:
         raise unsupported(f"{where} scales its routing weights by several config values ({', '.join(scale)})",

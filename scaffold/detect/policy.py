@@ -8,17 +8,54 @@ and the shapes config.json fixes for a decoder of the common (Llama) layout. `ch
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
+from scaffold.detect import sourcecode
+from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 
 def check(ckpt: Checkpoint) -> None:
     """Refuse a checkpoint no native port expresses, or whose tensors contradict its config.json."""
     unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file)
-    check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file)
+    try:
+        check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt))
+    except CheckpointError as exc:
+        # Attention tensors that contradict heads x head_dim: where the code builds them so, that is the feature.
+        explained = attention_sizes_explained(ckpt) if ".self_attn." in exc.problem else None
+        if explained is None:
+            raise
+        raise unsupported(f"{explained} ({exc.problem.rstrip('.')})", ckpt.config_file,
+                          ckpt.config.get("model_type")) from None
+
+
+def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
+    """(module, KEY, one count per layer) wherever a decoder layer's __init__ builds `self.<module> = Class(...,
+    config.KEY[layer_idx], ...)` and config.json's KEY holds one positive count per layer (Laguna's
+    `self.self_attn = LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`): that
+    module's tensors may differ from layer to layer. scaffold.detect.layout reads what the count sizes (the
+    attention's query heads) and refuses any other such module; for self_attn the count is the heads o_proj takes."""
+    layers = ckpt.config.get("num_hidden_layers")
+    found = []
+    for _file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
+        for node in sourcecode.subtree(tree):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
+                    and isinstance(node.targets[0], ast.Attribute)
+                    and ast.unparse(node.targets[0].value) == "self"):
+                continue
+            for arg in [*node.value.args, *(k.value for k in node.value.keywords)]:
+                if not (isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Name)
+                        and isinstance(arg.value, ast.Attribute)
+                        and ast.unparse(arg.value.value) in ("config", "self.config")):
+                    continue
+                value = ckpt.config.get(arg.value.attr)
+                if (isinstance(value, list) and len(value) == layers
+                        and all(_is_int(v) and v > 0 for v in value)):
+                    found.append((node.targets[0].attr, arg.value.attr, value))
+    return found
 
 
 # Blocks whose computation a generated port cannot express; named in the error.
@@ -102,12 +139,17 @@ def _embedding_width(config: dict, info: TensorInfo | None, name: str, vocab: in
             "and out with project_in and project_out), which the port does not build.", where)
 
 
-def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> None:
+def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
+                 per_layer: list[tuple[str, str, list[int]]] = ()) -> None:
     """Shapes the config fixes for every decoder of this layout, whatever the family.
 
     The detectors check the attention and MLP projections in detail; this covers the
     embedding and head (vocab rows), the norms, o_proj, and every bias against its weight.
+    `per_layer`: (module, KEY, one count per layer) that layer_sized_modules found: that module's tensors may
+    differ between layers of different counts; self_attn's count is the layer's query heads.
     """
+    sized = {module: counts for module, _key, counts in per_layer}
+    layer_heads = sized.get("self_attn")
     hkey, hidden = _first_int(config, "hidden_size", "n_embd", "d_model")
     vocab = config.get("vocab_size") if _is_int(config.get("vocab_size")) else None
     _, heads = _first_int(config, "num_attention_heads", "n_head")
@@ -142,10 +184,12 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
             value = config["v_head_dim"]
             need(name, (hidden, heads * value), f"{heads} heads of values {value} wide (v_head_dim) and {hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
-            need(name, (hidden, heads * head_dim), f"{heads} heads of size {head_dim} and {hkey} {hidden}")
+            here = layer_heads[int(name.split(".")[2])] if layer_heads else heads
+            need(name, (hidden, here * head_dim), f"{here} heads of size {head_dim} and {hkey} {hidden}")
         if heads and head_dim and _QK_NORM.match(name):
             _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
-            heads_here = heads if ".q_norm." in name else kv or heads
+            query_heads = layer_heads[int(name.split(".")[2])] if layer_heads else heads
+            heads_here = query_heads if ".q_norm." in name else kv or query_heads
             if info.shape not in ((head_dim,), (heads_here * head_dim,), (heads_here, head_dim)):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{head_dim}], "
@@ -175,8 +219,113 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path) -> N
             first[rest] = (name, info.shape)
         elif first[rest][1] != info.shape:
             other, shape = first[rest]
+            counts = sized.get(match.group(3).split(".", 1)[0], [])
+            here, there = int(match.group(2)), int(_LAYER_PARTS.match(other).group(2))
+            if len(counts) > max(here, there) and counts[here] != counts[there]:
+                continue  # a module sized per layer: scaffold.detect.layout checks each layer against its count
             raise CheckpointError(
                 f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
                 "must have the same shape in every layer.",
                 where,
             )
+
+
+# The attention projections whose sizes attention_sizes_explained reads from the code (this module's Llama layout).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def attention_sizes_explained(ckpt: Checkpoint) -> str | None:
+    """Why the attention's tensors differ from heads x head_dim, as the code builds them, or None: the class
+    whose __init__ builds `self.o_proj` sizes a projection from a value of the layer's own (an expression over
+    `X[layer_idx]`, the __init__'s layer argument: Gemma 4's `config.per_layer_config[layer_idx].head_dim`,
+    MiMo-V2's KV heads doubled where `config.layer_types[layer_idx]` slides), or from a config key for the
+    values' head width (MiMo-V2's `config.v_head_dim`)."""
+    for file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
+        for cls in sourcecode.subtree(tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None:
+                continue
+            built = _projections(init)
+            if "o_proj" not in built:
+                continue
+            found = _explain(cls.name, file, init, built, ckpt.config)
+            if found:
+                return found
+    return None
+
+
+def _projections(init: ast.FunctionDef) -> dict[str, ast.Call]:
+    """`self.P = nn.Linear(IN, OUT, ...)` of an __init__ for the attention's projections (either branch of an
+    `X if cond else None`)."""
+    out = {}
+    for node in sourcecode.subtree(init):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and ast.unparse(node.targets[0].value) == "self" and node.targets[0].attr in PROJECTIONS):
+            value = node.value.body if isinstance(node.value, ast.IfExp) else node.value
+            if isinstance(value, ast.Call) and len(value.args) >= 2:
+                out[node.targets[0].attr] = value
+    return out
+
+
+def _explain(cls: str, file: str, init: ast.FunctionDef, built: dict[str, ast.Call], config: dict) -> str | None:
+    defined: dict[str, ast.AST] = {}  # local or self attribute -> the expression assigned to it
+    for node in sourcecode.subtree(init):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                defined.setdefault(target.id, node.value)
+            elif isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
+                defined.setdefault(f"self.{target.attr}", node.value)
+    layer_args = {a.arg for a in init.args.args[1:]}
+
+    def layer_value(node: ast.AST | None) -> bool:
+        """`X[layer_idx]`, indexed by one of the __init__'s arguments."""
+        return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id in layer_args
+
+    def reads(expr: ast.AST, depth: int = 0) -> tuple[set[str], set[str]]:
+        """(the layer's own values: `X[layer_idx]` as written, config keys) an expression depends on."""
+        per_layer, keys = set(), set()
+        read_whole = set()  # `layer_config.head_dim` of `layer_config = config.per_layer_config[layer_idx]`
+        for sub in sourcecode.subtree(expr):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+                    and layer_value(defined.get(sub.value.id))):
+                per_layer.add(f"{ast.unparse(defined[sub.value.id])}.{sub.attr}")
+                read_whole.add(id(sub.value))
+            if id(sub) in read_whole:
+                continue
+            if layer_value(sub):
+                per_layer.add(ast.unparse(sub))
+            if isinstance(sub, ast.Attribute) and ast.unparse(sub.value) in ("config", "self.config"):
+                keys.add(sub.attr)
+            name = ast.unparse(sub) if isinstance(sub, (ast.Name, ast.Attribute)) else None
+            if name in defined and depth < 4 and defined[name] is not expr:
+                more = reads(defined[name], depth + 1)
+                per_layer |= more[0]
+                keys |= more[1]
+        return per_layer, keys
+
+    own: dict[str, set[str]] = {}
+    value_width: dict[str, set[str]] = {}
+    for proj, call in built.items():
+        per_layer, keys = reads(ast.Tuple(elts=list(call.args[:2]), ctx=ast.Load()))
+        if per_layer:
+            own[proj] = per_layer
+        widths = {k for k in keys if "head_dim" in k and k != "head_dim" and _is_int(config.get(k))
+                  and config.get(k) != config.get("head_dim")}
+        if widths:
+            value_width[proj] = widths
+    where = f"{cls} ({file}:{init.lineno})"
+    parts = []
+    if own:
+        values = sorted(set().union(*own.values()))
+        parts.append(f"per-layer attention sizes: {where} builds {', '.join(sorted(own))} with sizes of each "
+                     f"layer's own (from {', '.join(values)})")
+    if value_width:
+        keys = sorted(set().union(*value_width.values()))
+        widths = ", ".join(f"config.{k} = {config[k]}" for k in keys)
+        parts.append(f"value heads of their own width: {'' if parts else where + ' '}builds "
+                     f"{', '.join(sorted(value_width))} from {widths}, where q and k heads have head_dim "
+                     f"{config.get('head_dim')}")
+    return ", and ".join(parts) if parts else None

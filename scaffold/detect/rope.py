@@ -302,8 +302,10 @@ def _checked(params: dict, where) -> dict:
     params["rope_theta"] = float(theta)
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
-    if "partial_rotary_factor" in params:
-        raise UnsupportedArchitecture("a partial_rotary_factor for one layer type only is not supported.", where)
+    factor = params.get("partial_rotary_factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1):
+        raise CheckpointError(f"partial_rotary_factor must be in (0, 1], not {factor!r}.", where)
+    # A layer type's own partial_rotary_factor stays in its set: vLLM's get_rope reads it from there.
     return params
 
 

@@ -19,7 +19,7 @@ own class, and the module-level functions they call (followed a few calls deep),
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scaffold.detect.codekeys import _is_config
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
@@ -41,6 +41,10 @@ class Routing:
     divisor_attrs: frozenset[str] = frozenset()  # `self.G` in `... // self.G`
     factor_attrs: frozenset[str] = frozenset()  # `self.S` in `... * self.S` or `*= self.S`
     test_attrs: frozenset[str] = frozenset()  # `self.R` in `if self.R:` guarding a division
+    # (S, R, op, constant, line, calls) for a factor `self.S` used only under `if self.R <op> constant:` (Laguna's
+    # router soft-capping under `if self.router_logit_softcapping > 0.0:`): config.json decides whether that branch
+    # runs; `calls`: the functions the branch calls (tanh there), empty where it only multiplies by the factor.
+    guarded_factors: tuple[tuple[str, str, str, object, int, tuple[str, ...]], ...] = ()
     # file:line and code where the block multiplies the experts' input (not their output) by the routing weights
     weighted_input: str | None = None
     divides: bool = False  # some division on the path (a renormalization of the top-k weights, among others)
@@ -132,8 +136,15 @@ class _Uses:
     factor: set[str]
     test: set[str]
     divides: bool = False
+    guarded: dict[str, tuple] = field(default_factory=dict)
 
     def read(self, body: ast.AST) -> None:
+        guard_of: dict[int, tuple] = {}
+        for node in subtree(body):
+            guard = _constant_guard(node)
+            if guard is not None:
+                for stmt in node.body:
+                    guard_of.update((id(sub), guard) for sub in subtree(stmt))
         for node in subtree(body):
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div):
                 self.divides = True
@@ -146,9 +157,36 @@ class _Uses:
                 self.divisor.add(attr)
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult):
                 operands = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.value,)
-                self.factor |= {a for a in map(_self_attr, operands) if a is not None}
+                found = {a for a in map(_self_attr, operands) if a is not None}
+                if id(node) in guard_of:
+                    self.guarded.update((a, guard_of[id(node)]) for a in found)
+                else:
+                    self.factor |= found
             if isinstance(node, ast.If) and (attr := _self_attr(node.test)) is not None and _divides(node.body):
                 self.test.add(attr)
+
+
+COMPARISONS = {ast.Gt: ">", ast.GtE: ">=", ast.Lt: "<", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+def _constant_guard(node: ast.AST) -> tuple[str, str, object, int, tuple[str, ...]] | None:
+    """(R, op, constant, line, the functions its body calls) of `if self.R <op> <number>:`, else None."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and type(node.test.ops[0]) in COMPARISONS and (attr := _self_attr(node.test.left)) is not None):
+        return None
+    value = node.test.comparators[0]
+    if not (isinstance(value, ast.Constant) and isinstance(value.value, (int, float))
+            and not isinstance(value.value, bool)):
+        return None
+    calls = sorted({_dotted(sub.func).rsplit(".", 1)[-1] for stmt in node.body for sub in subtree(stmt)
+                    if isinstance(sub, ast.Call)})
+    return attr, COMPARISONS[type(node.test.ops[0])], value.value, node.lineno, tuple(calls)
+
+
+def holds(value: float, op: str, constant: float) -> bool:
+    """`value <op> constant` for one of COMPARISONS' operators."""
+    return {">": value > constant, ">=": value >= constant, "<": value < constant, "<=": value <= constant,
+            "==": value == constant, "!=": value != constant}[op]
 
 
 def _divides(body: list[ast.stmt]) -> bool:
@@ -297,5 +335,7 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
         return Routing(name, f"{file}:{cls.lineno}", frozenset(calls), tuple(helpers), frozenset(router_calls),
                        frozenset(uses.attributes), tuple(sorted(config_attrs)), frozenset(uses.topk),
                        frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test),
+                       tuple(sorted((attr, *guard) for attr, guard in uses.guarded.items()
+                                    if attr not in uses.factor)),
                        _weighted_input(forward, experts, file), uses.divides)
     return None

@@ -182,8 +182,9 @@ def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
     if check.status == SKIP:
         return
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
-    divides = [tp for tp in tp_sizes if not (heads % tp or (kv < tp and tp % kv) or (kv >= tp and kv % tp)
-                                             or inter % tp)]
+    every = set(spec.layer_num_heads) or {heads}  # each layer's own query heads, where they differ
+    divides = [tp for tp in tp_sizes if not (any(h % tp for h in every) or (kv < tp and tp % kv)
+                                             or (kv >= tp and kv % tp) or inter % tp)]
     others = [tp for tp in tp_sizes if tp not in divides]
     check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {inter} MLP rows) "
                      f"TP={', '.join(map(str, divides)) or 'none'} divide"
@@ -337,10 +338,10 @@ class _Sharding:
             report.add(cls.CHECK, None, "not simulated: the checkpoint does not store q, k, v, gate and up "
                                         "separately")
             return None
-        request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.num_heads,
+        request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.heads_of(0),
                    "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
                    "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
-                   "query_heads": spec.query_rows // spec.head_dim}
+                   "query_heads": spec.heads_of(0) * spec.query_rows // (spec.num_heads * spec.head_dim)}
         return cls(report, len(report.checks), request, stage, spec.package, real_spec)
 
     def record(self, results: list[dict] | None, error: str | None = None) -> None:

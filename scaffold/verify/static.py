@@ -205,6 +205,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     # Compared under the port's names: the checkpoint's tensors are renamed below as the port loads them (a
     # router kept one module deeper, gate.wg, loads as the port's wg), so the modules expected are renamed too.
     want = {renamed_name(spec, f"{module}.weight").rsplit(".", 1)[0]: rows for module, rows in want.items()}
+    query = renamed_name(spec, f"{attn}.{n['q_proj']}.weight").rsplit(".", 1)[0] if "q_proj" in n else None
     prefix = f"{n['model']}.{n['layers']}."
     transposed = transposed_modules(spec)
     problems, seen = [], set()
@@ -218,24 +219,31 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             continue
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
-        module = port_rest(spec, renamed_name(spec, name[len(prefix):].split(".", 1)[1])).rsplit(".", 1)[0]
+        layer, rest = name[len(prefix):].split(".", 1)
+        module = port_rest(spec, renamed_name(spec, rest)).rsplit(".", 1)[0]
         if module in want:
             seen.add(module)
             # GPT-2's Conv1D stores [in, out]: its output rows are the last dimension.
             rows = info.shape[-1] if module in transposed else info.shape[0]
-            if rows != want[module]:
-                problems.append(f"{name} has {rows} rows, the spec needs {want[module]}")
+            wanted = want[module]
+            if module == query and spec.layer_num_heads and layer.isdigit() and int(layer) < spec.num_layers:
+                wanted = spec.heads_of(int(layer)) * spec.head_dim  # this layer's own query heads
+            if rows != wanted:
+                problems.append(f"{name} has {rows} rows, the spec needs {wanted}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
                       + (" (3-D tensors, cut per expert)" if stacked else "")
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
+    own_heads = (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_heads))))} query heads"
+                 if spec.layer_num_heads else "")
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
                  if latent else f"q {spec.query_rows}"
                  f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {kv} rows "
                  f"(GQA {spec.num_heads}:{spec.num_kv_heads}"
+                 f"{own_heads}"
                  f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''})")
     report.add("per-shard shapes", not problems, problems[0] if problems else f"{attention}; {mlp_detail}")
 
