@@ -15,9 +15,9 @@ import re
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, configreads, dataflow, positions
-from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
-from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import config_value, set_from_config
+from scaffold.detect.linears import linear_classes
+from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec, Undetermined
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from scaffold.detect.sourcecode import _dotted, subtree
 
-POSITIONS = list(range(0, 64)) + [100, 1000, 8191, 8192, 20000]
+POSITIONS = list(range(64)) + [100, 1000, 8191, 8192, 20000]
 # Sample values of (floor_scale, attn_scale) the keys take in turn: floors small enough that the positions cross them.
 TRIALS = ((4.0, 0.1), (7.0, 0.35), (3.0, 1.5))
 
@@ -169,7 +169,7 @@ def _read(cls, init, forward, file, product_stmt, factor, statements, positions,
     numbers = {a: float(v.value) for a, v in attrs.items()
                if isinstance(v, ast.Constant) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool)}
     steps = [s for s in statements if s.lineno < product_stmt.lineno and s.targets[0].id not in positions]
-    read = sorted({n.attr for s in [*steps, factor] for n in subtree(s if isinstance(s, ast.AST) else s)
+    read = sorted({n.attr for s in [*steps, factor] for n in subtree(s)
                    if isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr in keys})
     if len(read) != 2:
         raise Refused(f"queries scaled by a function of the positions ({where}) that reads {len(read)} config "
