@@ -72,6 +72,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                         if spec.sliding_window and spec.source("sliding_window_layers").kind == "code"
                         and not literal_layers else None)
     literal_no_rope = "no_rope_layers" in overridden
+    # The code's own condition for the layers whose attention holds an output bias parameter (GPT-NeoX-Japanese's
+    # `layer_idx == config.num_hidden_layers - 1`), else the listed layers.
+    o_bias_condition = (spec.source("o_bias_layers").expr
+                        if spec.o_bias_param and spec.source("o_bias_layers").kind == "code"
+                        and "o_bias_layers" not in overridden else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
@@ -114,6 +119,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
         "window_condition": window_condition,
+        "o_bias_condition": o_bias_condition,
         "literal_no_rope": literal_no_rope,
         # The code's own condition for rotating a layer (over config and layer_idx), read by the port at run time.
         "rope_condition": (spec.source("no_rope_layers").expr

@@ -178,6 +178,18 @@ ARCHITECTURES = {
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
     "nanochat": ("nanochat", {}),
+    # GPT-NeoX-Japanese: q, k, v per head cut by slices of a (heads, 3 * head_size) view, an MLP width of
+    # int(hidden_size * intermediate_multiple_size) (3 here, not the 4 * hidden a default would give), partial
+    # rotary, and an output bias the attention keeps as its own parameter (dense_bias), returned beside the output
+    # projection's result and added by the layer, on the last layer only (layer_idx == config.num_hidden_layers - 1).
+    "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
+                                                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "partial_rotary_factor": 0.5}}),
+    # A.X-K1: DeepSeek-V3's latent attention and routing, with an RMSNorm over the MoE block's output (routed plus
+    # shared experts) on its MoE layers only; the checkpoint keeps it on the decoder layer (post_mlp_layernorm),
+    # which transformers' conversion table renames into the block, and the port builds and loads it there.
+    "axk1": ("axk1", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                      "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -261,6 +273,11 @@ EXPECTED_SPEC = {
                  "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
                  "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
+    "gpt_neox_japanese": {"qkv_layout": "interleaved", "o_bias": False, "o_bias_param": "dense_bias",
+                          "o_bias_layers": [2], "intermediate_size": 384, "partial_rotary_factor": 0.5,
+                          "mlp_kind": "plain", "norm_kind": "layer"},
+    "axk1": {"qkv_layout": "latent", "moe_sigmoid": True, "dense_layers": [0], "moe_output_norm": "post_mlp_layernorm",
+             "moe_output_norm_on_layer": True},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
     "granitemoe": {"experts_layout": "stacked", "num_experts": 4,

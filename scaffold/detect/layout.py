@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, positions, submodules
+from scaffold.detect import codekeys, dataflow, latent, moe, outbias, positions, submodules
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -400,6 +400,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                    tuple((c, "absent") for c in CANDIDATES["o_proj"])))
     names["o_proj"] = o_proj
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
+    _own_output_bias(ckpt, spec, sources, per_layer, attn, o_proj, code_attn, where)
     sinks = _attention_sinks(sources, layer0, attn, spec.num_heads)
     spec.set("attention_sinks", sinks[0] if sinks else None,
              Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
@@ -517,6 +518,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= latent_modules
     if spec.attention_sinks:
         claimed.add(f"{attn}.{spec.attention_sinks}")
+    if spec.o_bias_param:
+        claimed.add(f"{attn}.{spec.o_bias_param}")
     if "attn_gate" in names:
         claimed.add(f"{attn}.{names['attn_gate']}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
@@ -1046,3 +1049,29 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
         raise _unsupported(f"a norm on the embeddings ({attr}) other than the final norm", where, spec.model_type)
     spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr} normalizes the embeddings "
                                                     "before the first layer"))
+
+
+def _own_output_bias(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dict, attn: str, o_proj: str,
+                     code_attn, where) -> None:
+    """An output bias the attention holds as a parameter of its own, beside an output projection without one, and
+    the decoder layer adds (GPT-NeoX-Japanese's dense_bias, last layer only): scaffold.detect.outbias."""
+    none = Source("default", "no output bias parameter of the attention's own")
+    held = sorted({rest.split(".", 2)[1] for tensors in per_layer.values() for rest, info in tensors.items()
+                   if rest.startswith(f"{attn}.") and rest.count(".") == 1 and len(info.shape) == 1
+                   and info.shape[0] == spec.hidden_size and rest.split(".", 1)[1] not in ("weight", "bias")
+                   and rest.split(".", 1)[1] != spec.attention_sinks})
+    if code_attn is None or not sources or len(held) != 1 or spec.o_bias:
+        spec.set("o_bias_param", None, none)
+        spec.set("o_bias_layers", [], none)
+        return
+    param = held[0]
+    layers = [i for i, tensors in per_layer.items() if f"{attn}.{param}" in tensors]
+    found = outbias.code_output_bias(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], o_proj,
+                                     spec.num_layers, layers, param, where, spec.model_type)
+    if found is None:
+        spec.set("o_bias_param", None, none)
+        spec.set("o_bias_layers", [], none)
+        return
+    spec.set("o_bias_param", param, Source("code", found.evidence))
+    spec.set("o_bias_layers", found.layers, Source("code", f"{found.evidence}: the layers where {found.expr}",
+                                                   found.expr))

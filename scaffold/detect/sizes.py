@@ -133,6 +133,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
     found = _mlp_width(sources, spec, ckpt.config, aliases)
     key, _ = config_value(ckpt, *keys("intermediate_size"))
+    if found is None and key is None and not ckpt.sources:
+        # No key transformers' code reads under a standard name: the width its MLP is built with, where that is
+        # an expression over the config (GPT-NeoX-Japanese's int(config.hidden_size * config.intermediate_multiple_size)).
+        found = _mlp_width(modeling_sources(ckpt), spec, ckpt.config, aliases)
     if found is not None or key is not None:
         size("intermediate_size", found)
     else:
