@@ -305,6 +305,14 @@ UNSUPPORTED = {
     # Llama 4 multiplies the experts' input by the sigmoid router scores (FusedMoE weights their outputs).
     "llama4_text-input-weights": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1},
                                   "routing weights applied to the experts' input: Llama4TextMoe"),
+    # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
+    # residual and the normed sum.
+    "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+                                      "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
+                             "attention inside a block that also holds the layer's norms: the decoder layer's "
+                             "norm_attn_norm (DbrxNormAttentionNorm"),
+    # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
+    "diffllama-differential": ("diffllama", {}, "differential attention: two attention outputs subtracted"),
 }
 
 RESULTS: dict[str, dict] = {}

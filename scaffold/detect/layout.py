@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, outbias, positions, submodules
+from scaffold.detect import blocks, codekeys, dataflow, latent, moe, outbias, positions, submodules
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -344,6 +344,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
+        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
+        if block is not None:  # DBRX's norm_attn_norm: norms and the attention in one module around them
+            raise _unsupported(block, where, spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
@@ -539,6 +542,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)
+        attn_cls = code_attn.cls if code_attn is not None else \
+            blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources and stray else None
+        if stray and attn_cls and (differential := blocks.differential_attention(
+                sources, attn_cls, [r.split(".", 1)[1] for r in stray if r.startswith(f"{attn}.")])):
+            raise _unsupported(f"{differential} (layer {layer} holds "
+                               f"{', '.join(f'{stack}.{layer}.{s}' for s in stray[:4])})", where, spec.model_type)
         if stray:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
                                f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
