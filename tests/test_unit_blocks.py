@@ -21,8 +21,8 @@ DBRX_LAYER0 = _layer0({"norm_attn_norm.norm_1.weight": [128], "norm_attn_norm.at
 
 def test_dbrx_norm_attn_norm_is_named_with_its_lines():
     found = blocks.norm_attention_block(transformers_code("dbrx"), "blocks", DBRX_LAYER0)
-    assert found.startswith("attention inside a block that also holds the layer's norms: the decoder layer's "
-                            "norm_attn_norm (DbrxNormAttentionNorm, built at ")
+    assert found.startswith("attention inside a block that also holds the layer norms: norm_attn_norm "
+                            "(DbrxNormAttentionNorm, built by the decoder layer at ")
     assert "holds norm_1, norm_2 beside attn (projections Wqkv, out_proj)" in found
     assert "return (residual_states, hidden_states)" in found and "modeling_dbrx.py:391" in found
 
@@ -75,7 +75,7 @@ LAB_LAYER0 = _layer0({"pre.ln_a.weight": [64], "pre.ln_b.weight": [64], "ff.weig
 
 def test_a_lab_block_around_the_attention_holding_norms_is_named():
     found = blocks.norm_attention_block({"modeling_lab.py": LAB_BLOCK}, "stack", LAB_LAYER0)
-    assert "the decoder layer's pre (LabPre, built at modeling_lab.py:" in found
+    assert "the layer norms: pre (LabPre, built by the decoder layer at modeling_lab.py:" in found
     assert "holds ln_a, ln_b beside mix (projections wk, wo, wq, wv) and returns 2 tensors" in found
 
 

@@ -60,8 +60,8 @@ def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict) -
         several = [r for r in returns if isinstance(r.value, ast.Tuple) and len(r.value.elts) > 1]
         if norms and holders and several:
             held = sorted({r.split(".")[2] for r in layer0 if r.startswith(f"{attr}.{holders[0]}.")})
-            return (f"attention inside a block that also holds the layer's norms: the decoder layer's {attr} "
-                    f"({cls_name}, built at {layer_file}:{line}, defined at {file}:{cls.lineno}) holds "
+            return (f"attention inside a block that also holds the layer norms: {attr} "
+                    f"({cls_name}, built by the decoder layer at {layer_file}:{line}, defined at {file}:{cls.lineno}) holds "
                     f"{', '.join(norms)} beside {', '.join(holders)} (projections {', '.join(held)}) and returns "
                     f"{len(several[0].value.elts)} tensors to the layer ({file}:{several[0].lineno}: "
                     f"return {ast.unparse(several[0].value)}); the port's decoder layer keeps its norms beside the "
