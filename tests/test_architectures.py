@@ -309,8 +309,8 @@ UNSUPPORTED = {
     # residual and the normed sum.
     "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
                                       "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
-                             "attention inside a block that also holds the layer norms: norm_attn_norm "
-                             "(DbrxNormAttentionNorm"),
+                             ("attention inside a block that also holds the layer norms: norm_attn_norm "
+                              "(DbrxNormAttentionNorm")),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     "diffllama-differential": ("diffllama", {}, "differential attention: two attention outputs subtracted"),
 }

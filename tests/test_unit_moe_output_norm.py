@@ -135,9 +135,9 @@ def test_a_norm_the_block_does_not_return_is_not_its_output_norm(tmp_path):
 def test_axk1_keeps_its_norm_on_the_layer_and_the_port_renames_it_into_the_block(tmp_path):
     """transformers' A.X-K1: the checkpoint's layer-level post_mlp_layernorm is the block's (conversion_mapping.py's
     WeightRenaming), on its MoE layers only."""
-    from scaffold.tiny import build_tiny
+    from catalogue import overrides_for  # the catalogue's tiny sizes
 
-    from catalogue import FAMILY_OVERRIDES, overrides_for  # noqa: F401 - the catalogue's tiny sizes
+    from scaffold.tiny import build_tiny
 
     ckpt_dir = tmp_path / "axk1"
     build_tiny("axk1", str(ckpt_dir), architecture="CatalogueAXK1ForCausalLM", overrides=overrides_for("axk1"))
