@@ -164,6 +164,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:
         out.append(f".{spec.attention_sinks}")
+    if spec.o_bias_param:
+        out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
     if moe and spec.experts_layout == "stacked":
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]

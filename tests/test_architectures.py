@@ -475,7 +475,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
-             "apertus", "gpt2", "openai-gpt")
+             "apertus", "gpt2", "openai-gpt", "gpt_neox_japanese")
 
 
 @pytest.mark.engine
