@@ -1064,22 +1064,18 @@ def _own_output_bias(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dic
                      code_attn, where) -> None:
     """An output bias the attention holds as a parameter of its own, beside an output projection without one, and
     the decoder layer adds (GPT-NeoX-Japanese's dense_bias, last layer only): scaffold.detect.outbias."""
-    none = Source("default", "no output bias parameter of the attention's own")
+    # Set only where found (the fields' defaults say none): a layout stopped early names no such field as unknown.
     held = sorted({rest.split(".", 2)[1] for tensors in per_layer.values() for rest, info in tensors.items()
                    if rest.startswith(f"{attn}.") and rest.count(".") == 1 and len(info.shape) == 1
                    and info.shape[0] == spec.hidden_size and rest.split(".", 1)[1] not in ("weight", "bias")
                    and rest.split(".", 1)[1] != spec.attention_sinks})
     if code_attn is None or not sources or len(held) != 1 or spec.o_bias:
-        spec.set("o_bias_param", None, none)
-        spec.set("o_bias_layers", [], none)
         return
     param = held[0]
     layers = [i for i, tensors in per_layer.items() if f"{attn}.{param}" in tensors]
     found = outbias.code_output_bias(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], o_proj,
                                      spec.num_layers, layers, param, where, spec.model_type)
     if found is None:
-        spec.set("o_bias_param", None, none)
-        spec.set("o_bias_layers", [], none)
         return
     spec.set("o_bias_param", param, Source("code", found.evidence))
     spec.set("o_bias_layers", found.layers, Source("code", f"{found.evidence}: the layers where {found.expr}",
