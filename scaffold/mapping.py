@@ -160,6 +160,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
         out.append(f"{n['mlp']}.{port_names(n)['router']}")
     if "shared_expert" in n:
         out.append(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}")
+    if spec.moe_output_norm:  # the MoE block's norm over its output (under the port's name, renamed_suffixes)
+        out.append(f"{n['mlp']}.{spec.moe_output_norm}")
     if "shared_expert_gate" in n:
         out.append(f"{n['mlp']}.{n['shared_expert_gate']}")
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]

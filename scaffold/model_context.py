@@ -73,6 +73,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                         and not literal_layers else None)
     literal_no_rope = "no_rope_layers" in overridden
     literal_chunks = "chunked_layers" in overridden
+    # The code's own condition for the layers whose attention holds an output bias parameter (GPT-NeoX-Japanese's
+    # `layer_idx == config.num_hidden_layers - 1`), else the listed layers.
+    o_bias_condition = (spec.source("o_bias_layers").expr
+                        if spec.o_bias_param and spec.source("o_bias_layers").kind == "code"
+                        and "o_bias_layers" not in overridden else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
@@ -117,6 +122,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
         "window_condition": window_condition,
+        "o_bias_condition": o_bias_condition,
         "literal_no_rope": literal_no_rope,
         "literal_chunks": literal_chunks,
         # The code's own condition for a chunked layer (Llama 4's layer type), read by the port at run time.
@@ -174,6 +180,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:
         out.append(f".{spec.attention_sinks}")
+    if spec.o_bias_param:
+        out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
     if moe and spec.experts_layout == "stacked":
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]

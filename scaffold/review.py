@@ -206,6 +206,16 @@ def decisions(spec) -> list[str]:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "
                    "rank loads its heads' slice.")
+    if spec.o_bias_param:
+        out.append(f"- an output bias the attention keeps as its own parameter, `{spec.names['self_attn']}."
+                   f"{spec.o_bias_param}`, added by the layer to `{spec.names['o_proj']}`'s output "
+                   f"({_md(spec.source('o_bias_param').detail)}): loaded as `{spec.names['o_proj']}`'s bias on layers "
+                   f"{spec.o_bias_layers}, the only ones that hold it.")
+    if spec.moe_output_norm:
+        out.append(f"- a norm over the MoE block's output, `{spec.names['mlp']}.{spec.moe_output_norm}` "
+                   f"({_md(spec.source('moe_output_norm').detail)}), applied after the experts' all-reduce"
+                   + (", kept on the decoder layer by the checkpoint and loaded into the block" if
+                      spec.moe_output_norm_on_layer else "") + ".")
     if spec.attn_sub_norm:
         out.append(f"- a norm over the whole attention output, `{spec.names['self_attn']}.{spec.names['attn_sub_norm']}`"
                    f", before `{spec.names['o_proj']}` ({_md(spec.source('attn_sub_norm').detail)}); its weight is "

@@ -258,6 +258,13 @@ class Spec:
                                           "qvk)")
     qkv_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="q, k, v projections have a bias")
     o_bias: bool = spec_field(False, group="attention", probe="self_attn", doc="the output projection has a bias")
+    o_bias_param: str | None = spec_field(
+        None, group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="an output bias the attention keeps as a parameter of its own, by its name, that the layer adds to the "
+            "output projection's result (GPT-NeoX-Japanese's dense_bias): the port loads it as that projection's "
+            "bias on o_bias_layers; None: none")
+    o_bias_layers: list[int] = spec_field([], group="attention", probe="self_attn", layer_list=True,
+                                          omit_when_empty=True, doc="the layers holding o_bias_param")
     qk_norm: str = spec_field("none", group="attention", probe="self_attn", choices=("none", "per_head", "full"),
                               doc="a norm on q and k: none, per head, or over all heads")
     qk_norm_after_rope: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
@@ -419,6 +426,14 @@ class Spec:
         doc="the checkpoint keeps the shared expert on the decoder layer beside the MoE block (GraniteMoE-Shared's "
             "shared_mlp), which adds its output to the block's from the same input; the port keeps it in its MoE "
             "block and maps the names on load")
+    moe_output_norm: str | None = spec_field(
+        None, group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="a norm the MoE block applies to its output (routed and shared experts summed), by its name in the block "
+            "(A.X-K1's post_mlp_layernorm), built as the layer's norms are; None: none")
+    moe_output_norm_on_layer: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the checkpoint keeps moe_output_norm on the decoder layer (transformers renames it into the block on "
+            "load); the port keeps it in its MoE block and maps the names on load")
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
@@ -1043,10 +1058,18 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
     if spec.norm_weight_name != "weight":
         modules = sorted({names[role].rsplit(".", 1)[-1] for role in NORM_ROLES if role in names})
         out.update({f".{m}.{spec.norm_weight_name}": f".{m}.weight" for m in modules})
+    if spec.o_bias_param:  # the attention's own output bias parameter is its output projection's bias
+        attn = spec.names["self_attn"]
+        out[f".{attn}.{spec.o_bias_param}"] = f".{attn}.{spec.names['o_proj']}.bias"
     router = spec.names.get("router")
     if router is not None and router != names["router"]:
         mlp = spec.names["mlp"]
         out[f".{mlp}.{router}.weight"] = f".{mlp}.{names['router']}.weight"
+    if spec.moe_output_norm and spec.moe_output_norm_on_layer:
+        # The MoE block's output norm the checkpoint keeps on the decoder layer: the port's sits in its MoE block.
+        norm = spec.moe_output_norm
+        for kind in ("weight", "bias"):
+            out[f".{norm}.{kind}"] = f".{names['mlp']}.{norm}.{kind}"
     if spec.shared_expert_on_layer and "shared_expert" in names:
         # The shared expert the checkpoint keeps on the decoder layer: the port's sits in its MoE block.
         mlp, shared = names["mlp"], names["shared_expert"]

@@ -223,6 +223,18 @@ ARCHITECTURES = {
                           "num_attention_heads_per_layer": [4, 8, 2], "sliding_window": 8, "gating": "per-head",
                           "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
                           "mlp_layer_types": ["dense", "sparse", "sparse"], "moe_routed_scaling_factor": 2.5}),
+    # GPT-NeoX-Japanese: q, k, v per head cut by slices of a (heads, 3 * head_size) view, an MLP width of
+    # int(hidden_size * intermediate_multiple_size) (3 here, not the 4 * hidden a default would give), partial
+    # rotary, and an output bias the attention keeps as its own parameter (dense_bias), returned beside the output
+    # projection's result and added by the layer, on the last layer only (layer_idx == config.num_hidden_layers - 1).
+    "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
+                                                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "partial_rotary_factor": 0.5}}),
+    # A.X-K1: DeepSeek-V3's latent attention and routing, with an RMSNorm over the MoE block's output (routed plus
+    # shared experts) on its MoE layers only; the checkpoint keeps it on the decoder layer (post_mlp_layernorm),
+    # which transformers' conversion table renames into the block, and the port builds and loads it there.
+    "axk1": ("axk1", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                      "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -311,6 +323,11 @@ EXPECTED_SPEC = {
                  "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
                  "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
+    "gpt_neox_japanese": {"qkv_layout": "interleaved", "o_bias": False, "o_bias_param": "dense_bias",
+                          "o_bias_layers": [2], "intermediate_size": 384, "partial_rotary_factor": 0.5,
+                          "mlp_kind": "plain", "norm_kind": "layer"},
+    "axk1": {"qkv_layout": "latent", "moe_sigmoid": True, "dense_layers": [0], "moe_output_norm": "post_mlp_layernorm",
+             "moe_output_norm_on_layer": True},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
     "opt-post-ln": {"block": "residual_norm", "position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True,
@@ -372,6 +389,14 @@ UNSUPPORTED = {
                             "k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
                             "value heads of their own width: builds o_proj, v_proj from config.v_head_dim"),
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
+    # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
+    # residual and the normed sum.
+    "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+                                      "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
+                             ("attention inside a block that also holds the layer norms: norm_attn_norm "
+                              "(DbrxNormAttentionNorm")),
+    # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
+    "diffllama-differential": ("diffllama", {}, "differential attention: two attention outputs subtracted"),
 }
 
 RESULTS: dict[str, dict] = {}
@@ -535,7 +560,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
-             "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna")
+             "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese")
 
 
 @pytest.mark.engine

@@ -124,10 +124,19 @@ def test_a_gate_of_another_height_or_an_unnamed_activation_is_refused(tmp_path):
 
 
 def test_a_rotary_condition_the_config_does_not_decide_per_layer_is_refused(tmp_path):
-    odd = LAB_CODE.replace("self.positional = config.rope_layers[layer_idx]", "self.positional = layer_idx % 3")
+    odd = LAB_CODE.replace("self.positional = config.rope_layers[layer_idx]",
+                           "self.positional = layer_idx % config.rope_period")  # a key config.json does not hold
     ckpt, _ = _lab_checkpoint(tmp_path, code=odd)
     with pytest.raises(UnsupportedArchitecture, match=r"rotary embedding applied under a condition"):
         detect_until(ckpt, rope)
+
+
+def test_a_rotary_condition_of_integer_arithmetic_on_the_layer_index_is_decided(tmp_path):
+    """`layer_idx % 3` (true where it is not 0): decided per layer, and read by the port at run time."""
+    odd = LAB_CODE.replace("self.positional = config.rope_layers[layer_idx]", "self.positional = layer_idx % 3")
+    ckpt, _ = _lab_checkpoint(tmp_path / "mod", code=odd)
+    spec = detect_until(ckpt, rope)
+    assert spec.no_rope_layers == [0] and spec.source("no_rope_layers").expr == "layer_idx % 3"
 
 
 def test_afmoe_rotates_its_sliding_layers_only():

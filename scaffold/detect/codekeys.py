@@ -84,6 +84,11 @@ def config_expr(node: ast.AST, func: ast.FunctionDef | None, _depth: int = 0) ->
     if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
             and f"self.{node.attr}" in local):
         return config_expr(local[f"self.{node.attr}"], func, _depth + 1)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "int"
+            and len(node.args) == 1 and not node.keywords):
+        # int(config.hidden_size * config.intermediate_multiple_size): GPT-NeoX-Japanese's MLP width.
+        inner = config_expr(node.args[0], func, _depth + 1)
+        return (f"int({inner[0]})", inner[1]) if inner is not None else None
     if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
         left, right = config_expr(node.left, func, _depth + 1), config_expr(node.right, func, _depth + 1)
         if left is None or right is None:
@@ -105,6 +110,8 @@ def evaluate(expr: str, config: dict, aliases: dict[str, str] | None = None) -> 
             return got if type(got) is int else None
         if isinstance(node, ast.Constant):
             return node.value
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "int" and node.args:
+            return value(node.args[0])  # of integers: the same integer
         if isinstance(node, ast.BinOp):
             left, right = value(node.left), value(node.right)
             if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):

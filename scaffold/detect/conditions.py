@@ -26,6 +26,10 @@ _COMPARE = {ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.Eq: operator.e
             ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
 
 
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: operator.mod,
+               ast.FloorDiv: operator.floordiv}
+
+
 def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None = None) -> Any:
     """A constant, or `config.KEY` / `self.config.KEY` / `getattr(config, "KEY", default)` read from config.json;
     with `local` ({"layer_idx": 3}), also those names and an item of a config list they index
@@ -48,6 +52,14 @@ def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None 
         return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
     if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("config", "self.config"):
         return config.get(node.attr, _UNKNOWN)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        # Integer arithmetic over such values (`config.num_hidden_layers - 1`, `(layer_idx + 1) % config.k`).
+        left, right = _value(node.left, config, local), _value(node.right, config, local)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right)):
+            return _UNKNOWN
+        if type(node.op) in (ast.Mod, ast.FloorDiv) and right == 0:
+            return _UNKNOWN
+        return _ARITHMETIC[type(node.op)](left, right)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
             and len(node.args) == 2 and ast.unparse(node.args[0]) in ("config", "self.config")
             and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):

@@ -343,12 +343,15 @@ class Interpreter:
             # x[..., a, :] selects along the axis before the trailing full slices.
             meaningful = [e for e in index.elts if not _full_slice(e) and not _ellipsis(e)]
             last = meaningful[-1] if len(meaningful) == 1 else None
+        # x[..., a:b]: a slice of the last axis (of a per-head view, a piece of each head).
+        last_axis = (isinstance(index, ast.Tuple) and len(index.elts) == 2 and _ellipsis(index.elts[0])
+                     and isinstance(index.elts[1], ast.Slice))
         out = set()
         for o in value:
-            out.add(self.select(o, last, node.lineno))
+            out.add(self.select(o, last, node.lineno, last_axis))
         return frozenset(out)
 
-    def select(self, o: Origin, index: ast.expr | None, line: int) -> Origin:
+    def select(self, o: Origin, index: ast.expr | None, line: int, last_axis: bool = False) -> Origin:
         """The piece of a fused output that `[index]` takes, when the index picks one."""
         if o.piece is not None or index is None:
             return o
@@ -367,14 +370,17 @@ class Interpreter:
                 return _piece(o, number + 3, "grouped", line)
             if isinstance(index, ast.Slice) and index.lower is None and index.upper is not None and index.step is None:
                 return _piece(o, 0, "grouped", line)
-        if o.stage == "flat" and isinstance(index, ast.Slice) and index.step is None:
-            # One after another along the last axis: [:a] first, [a:b] in the middle, [b:] last.
+        if (o.stage == "flat" or (o.stage == "per_head" and last_axis)) and isinstance(index, ast.Slice) \
+                and index.step is None:
+            # One after another along the last axis: [:a] first, [a:b] in the middle, [b:] last; of a view per
+            # head (…, heads, 3 * head_dim), each head's q, k, v (GPT-NeoX-Japanese's qkv[..., : self.head_size]).
+            layout = "fused" if o.stage == "flat" else "interleaved"
             if index.lower is None and index.upper is not None:
-                return _piece(o, 0, "fused", line)
+                return _piece(o, 0, layout, line)
             if index.lower is not None and index.upper is not None:
-                return _piece(o, 1, "fused", line)
+                return _piece(o, 1, layout, line)
             if index.lower is not None and index.upper is None:
-                return _piece(o, 2, "fused", line)
+                return _piece(o, 2, layout, line)
         return o
 
     def call(self, node: ast.Call, env: dict):

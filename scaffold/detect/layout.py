@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, latent, moe, policy, positions, submodules, temperature
+from scaffold.detect import blocks, codekeys, dataflow, latent, moe, outbias, policy, positions, submodules, temperature
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -348,6 +348,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
+        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
+        if block is not None:  # DBRX's norm_attn_norm: norms and the attention in one module around them
+            raise _unsupported(block, where, spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
                                    f"{_undecided(flow)}",
                                    tuple((c, "no tensor of layer 0 under it") for c in CANDIDATES["self_attn"])))
@@ -410,6 +413,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     spec.set("o_bias", has(f"{attn}.{o_proj}.bias"), src(f"{attn}.{o_proj}.bias"))
     if per_layer_read is not None:
         _layer_heads(ckpt, spec, names, per_layer_read, per_layer, attn, f"{prefix}.{names['layers']}", where)
+    _own_output_bias(ckpt, spec, sources, per_layer, attn, o_proj, code_attn, where)
     sinks = _attention_sinks(sources, layer0, attn, spec.heads_of(0))
     spec.set("attention_sinks", sinks[0] if sinks else None,
              Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
@@ -547,6 +551,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= latent_modules
     if spec.attention_sinks:
         claimed.add(f"{attn}.{spec.attention_sinks}")
+    if spec.o_bias_param:
+        claimed.add(f"{attn}.{spec.o_bias_param}")
     if "attn_gate" in names:
         claimed.add(f"{attn}.{names['attn_gate']}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
@@ -566,6 +572,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)
+        attn_cls = code_attn.cls if code_attn is not None else \
+            blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources and stray else None
+        if stray and attn_cls and (differential := blocks.differential_attention(
+                sources, attn_cls, [r.split(".", 1)[1] for r in stray if r.startswith(f"{attn}.")])):
+            raise _unsupported(f"{differential} (layer {layer} holds "
+                               f"{', '.join(f'{stack}.{layer}.{s}' for s in stray[:4])})", where, spec.model_type)
         if stray:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
                                f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
@@ -1227,3 +1239,25 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
         raise _unsupported(f"a norm on the embeddings ({attr}) other than the final norm", where, spec.model_type)
     spec.set("embedding_norm", True, Source("code", f"{file}:{line}: self.{attr} normalizes the embeddings "
                                                     "before the first layer"))
+
+
+def _own_output_bias(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dict, attn: str, o_proj: str,
+                     code_attn, where) -> None:
+    """An output bias the attention holds as a parameter of its own, beside an output projection without one, and
+    the decoder layer adds (GPT-NeoX-Japanese's dense_bias, last layer only): scaffold.detect.outbias."""
+    # Set only where found (the fields' defaults say none): a layout stopped early names no such field as unknown.
+    held = sorted({rest.split(".", 2)[1] for tensors in per_layer.values() for rest, info in tensors.items()
+                   if rest.startswith(f"{attn}.") and rest.count(".") == 1 and len(info.shape) == 1
+                   and info.shape[0] == spec.hidden_size and rest.split(".", 1)[1] not in ("weight", "bias")
+                   and rest.split(".", 1)[1] != spec.attention_sinks})
+    if code_attn is None or not sources or len(held) != 1 or spec.o_bias:
+        return
+    param = held[0]
+    layers = [i for i, tensors in per_layer.items() if f"{attn}.{param}" in tensors]
+    found = outbias.code_output_bias(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], o_proj,
+                                     spec.num_layers, layers, param, where, spec.model_type)
+    if found is None:
+        return
+    spec.set("o_bias_param", param, Source("code", found.evidence))
+    spec.set("o_bias_layers", found.layers, Source("code", f"{found.evidence}: the layers where {found.expr}",
+                                                   found.expr))

@@ -21,7 +21,17 @@ import re
 from collections.abc import Callable
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow, gluformula, renamings, routing, routingmath, sourcecode, stacked
+from scaffold.detect import (
+    codekeys,
+    dataflow,
+    gluformula,
+    renamings,
+    routing,
+    routingmath,
+    sourcecode,
+    stacked,
+    submodules,
+)
 from scaffold.detect.common import config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -120,8 +130,78 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
     if bias is not None:
         spec.set("moe_correction_bias", bias[0], Source("code", bias[1]))
         claimed.add(f"{mlp}.{bias[0]}")
+    output_norm = block_output_norm(ckpt, spec, tensors, mlp, claimed, code_names(ckpt, f"{prefix}.layers.{first}."),
+                                    names.get("layers", "layers").rsplit(".", 1)[-1])
+    if output_norm is not None:
+        module, attr, evidence = output_norm
+        spec.set("moe_output_norm", attr, Source("code", evidence))
+        on_layer = module != f"{mlp}.{attr}"
+        spec.set("moe_output_norm_on_layer", on_layer,
+                 Source("code", f"the checkpoint keeps it as {module}, renamed into {mlp}.{attr} on load")
+                 if on_layer else Source("tensor", f"{mlp}.{attr}: in the block"))
+        claimed.add(module)
+    else:
+        spec.set("moe_output_norm", None, Source("default", "the MoE block's output is not normed"))
+        spec.set("moe_output_norm_on_layer", False, Source("default", "no MoE output norm"))
     spec.set("dense_layers", dense, Source("tensor", dense_why))
     return claimed
+
+
+def block_output_norm(ckpt: Checkpoint, spec: Spec, tensors: dict, mlp: str, claimed: set[str],
+                      code: Callable[[str], str] = str, layers_attr: str | None = None) -> tuple[str, str, str] | None:
+    """A norm the MoE block applies to what it returns (A.X-K1's `return self.post_mlp_layernorm(hidden_states)`
+    after adding the shared experts' output to the routed experts'): (the checkpoint's module inside a sparse layer,
+    the block's attribute, why), or None. The checkpoint may keep it on the decoder layer (`post_mlp_layernorm`),
+    renamed into the block by transformers on load (`code`). Refused where the block's code returns such a module
+    built otherwise than the layer's norms, or whose tensors the checkpoint does not hold at the model's width."""
+    sources = sourcecode.modeling_sources(ckpt)
+    block = next(((file, cls) for file, tree in sourcecode._parsed(sources) for cls in subtree(tree)
+                  if isinstance(cls, ast.ClassDef)
+                  and "experts" in routing._assigned_classes(routing._method(cls, "__init__"))), None)
+    if block is None or routing._method(block[1], "forward") is None:
+        return None
+    file, cls = block
+    returns = [n for n in subtree(routing._method(cls, "forward")) if isinstance(n, ast.Return)]
+    attrs = {sourcecode._dotted(r.value.func)[len("self."):] if isinstance(r.value, ast.Call)
+             and sourcecode._dotted(r.value.func).startswith("self.") and len(r.value.args) == 1
+             and not r.value.keywords else None for r in returns}
+    if len(attrs) != 1 or None in attrs:
+        return None
+    (attr,) = attrs
+    if "." in attr:
+        return None
+    built = submodules.constructor(cls, attr)
+    layer = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    flow = dataflow.analyze_layer(sources, ckpt.config, layers_attr) or dataflow.analyze_layer(sources, ckpt.config)
+    if built is None or layer is None:
+        return None
+    # The layer's norms: those the dataflow placed before its sublayers; where it read no MLP (a block it does not
+    # follow), the layer's modules built from a class named as a norm.
+    attrs = flow.norms.values() if flow is not None and flow.norms else \
+        [a for a, c in routing._assigned_classes(routing._method(layer[1], "__init__")).items()
+         if c.endswith("Norm")]
+    norm_builds = {submodules.constructor(layer[1], a) for a in attrs} - {None}
+    if not norm_builds:
+        return None
+    said = f"{file}:{returns[0].lineno}: {cls.name} returns self.{attr}(...) of its output"
+    if built not in norm_builds:
+        if built[0].endswith("Norm"):
+            raise unsupported(f"a norm on the MoE block's output ({said}) built as {built[0]}(..., "
+                              f"{', '.join(built[1])}), not as the layer's norms are", ckpt.config_file,
+                              spec.model_type)
+        return None
+    held = sorted({rest.rsplit(".", 1)[0] for rest in tensors if rest not in claimed
+                   and code(rest).rsplit(".", 1)[0] == f"{mlp}.{attr}"})
+    if len(held) != 1 or held[0] not in (f"{mlp}.{attr}", attr):
+        raise unsupported(f"a norm on the MoE block's output ({said}) whose tensors the checkpoint holds as "
+                          f"{held or 'none'}", ckpt.config_file, spec.model_type)
+    module = held[0]
+    weight = tensors.get(f"{module}.weight")
+    if weight is None or tuple(weight.shape) != (spec.hidden_size,):
+        raise unsupported(f"a norm on the MoE block's output ({said}) whose weight {module}.weight is not of the "
+                          f"model's width {spec.hidden_size}", ckpt.config_file, spec.model_type)
+    return module, attr, f"{said}, built as the layer's norms ({built[0]})" + (
+        f"; the checkpoint keeps it as {module}, renamed on load" if module != f"{mlp}.{attr}" else "")
 
 
 CODE_STACKED = re.compile(r"^(\w+)\.experts\.([A-Za-z_]\w*)$")

@@ -157,35 +157,9 @@ def code_window(sources: dict, config: dict, layers_attr: str | None, num_layers
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
         raise unsupported(f"a sliding window of config.{key} ({said}), a key config.json does not hold as a "
                           "positive integer", where, model_type)
-    # Follow the condition up: attention -> (wrapper ->) decoder layer -> layer list.
-    expr = _lift(test.test, init, {})
-    chain = []  # (class, the call in it that builds the module below), from the attention up
-    layer_found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
-    if layer_found is None:
+    expr = lift_to_layer(sources, flow, layers_attr, init, test.test)
+    if expr is None:
         return None
-    layer_file, layer_cls, list_line = layer_found
-    if flow.attention_inner is not None:
-        wrapper = dataflow._submodule_class(sources, _builder(layer_cls, flow.attention)) \
-            if _builder(layer_cls, flow.attention) is not None else None
-        if wrapper is None:
-            return None
-        chain.append((wrapper[1], _builder(wrapper[1], flow.attention_inner)))
-    chain.append((layer_cls, _builder(layer_cls, flow.attention)))
-    callee_init = init
-    for holder, call in chain:
-        if call is None:
-            return None
-        expr = _lift(expr, None, _bind(callee_init, call))
-        callee_init = _init(holder)
-        expr = _lift(expr, callee_init, {})
-    # The layer list: `Layer(config, layer_id=i) for i in range(config.num_layers)`: the loop variable is the
-    # layer's index.
-    element = _list_element(sources, layer_file, list_line)
-    if element is None:
-        return None
-    call, index = element
-    expr = _lift(expr, None, {**_bind(callee_init, call)})
-    expr = _Substitute({index: ast.Name("layer_idx", ast.Load())} if index else {}, {}, {}).visit(expr)
     reads = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
     text = ast.unparse(expr)
     if reads - READS:
@@ -213,3 +187,40 @@ def _list_element(sources: dict, file: str, line: int) -> tuple[ast.Call, str | 
                     target = elt.generators[0].target
                     return elt.elt, target.id if isinstance(target, ast.Name) else None
     return None
+
+
+def lift_to_layer(sources: dict, flow, layers_attr: str | None, init: ast.FunctionDef | None,
+                  expr: ast.expr) -> ast.expr | None:
+    """`expr`, written in the attention's __init__ (`init`), followed up through the modules that build it (the
+    wrapper's, the decoder layer's constructor call, the layer list's `for i in range(...)`) to what it reads of
+    the config and the layer's index (`layer_idx`); None where a step cannot be followed."""
+    # Follow the condition up: attention -> (wrapper ->) decoder layer -> layer list.
+    expr = _lift(expr, init, {})
+    chain = []  # (class, the call in it that builds the module below), from the attention up
+    layer_found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    if layer_found is None:
+        return None
+    layer_file, layer_cls, list_line = layer_found
+    if flow.attention_inner is not None:
+        wrapper = dataflow._submodule_class(sources, _builder(layer_cls, flow.attention)) \
+            if _builder(layer_cls, flow.attention) is not None else None
+        if wrapper is None:
+            return None
+        chain.append((wrapper[1], _builder(wrapper[1], flow.attention_inner)))
+    chain.append((layer_cls, _builder(layer_cls, flow.attention)))
+    callee_init = init
+    for holder, call in chain:
+        if call is None:
+            return None
+        expr = _lift(expr, None, _bind(callee_init, call))
+        callee_init = _init(holder)
+        expr = _lift(expr, callee_init, {})
+    # The layer list: `Layer(config, layer_id=i) for i in range(config.num_layers)`: the loop variable is the
+    # layer's index.
+    element = _list_element(sources, layer_file, list_line)
+    if element is None:
+        return None
+    call, index = element
+    expr = _lift(expr, None, {**_bind(callee_init, call)})
+    expr = _Substitute({index: ast.Name("layer_idx", ast.Load())} if index else {}, {}, {}).visit(expr)
+    return expr

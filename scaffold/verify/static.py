@@ -83,7 +83,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
             for kind in qkv_kinds:
                 params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
-        for kind in ("weight", "bias") if spec.o_bias else ("weight",):
+        # An output bias the attention holds as its own parameter (o_bias_param) is o_proj's bias on its layers.
+        o_bias = spec.o_bias or (spec.o_bias_param is not None and i in spec.o_bias_layers)
+        for kind in ("weight", "bias") if o_bias else ("weight",):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.attention_sinks:
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
@@ -138,6 +140,10 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
         params[f"{mlp}.{n['shared_expert_gate']}.weight"] = (None,)
     if spec.moe_correction_bias:
         params[f"{mlp}.{spec.moe_correction_bias}"] = (None,)
+    if spec.moe_output_norm:  # built as the layer's norms are
+        kinds = () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",)
+        for kind in kinds:
+            params[f"{mlp}.{spec.moe_output_norm}.{kind}"] = (None,)
     return params
 
 

@@ -1,0 +1,127 @@
+"""Attention forms the port cannot compute, named from the code that computes them (read as text, never run).
+
+- A sublayer block around the attention (DBRX's `norm_attn_norm`): the decoder layer hands its input to a module
+  that holds the attention together with norms and returns more than one tensor (the residual and the normed sum,
+  `return residual_states, hidden_states`). The port's decoder layer keeps the norms beside the attention; the
+  attention wrapper it follows (GPT-Neo's `attn.attention`) holds no norm and returns the attention's output.
+- Differential attention (DiffLlama's): two attention outputs subtracted, the second weighted by a value the
+  attention computes from parameters of its own (`attn_output1 - lambda_full * attn_output2`, lambda_full from
+  lambda_q1 * lambda_k1 ...). vLLM's Attention computes one softmax-weighted sum per head; the difference of two,
+  paired across heads and normed per pair, is not a form the port has.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from scaffold.detect import dataflow
+from scaffold.detect.sourcecode import _dotted, subtree
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _built(cls: ast.ClassDef) -> dict[str, tuple[str, int]]:
+    """self.X = Cls(...) in __init__: X -> (the class's last name, line)."""
+    init = _method(cls, "__init__")
+    out: dict[str, tuple[str, int]] = {}
+    for node in subtree(init) if init is not None else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
+            out.setdefault(node.targets[0].attr, (_dotted(node.value.func).rsplit(".", 1)[-1], node.lineno))
+    return out
+
+
+def _is_norm(cls_name: str) -> bool:
+    return cls_name.endswith(("Norm", "LayerNorm", "RMSNorm"))
+
+
+def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict) -> str | None:
+    """What names DBRX's form: the layer module (`norm_attn_norm`) whose class builds norms and a module holding
+    projections the checkpoint stores (`norm_attn_norm.attn.Wqkv.weight`), and whose forward returns several
+    tensors; None where the layer has no such module."""
+    found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    if found is None:
+        return None
+    layer_file, layer_cls, _ = found
+    for attr, (cls_name, line) in _built(layer_cls).items():
+        inner = dataflow._class(sources, cls_name)
+        if inner is None:
+            continue
+        file, cls = inner
+        built = _built(cls)
+        norms = sorted(a for a, (c, _) in built.items() if _is_norm(c))
+        holders = sorted(a for a in built if a not in norms and any(
+            r.startswith(f"{attr}.{a}.") and r.count(".") == 3 and r.endswith(".weight") and len(info.shape) == 2
+            for r, info in layer0.items()))
+        forward = _method(cls, "forward")
+        returns = [n for n in subtree(forward) if isinstance(n, ast.Return)] if forward is not None else []
+        several = [r for r in returns if isinstance(r.value, ast.Tuple) and len(r.value.elts) > 1]
+        if norms and holders and several:
+            held = sorted({r.split(".")[2] for r in layer0 if r.startswith(f"{attr}.{holders[0]}.")})
+            return (f"attention inside a block that also holds the layer norms: {attr} "
+                    f"({cls_name}, built by the decoder layer at {layer_file}:{line}, defined at {file}:{cls.lineno}) holds "
+                    f"{', '.join(norms)} beside {', '.join(holders)} (projections {', '.join(held)}) and returns "
+                    f"{len(several[0].value.elts)} tensors to the layer ({file}:{several[0].lineno}: "
+                    f"return {ast.unparse(several[0].value)}); the port's decoder layer keeps its norms beside the "
+                    "attention, not inside a module around it")
+    return None
+
+
+def layer_module_class(sources: dict, layers_attr: str | None, attr: str) -> str | None:
+    """The class the decoder layer builds its module `attr` from (`self.self_attn = DiffLlamaAttention(...)`)."""
+    found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    built = _built(found[1]).get(attr) if found is not None and "." not in attr else None
+    return built[0] if built is not None else None
+
+
+def _parameters(cls: ast.ClassDef) -> set[str]:
+    init = _method(cls, "__init__")
+    return {node.targets[0].attr for node in (subtree(init) if init is not None else ())
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+            and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)
+            and _dotted(node.value.func).rsplit(".", 1)[-1] == "Parameter"}
+
+
+def differential_attention(sources: dict, attention_cls: str, stray: list[str]) -> str | None:
+    """What names differential attention: in the attention class's forward, `A - S * B` (or `A - B * S`) where S
+    is computed from parameters of the attention's own (among `stray`, the checkpoint tensors nothing else
+    claims); None where its code does not compute that."""
+    found = dataflow._class(sources, attention_cls)
+    if found is None:
+        return None
+    file, cls = found
+    params = _parameters(cls) & set(stray)
+    forward = _method(cls, "forward")
+    if not params or forward is None:
+        return None
+    # Locals computed (through other locals) from self.<param>.
+    derived: dict[str, set[str]] = {}
+
+    def reads(node: ast.AST) -> set[str]:
+        out = set()
+        for n in subtree(node):
+            if isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr in params:
+                out.add(n.attr)
+            if isinstance(n, ast.Name) and n.id in derived:
+                out |= derived[n.id]
+        return out
+
+    for stmt in forward.body:
+        if isinstance(stmt, ast.Assign):
+            value = stmt.value
+            if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub) and isinstance(value.right, ast.BinOp) \
+                    and isinstance(value.right.op, ast.Mult):
+                weight = reads(value.right.left) or reads(value.right.right)
+                if weight and not reads(value.left):
+                    return (f"differential attention: two attention outputs subtracted, the second weighted by a "
+                            f"value computed from the attention's own parameters ({', '.join(sorted(weight))}): "
+                            f"{file}:{stmt.lineno}: {ast.unparse(stmt)}; the port computes one attention per layer and "
+                            "has no form for the weighted difference of two")
+            got = reads(value)
+            for target in stmt.targets:
+                for n in subtree(target):
+                    if isinstance(n, ast.Name) and got:
+                        derived[n.id] = got
+    return None
