@@ -93,6 +93,40 @@ class LabRMSNorm(nn.Module):
 
 """
 
+# The rest of a lab's Llama-like decoder, after its attention class LabAttention(config, layer_idx): the tests
+# that read one form of the attention share it (LabRMSNorm comes from LAB_PRELUDE).
+LAB_DECODER = """class LabMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = LabAttention(config, layer_idx)
+        self.mlp = LabMLP(config)
+        self.input_layernorm = LabRMSNorm(config.hidden_size)
+        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LabRMSNorm(config.hidden_size)
+"""
+
 PARITY_TOLERANCE = 1e-4  # float32, max |Δ log-prob| over the top-20 tokens at every position
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from ckpt_factory import Shape, tensors_for
-from helpers import LAB_PRELUDE, detect_until, read, transformers_code
+from helpers import LAB_DECODER, LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.detect import dataflow, layout, rope
 from scaffold.errors import UnsupportedArchitecture
@@ -40,37 +40,7 @@ LAB_CODE = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
         return self.o_proj(ctx.reshape(b, t, -1))
 
 
-class LabMLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class LabLayer(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.self_attn = LabAttention(config, layer_idx)
-        self.mlp = LabMLP(config)
-        self.input_layernorm = LabRMSNorm(config.hidden_size)
-        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
-
-    def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class LabModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = LabRMSNorm(config.hidden_size)
-'''
+''' + LAB_DECODER
 
 
 def test_a_per_head_gate_under_another_name_is_read_from_the_dataflow():
