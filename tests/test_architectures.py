@@ -560,11 +560,14 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
-             "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese")
+             "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
+             # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
+             # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
+             "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite")
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("name", engine_sample(OWN_TESTS, keep=("phi3", "qwen2_moe")))
+@pytest.mark.parametrize("name", engine_sample(OWN_TESTS, keep=("phi3", "qwen2_moe", "deepseek_v3")))
 def test_generated_weight_mapping_tests_pass(name, workdir):
     ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
     out = workdir / f"port-{name}"

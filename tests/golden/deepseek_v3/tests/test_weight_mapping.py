@@ -21,9 +21,8 @@ from safetensors import safe_open
 from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
 HEADS = 4
-HEAD_DIM = 64
-Q_ROWS = 256  # 4 query heads x head_dim 64
-KV_ROWS = 256  # 4 KV heads x head_dim 64
+Q_A_ROWS = 96  # the query's down-projection: q_lora_rank
+KV_A_ROWS = 576  # the latent's: kv_lora_rank 512 + qk_rope_head_dim 64
 INTERMEDIATE = 256
 EXPERTS = 4
 EXPERT_INTERMEDIATE = 64
@@ -33,17 +32,11 @@ LAYERS = "model.layers."
 # Checkpoint module inside a decoder layer -> the pieces it holds:
 # (vLLM module, first checkpoint row, first parameter row, rows).
 FUSED_ROWS = {
-    # The checkpoint holds q, k, v of head 0, then of head 1, ...; the parameter
-    # holds all q heads, then all k heads, then all v heads.
-    "self_attn.fused_qkv_a_proj": [
-        (
-            "self_attn.fused_qkv_a_proj",
-            (3 * head + part) * HEAD_DIM,
-            part * Q_ROWS + head * HEAD_DIM,
-            HEAD_DIM,
-        )
-        for head in range(HEADS)
-        for part in range(3)
+    # Multi-head latent attention: the query's down-projection and the latent's (compressed keys and
+    # values, then the shared rotary key) fill one parameter, the query's rows first.
+    "self_attn.q_a_proj": [("self_attn.fused_qkv_a_proj", 0, 0, Q_A_ROWS)],
+    "self_attn.kv_a_proj_with_mqa": [
+        ("self_attn.fused_qkv_a_proj", 0, Q_A_ROWS, KV_A_ROWS)
     ],
     "mlp.gate_proj": [("mlp.gate_up_proj", 0, 0, INTERMEDIATE)],
     "mlp.up_proj": [("mlp.gate_up_proj", 0, INTERMEDIATE, INTERMEDIATE)],
