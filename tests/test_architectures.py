@@ -386,8 +386,8 @@ UNSUPPORTED = {
     # config.per_layer_config[layer_idx]. The port builds every layer's attention from the same sizes.
     "mimo_v2_flash-sizes": ("mimo_v2_flash", {"num_local_experts": 4, "num_experts_per_tok": 2,
                                               "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
-                            "k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
-                            "value heads of their own width: builds o_proj, v_proj from config.v_head_dim"),
+                            ("k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
+                             "value heads of their own width: builds o_proj, v_proj from config.v_head_dim")),
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
     # residual and the normed sum.
