@@ -89,7 +89,8 @@ def run(
         if twin:
             return _on_twin(report, port, ckpt, stage, drift, trust_remote_code, tensor_parallel_size, static_only,
                             tensor_parallel_proof, say, reference_attention)
-        sharding = _Sharding.plan(report, port, ckpt, stage) if tensor_parallel_proof else None
+        live_tp = 1 if static_only else tensor_parallel_size
+        sharding = _Sharding.plan(report, port, ckpt, stage, live_tp=live_tp) if tensor_parallel_proof else None
         if static_only:
             _Sharding.finish(sharding, say)
             report.add("parity", None, "not run (--static-only)")
@@ -161,7 +162,8 @@ def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tr
         twin_port = Port(port.path, spec, twin_ckpt.path, port.trust_remote_code)
         sharding = None
         if tensor_parallel_proof:
-            sharding = _Sharding.plan(report, twin_port, twin_ckpt, stage, real_spec=port.spec)
+            sharding = _Sharding.plan(report, twin_port, twin_ckpt, stage, real_spec=port.spec,
+                                      live_tp=1 if static_only else tensor_parallel_size)
         if static_only:
             _Sharding.finish(sharding, say)
             report.add("parity", None, "not run (--static-only)")
@@ -320,16 +322,19 @@ class _Sharding:
         self.done = False
 
     @classmethod
-    def plan(cls, report: Report, port: Port, ckpt, stage: Path, tp_sizes=(2, 4, 8), real_spec=None):
-        """The request for layer 0's tensors, or None after reporting why the proof does not apply."""
+    def plan(cls, report: Report, port: Port, ckpt, stage: Path, tp_sizes=(2, 4, 8), real_spec=None,
+             live_tp: int = 1):
+        """The request for layer 0's tensors, or None after reporting why the proof does not apply.
+        `live_tp`: the tensor-parallel size the parity engine runs at (over 1, the sharding is measured live)."""
         spec = port.spec
+        live = (f"the parity below ran sharded over {live_tp} ranks" if live_tp > 1
+                else "run verify --tp N to check sharded parity live")
         if dequantize.scheme(ckpt.config):
             report.add(cls.CHECK, None, "not simulated: the checkpoint is quantized, and the simulated ranks shard "
-                                        "float weights; run verify --tp N to check sharded parity live")
+                                        f"float weights; {live}")
             return None
         if spec.is_moe:
-            report.add(cls.CHECK, None, "not simulated: the experts are sharded by vLLM's FusedMoE loader; run "
-                                        "verify --tp N to check sharded parity live")
+            report.add(cls.CHECK, None, f"not simulated: the experts are sharded by vLLM's FusedMoE loader; {live}")
             return None
         layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
                   if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
