@@ -377,6 +377,11 @@ UNSUPPORTED = {
         **TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 128,
         "mlp_layer_types": ["dense", "sparse", "sparse"], "dense_intermediate_size": 256},
         "a shared expert computing a clamped SwiGLU (mlp.shared_experts, MiniMaxM3VLDenseMLP"),
+    # MiniMax-M3's sparse attention layers: a top-k token indexer in the attention of the layers layer_types marks.
+    "minimax_m3_vl_text-sparse-attention": ("minimax_m3_vl_text", {
+        **TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 128,
+        "layer_types": ["full_attention", "minimax_m3_sparse", "full_attention"]},
+        "sparse attention: a top-k token indexer (model.layers.1.self_attn.indexer."),
     # Llama 4's routing weights on the experts' input with two experts per token: vLLM's FusedMoE applies them to
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},

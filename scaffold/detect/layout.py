@@ -365,6 +365,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with config.{key}[layer_idx], "
                                f"a value of its own for each layer ({counts}), and the port builds it from one config "
                                "value", where, spec.model_type)
+    indexed = sorted(f"{prefix}.{names['layers']}.{i}.{n}" for i, tensors in per_layer.items() for n in tensors
+                     if n.startswith(f"{attn}.indexer."))
+    if indexed and not latent.present(layer0, attn):  # latent.detect names DeepSeek-V3.2's own
+        # MiniMax-M3's sparse layers: a top-k token indexer inside the attention of some layers.
+        raise _unsupported(f"sparse attention: a top-k token indexer ({indexed[0]}) chooses the keys each query "
+                           "sees", where, spec.model_type)
     latent_modules: set[str] = set()
     if latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
         latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
