@@ -134,16 +134,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     found = (_mlp_width(sources, spec, ckpt.config, aliases)
              or _layer_mlp_width(sources or modeling_sources(ckpt), ckpt.config, aliases))
     key, _ = config_value(ckpt, *keys("intermediate_size"))
-    if found is None and key is None and not ckpt.sources:
-        # No key transformers' code reads under a standard name: the width its MLP is built with, where that is
-        # an expression over the config (GPT-NeoX-Japanese's int(config.hidden_size * config.intermediate_multiple_size)).
-        found = _mlp_width(modeling_sources(ckpt), spec, ckpt.config, aliases)
-    if found is None and key is None and not sources and spec.source("hidden_size").expr:
-        # transformers' own file, where no key it reads under a standard name gives the width: a builder function
-        # it hands config values to (CTRL's point_wise_feed_forward_network(config.n_embd, config.dff)).
-        hidden = spec.source("hidden_size").expr
-        heads = set(re.findall(r"config\.(\w+)", spec.source("num_heads").expr or ""))
-        found = _valued(_unique(_built_widths(modeling_sources(ckpt), hidden, heads, False)), ckpt.config, aliases)
+    if found is None and key is None and not sources:
+        # transformers' own file, where no key it reads under a standard name gives the width: the width its MLP
+        # is built with, where that is an expression over the config (GPT-NeoX-Japanese's
+        # int(config.hidden_size * config.intermediate_multiple_size)), else what a builder function is handed
+        # (CTRL's point_wise_feed_forward_network(config.n_embd, config.dff)).
+        library = modeling_sources(ckpt)
+        found = _mlp_width(library, spec, ckpt.config, aliases)
+        if found is None and (hidden := spec.source("hidden_size").expr):
+            heads = set(re.findall(r"config\.(\w+)", spec.source("num_heads").expr or ""))
+            found = _valued(_unique(_built_widths(library, hidden, heads, False)), ckpt.config, aliases)
     if found is not None or key is not None:
         size("intermediate_size", found)
     else:
