@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import EXAMPLES, REPO, scaffold
 
+from scaffold.errors import ScaffoldError
 from scaffold.verify.twin import HEAD_DIMS, VOCAB, plan_twin
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -77,6 +78,26 @@ def test_twin_covers_sparse_steps_dense_prefix_and_mlp_only_layers():
     assert twin["mlp_only_layers"] == [0, 1] and twin["no_rope_layers"] == [1, 1, 1, 0, 1, 1]
     assert (twin["num_experts"], twin["num_experts_per_tok"], twin["moe_intermediate_size"]) == (4, 2, 64)
     assert twin["decoder_sparse_step"] == 2 and twin["first_k_dense_replace"] == 3
+
+
+def test_twin_shrinks_per_layer_head_counts_with_the_model():
+    """Laguna's num_attention_heads_per_layer: each layer's GQA ratio is kept over the twin's KV heads (a list
+    left at the real counts would build a twin as wide as the real attention)."""
+    config = {"model_type": "laguna", "num_hidden_layers": 40, "hidden_size": 2048, "num_attention_heads": 48,
+              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "vocab_size": 100352,
+              "num_attention_heads_per_layer": [48, 64, 64, 64] * 10,
+              "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"] * 10}
+    plan = plan_twin(config)
+    twin = plan.config
+    assert (twin["num_attention_heads"], twin["num_key_value_heads"]) == (6, 1)
+    assert twin["num_hidden_layers"] == 3 and twin["num_attention_heads_per_layer"] == [6, 8, 8]
+    assert plan.changes["num_attention_heads_per_layer"] == [config["num_attention_heads_per_layer"], [6, 8, 8]]
+    # Every head owns its KV head: the counts scale with the model's query heads.
+    mha = plan_twin({**config, "num_key_value_heads": 48, "num_attention_heads_per_layer": [48, 96, 96, 96] * 10})
+    assert mha.config["num_attention_heads"] == 4 and mha.config["num_attention_heads_per_layer"] == [4, 8, 8]
+    # A layer whose heads are not whole groups over the KV heads is no model; the twin says so.
+    with pytest.raises(ScaffoldError, match="num_attention_heads_per_layer: a layer's 60 query heads"):
+        plan_twin({**config, "num_attention_heads_per_layer": [48, 60, 64, 64] * 10})
 
 
 def test_twin_of_remote_code_checkpoint_keeps_its_code_and_layout(tmp_path):

@@ -202,6 +202,24 @@ def _head_dim(real: int, fraction: float) -> int:
     return real
 
 
+def _head_counts(key: str, values: list) -> bool:
+    """A per-layer list of query head counts: a key naming heads, not their size or their KV share."""
+    words = set(re.split(r"[^a-z]+", key.lower()))
+    return (bool(words & {"head", "heads"}) and not words & {"dim", "size", "key", "value", "kv"}
+            and all(_int(v) and v > 0 for v in values))
+
+
+def _layer_heads(key: str, value: int, heads: int, kv: int | None, heads_twin: int, kv_twin: int | None) -> int:
+    """One layer's query heads in the twin: its GQA ratio kept over the twin's KV heads, or scaled with the
+    model's query heads where every head has its own KV head."""
+    if kv and kv_twin and value % kv == 0:
+        return value // kv * kv_twin
+    if not kv_twin and (value * heads_twin) % heads == 0:
+        return value * heads_twin // heads
+    raise ScaffoldError(f"--twin cannot shrink {key}: a layer's {value} query heads are not a whole number of "
+                        f"groups over the model's {kv or heads} KV heads.")
+
+
 def plan_twin(config: dict) -> TwinPlan:
     """Shrink a config.json (a dict) by the size table; keep every other key as it is."""
     cfg = json.loads(json.dumps(config))
@@ -209,7 +227,7 @@ def plan_twin(config: dict) -> TwinPlan:
 
     def put(key: str | None, value: Any) -> None:
         if key is not None and cfg.get(key) != value:
-            changes.setdefault(key, [cfg.get(key), value])
+            changes.setdefault(key, [cfg.get(key), value])[1] = value  # [real, twin], however many steps
             cfg[key] = value
 
     layers_key, n = _positive(cfg, "layers")
@@ -244,6 +262,10 @@ def plan_twin(config: dict) -> TwinPlan:
             put(hd_key, head_dim_twin)
         if rotary_key:
             put(rotary_key, int(head_dim_twin * fraction))
+        for key in per_layer:  # per-layer query head counts (Laguna's num_attention_heads_per_layer)
+            if _head_counts(key, cfg[key]):
+                put(key, [_layer_heads(key, v, heads, kv if kv_key else None, heads_twin, kv_twin)
+                          for v in cfg[key]])
     key, _ = _positive(cfg, "intermediate")
     put(key, INTERMEDIATE)
 
@@ -438,7 +460,7 @@ def layout_problems(spec, ckpt: Checkpoint, twin: Checkpoint, twin_spec) -> tupl
 SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                "vocab_size", "max_position", "sliding_window", "sliding_window_layers", "no_rope_layers", "dtype",
                "tokenizer_vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "shared_expert_intermediate_size", "mlp_only_layers", "dense_layers")
+               "shared_expert_intermediate_size", "mlp_only_layers", "dense_layers", "layer_num_heads")
 
 
 def twin_spec(port_spec, real_detected, twin_detected) -> tuple[Any, list[str]]:
