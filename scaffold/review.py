@@ -11,6 +11,7 @@ from scaffold.backend.compliance import render_markdown
 from scaffold.backend.plan import BackendPlan, serve_command
 from scaffold.backend.sections import compliance_json, compliance_markdown, compliance_text
 from scaffold.detect.activations import gated_forms
+from scaffold.detect.chunks import block_size_for
 from scaffold.mapping import embedding_tensor, head_tensor
 from scaffold.spec import FIELDS, group_heading, omitted, port_names
 from scaffold.text import markdown_text
@@ -231,9 +232,14 @@ def decisions(spec) -> list[str]:
                    f": q scaled by log(floor((position + 1) / {spec.attn_temperature_floor_scale:g}) + 1) * "
                    f"{spec.attn_temperature_scale:g} + 1 ({_md(spec.source('attn_temperature_floor_scale').detail)}).")
     if spec.attention_chunk_size:
+        chunk = spec.attention_chunk_size
+        block = block_size_for(chunk)
+        serve = ("" if chunk % 128 == 0
+                 else f" Serve it with `--block-size {block}`: the default of 128 does not divide the chunk." if block
+                 else " No block size of 32, 64 or 128 divides it, so vLLM's CPU build cannot serve this port.")
         out.append(f"- chunked attention: on layers {spec.chunked_layers} a query sees the keys of its own chunk of "
-                   f"{spec.attention_chunk_size} positions (vLLM's `ChunkedLocalAttention`, whose chunk must be a "
-                   "multiple of the KV-cache block size).")
+                   f"{chunk} positions (vLLM's `ChunkedLocalAttention`, whose chunk must be a multiple of the "
+                   f"KV-cache block size).{serve}")
     if spec.sliding_window:
         out.append(f"- sliding window of {spec.sliding_window} tokens on layers {spec.sliding_window_layers}; "
                    "the other layers attend fully.")

@@ -167,9 +167,25 @@ def test_the_chunk_size_and_layers_land_in_the_spec(tmp_path):
     assert spec.source("attention_chunk_size").expr == "config.local_span"
 
 
+SERVES = {8192: "KV-cache block size).",
+          96: "Serve it with `--block-size 32`: the default of 128 does not divide the chunk.",
+          8: "No block size of 32, 64 or 128 divides it, so vLLM's CPU build cannot serve this port."}
+
+
+@pytest.mark.parametrize(("chunk", "says"), SERVES.items())
+def test_the_review_says_which_block_size_serves_the_chunk(tmp_path, chunk, says):
+    from scaffold.review import decisions
+
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_chunk", layers=2, extra={"local_span": chunk})
+    read(tmp_path, shape)
+    (tmp_path / "modeling_lab.py").write_text(LAB_CHUNKED)
+    line = next(d for d in decisions(detect_until(read_checkpoint(tmp_path), attention)) if "chunked attention" in d)
+    assert f"chunk of {chunk} positions" in line and line.endswith(says)
+
+
 
 def test_the_engine_block_size_divides_the_chunk():
-    from scaffold.verify.parity import block_size_for
+    from scaffold.detect.chunks import block_size_for
 
     # CPU blocks are 128 unless told a multiple of 32; ChunkedLocalAttention wants the chunk a multiple of the block.
     assert [block_size_for(c) for c in (None, 8192, 256, 64, 96, 32, 16)] == [None, None, None, 64, 32, 32, None]

@@ -98,3 +98,12 @@ def _every_layer(compare: ast.Compare, parents: dict, file: str, key: str) -> Ch
         node = parents.get(id(node))
     return Chunks(key, None, f"{file}:{compare.lineno}: {ast.unparse(compare)[:70]}: keys of the query's own chunk "
                              f"of config.{key} positions")
+
+
+def block_size_for(attention_chunk_size: int | None) -> int | None:
+    """The KV-cache block size the engine needs for a chunked-attention port: vLLM's ChunkedLocalAttention wants the
+    chunk a multiple of the block, and the CPU backend takes blocks of 128 unless told a multiple of 32. None where
+    the default serves (no chunk, or a multiple of 128) or none would (then vLLM's own load error says so)."""
+    if not attention_chunk_size or attention_chunk_size % 128 == 0:
+        return None
+    return next((b for b in (64, 32) if attention_chunk_size % b == 0), None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import detect
+from scaffold.detect.chunks import block_size_for
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.proc import run_python
@@ -246,7 +247,7 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                          "points": [(p.label, p.port_module, p.port_output) for p in probes]},
                                      sharding=sharding.request if sharding else None,
                                      dtype=dequantize.engine_dtype(quantized) if quantized else "float32",
-                                     block_size=parity.block_size_for(port.spec.attention_chunk_size))
+                                     block_size=block_size_for(port.spec.attention_chunk_size))
             except ScaffoldError as exc:
                 if together:
                     hf_job.result()  # a failing reference is reported first, as when run one after the other

@@ -146,15 +146,6 @@ def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Pa
     return torch.load(out, weights_only=False)
 
 
-def block_size_for(attention_chunk_size: int | None) -> int | None:
-    """The KV-cache block size the engine needs for a chunked-attention port: vLLM's ChunkedLocalAttention wants the
-    chunk a multiple of the block, and the CPU backend takes blocks of 128 unless told a multiple of 32. None where
-    the default serves (no chunk, or a multiple of 128) or none would (then vLLM's own load error says so)."""
-    if not attention_chunk_size or attention_chunk_size % 128 == 0:
-        return None
-    return next((b for b in (64, 32) if attention_chunk_size % b == 0), None)
-
-
 def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None, max_model_len: int, workdir: Path,
              tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS, probe: dict | None = None, *,
              model_impl: str | None = None, trust_remote_code: bool = False, sharding: dict | None = None,
