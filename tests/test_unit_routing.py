@@ -88,6 +88,32 @@ def test_the_same_lab_block_with_softmax_scores_ports():
     assert found.problem() is None
 
 
+def test_dbrx_weights_divided_by_a_norm_are_refused_by_name():
+    """DBRX divides its top-k weights by torch.norm(p=moe_normalize_expert_weights): FusedMoE divides by the sum."""
+    problem = routing(transformers_source("dbrx"), "experts").problem()
+    assert problem is not None and problem.startswith("routing weights divided by a norm: DbrxFFN (transformers/models/dbrx/"), problem
+    assert "torch.norm(" in problem
+
+
+@pytest.mark.parametrize("division", [
+    "weights / weights.norm(dim=-1, keepdim=True)",
+    # the norm in a local of its own first, under another function's name
+    "weights / (scale := torch.linalg.vector_norm(weights, dim=-1, keepdim=True))",
+])
+def test_a_labs_weights_divided_by_a_norm_are_refused(division):
+    code = LAB.replace("weights / weights.sum(-1, keepdim=True)", division)
+    assert code != LAB
+    assert "divided by a norm" in routing({"modeling_lab.py": code}, "bank").problem()
+
+
+def test_a_labs_norm_kept_in_a_local_is_followed_to_the_division():
+    code = LAB.replace("    return weights / weights.sum(-1, keepdim=True), chosen\n",
+                       "    l2 = torch.linalg.vector_norm(weights, dim=-1, keepdim=True)\n"
+                       "    return weights / l2, chosen\n")
+    assert code != LAB
+    assert "(line 10: weights / l2)" in routing({"modeling_lab.py": code}, "bank").problem()
+
+
 def test_no_class_owning_the_experts_says_nothing():
     assert routing({"modeling_lab.py": LAB}, "experts") is None
     assert routing({}, "experts") is None

@@ -48,6 +48,8 @@ class Routing:
     # file:line and code where the block multiplies the experts' input (not their output) by the routing weights
     weighted_input: str | None = None
     divides: bool = False  # some division on the path (a renormalization of the top-k weights, among others)
+    # "line N: code" where the path divides by a norm (DBRX's torch.norm(p=...)), not by a sum
+    norm_division: str | None = None
 
     @property
     def scoring(self) -> str | None:
@@ -76,6 +78,9 @@ class Routing:
                     f"what its experts take by the router's scores with {top_k} experts per token, where vLLM's "
                     "FusedMoE applies the weights to the input (apply_router_weight_on_input) for one expert per "
                     "token only")
+        if self.norm_division:
+            return (f"routing weights divided by a norm: {self.block} ({self.where}) divides them by a norm of "
+                    f"theirs ({self.norm_division}), where the port's FusedMoE renormalizes them by their sum")
         if self.standard:
             return None
         via = f" in {', '.join(self.helpers)}" if self.helpers else ""
@@ -137,8 +142,12 @@ class _Uses:
     test: set[str]
     divides: bool = False
     guarded: dict[str, tuple] = field(default_factory=dict)
+    norm_division: str | None = None
 
     def read(self, body: ast.AST) -> None:
+        # Locals assigned a norm (`denominator = torch.norm(weights, p=..., dim=-1)`), for the divisions below.
+        normed = {t.id for node in subtree(body) if isinstance(node, ast.Assign) and _calls_norm(node.value)
+                  for t in node.targets if isinstance(t, ast.Name)}
         guard_of: dict[int, tuple] = {}
         for node in subtree(body):
             guard = _constant_guard(node)
@@ -148,6 +157,11 @@ class _Uses:
         for node in subtree(body):
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div):
                 self.divides = True
+                divisor = node.right if isinstance(node, ast.BinOp) else node.value
+                if self.norm_division is None and (_calls_norm(divisor) or any(
+                        isinstance(n, ast.Name) and n.id in normed for n in subtree(divisor))):
+                    code = ast.unparse(node)
+                    self.norm_division = f"line {node.lineno}: {code if len(code) <= 90 else code[:87] + '...'}"
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
             if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
@@ -164,6 +178,14 @@ class _Uses:
                     self.factor |= found
             if isinstance(node, ast.If) and (attr := _self_attr(node.test)) is not None and _divides(node.body):
                 self.test.add(attr)
+
+
+NORMS = ("norm", "vector_norm")
+
+
+def _calls_norm(node: ast.AST) -> bool:
+    """Whether the expression calls a norm (`torch.norm(x, p=...)`, `x.norm(...)`, `torch.linalg.vector_norm`)."""
+    return any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in NORMS for n in subtree(node))
 
 
 COMPARISONS = {ast.Gt: ">", ast.GtE: ">=", ast.Lt: "<", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}
@@ -337,5 +359,5 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                        frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test),
                        tuple(sorted((attr, *guard) for attr, guard in uses.guarded.items()
                                     if attr not in uses.factor)),
-                       _weighted_input(forward, experts, file), uses.divides)
+                       _weighted_input(forward, experts, file), uses.divides, uses.norm_division)
     return None
