@@ -114,6 +114,54 @@ def test_a_labs_norm_kept_in_a_local_is_followed_to_the_division():
     assert "(line 10: weights / l2)" in routing({"modeling_lab.py": code}, "bank").problem()
 
 
+def _renormalize(code: str, config: dict) -> tuple[bool, str]:
+    """moe_renormalize as the routing fields set it for the lab block `code`, with config.json `config`."""
+    from scaffold.checkpoint import Checkpoint, TokenizerInfo
+    from scaffold.detect.moe import _routing_fields
+    from scaffold.spec import Spec
+
+    ckpt = Checkpoint(Path("/lab"), config, {}, [], None, TokenizerInfo(), {"modeling_lab.py": code})
+    spec = Spec()
+    _routing_fields(spec, ckpt, routing(ckpt.sources, "bank"))
+    return spec.moe_renormalize, spec.source("moe_renormalize").kind
+
+
+# Jamba's order: scores, then the top-k of them, used as they are.
+SCORES_THEN_TOPK = LAB.replace("    return weights / weights.sum(-1, keepdim=True), chosen\n",
+                               "    return weights, chosen\n")
+
+
+def test_top_k_weights_used_as_they_are_are_not_renormalized_whatever_config_json_says():
+    assert SCORES_THEN_TOPK != LAB
+    found = routing({"modeling_lab.py": SCORES_THEN_TOPK}, "bank")
+    assert found.scores_then_topk and not found.divides and not found.softmax_after_topk
+    # Neither the convention (no key) nor a norm_topk_prob the code never reads renormalizes them.
+    assert _renormalize(SCORES_THEN_TOPK, {}) == (False, "code")
+    assert _renormalize(SCORES_THEN_TOPK, {"norm_topk_prob": True}) == (False, "code")
+    # Divided by their sum (the lab block as written): the convention stands.
+    assert _renormalize(LAB, {}) == (True, "default")
+
+
+def test_a_softmax_of_what_the_top_k_chose_sums_to_one():
+    """Mixtral's order written as granitemoe does: the top-k of the logits, then a softmax over them."""
+    code = LAB.replace("    scores = logits.sigmoid()\n    weights, chosen = scores.topk(k, dim=-1)\n"
+                       "    return weights / weights.sum(-1, keepdim=True), chosen\n",
+                       "    top, chosen = torch.topk(logits, k, dim=-1)\n"
+                       "    return torch.softmax(top, dim=-1), chosen\n")
+    assert code != LAB
+    found = routing({"modeling_lab.py": code}, "bank")
+    assert found.softmax_after_topk and not found.scores_then_topk and found.problem() is None
+    assert _renormalize(code, {})[0] is True
+
+
+@pytest.mark.parametrize(("model_type", "renormalized"), [("jamba", False), ("deepseek_v2", False),
+                                                          ("granitemoe", True), ("mixtral", True)])
+def test_transformers_top_k_weights_renormalized_or_not(model_type, renormalized):
+    found = routing(transformers_source(model_type), "experts")
+    taken_as_they_are = not found.divides and not found.softmax_after_topk and found.scores_then_topk
+    assert taken_as_they_are is not renormalized
+
+
 def test_no_class_owning_the_experts_says_nothing():
     assert routing({"modeling_lab.py": LAB}, "experts") is None
     assert routing({}, "experts") is None

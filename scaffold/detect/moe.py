@@ -710,17 +710,18 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
     spec.set("moe_sigmoid", path.scoring == "sigmoid",
              Source("code", f"{where} scores the experts with {path.scoring} on its routing path"))
     if path.weighted_input:
-        # One expert per token (problem() refuses more): its weight scales the input it takes, not renormalized
-        # (to 1) unless the path divides.
+        # One expert per token (problem() refuses more): its weight scales the input it takes.
         spec.set("moe_weights_on_input", True,
                  Source("code", f"{path.weighted_input}: {path.block} multiplies the experts' input by the "
                                 "routing weights"))
-        if not path.divides:
-            spec.set("moe_renormalize", False,
-                     Source("code", f"{where} divides nothing on its routing path: the top-k weights are "
-                                    "not renormalized"))
     tests = [k for k in path.config_keys(path.test_attrs) if isinstance(ckpt.config.get(k), bool)]
-    if len(tests) == 1:  # `if self.norm_topk_prob:` renormalizes the top-k weights
+    if not path.divides and not path.softmax_after_topk and (path.scores_then_topk or path.weighted_input):
+        # Whatever config.json says (a norm_topk_prob the code never reads) or the default assumes: the code takes
+        # the top-k of its scores as they are (Jamba's softmax then top-k; Llama 4's sigmoid of the top-k logits).
+        spec.set("moe_renormalize", False,
+                 Source("code", f"{where} takes its top-k weights as they are: it neither divides them nor takes a "
+                                "softmax of what the top-k chose"))
+    elif len(tests) == 1:  # `if self.norm_topk_prob:` renormalizes the top-k weights
         set_from_config(spec, ckpt, "moe_renormalize", (tests[0],), bool)
     # The experts' own top-k reads num_experts_per_tok (transformers' attribute_map name for moe_k, ...).
     per_token = {spec.source("num_experts_per_tok").expr, "config.num_experts_per_tok"}

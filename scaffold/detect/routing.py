@@ -50,6 +50,10 @@ class Routing:
     divides: bool = False  # some division on the path (a renormalization of the top-k weights, among others)
     # "line N: code" where the path divides by a norm (DBRX's torch.norm(p=...)), not by a sum
     norm_division: str | None = None
+    # A softmax over what the top-k chose (Mixtral's top-k then softmax: the weights sum to one, as renormalized)
+    softmax_after_topk: bool = False
+    # A top-k of softmax or sigmoid scores (Jamba's softmax then top-k)
+    scores_then_topk: bool = False
 
     @property
     def scoring(self) -> str | None:
@@ -143,8 +147,12 @@ class _Uses:
     divides: bool = False
     guarded: dict[str, tuple] = field(default_factory=dict)
     norm_division: str | None = None
+    softmax_after_topk: bool = False
+    scores_then_topk: bool = False
 
     def read(self, body: ast.AST) -> None:
+        self.softmax_after_topk |= _order(body, ("topk",), ("softmax",))
+        self.scores_then_topk |= _order(body, ("softmax", "sigmoid"), ("topk",))
         # Locals assigned a norm (`denominator = torch.norm(weights, p=..., dim=-1)`), for the divisions below.
         normed = {t.id for node in subtree(body) if isinstance(node, ast.Assign) and _calls_norm(node.value)
                   for t in node.targets if isinstance(t, ast.Name)}
@@ -183,9 +191,42 @@ class _Uses:
 NORMS = ("norm", "vector_norm")
 
 
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in subtree(node) if isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] == name]
+
+
 def _calls_norm(node: ast.AST) -> bool:
     """Whether the expression calls a norm (`torch.norm(x, p=...)`, `x.norm(...)`, `torch.linalg.vector_norm`)."""
-    return any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in NORMS for n in subtree(node))
+    return any(_calls(node, name) for name in NORMS)
+
+
+def _operands(call: ast.Call) -> list[ast.AST]:
+    """What `torch.f(x, ...)`, `F.f(x)` or `x.f(...)` is applied to."""
+    on_tensor = isinstance(call.func, ast.Attribute) and _dotted(call.func).rsplit(".", 1)[0] not in (
+        "torch", "F", "nn.functional", "torch.nn.functional")
+    return [call.func.value] if on_tensor else list(call.args[:1])
+
+
+def _order(body: ast.AST, first: tuple[str, ...], then: tuple[str, ...]) -> bool:
+    """Whether a call of `then` in this body takes what a call of `first` computed, directly or through locals
+    assigned from it, in statement order (`top, idx = torch.topk(logits, k)` ... `top.softmax(-1)`)."""
+    made: set[str] = set()
+    statements = sorted((n for n in subtree(body) if isinstance(n, (ast.Assign, ast.Return, ast.Expr))),
+                        key=lambda n: (n.lineno, n.col_offset))
+
+    def derived(node: ast.AST) -> bool:
+        return any(_calls(node, f) for f in first) or any(isinstance(n, ast.Name) and n.id in made
+                                                             for n in subtree(node))
+
+    for stmt in statements:
+        if stmt.value is None:
+            continue
+        for call in (c for f in then for c in _calls(stmt.value, f)):
+            if any(derived(o) for o in _operands(call)):
+                return True
+        if isinstance(stmt, ast.Assign) and derived(stmt.value):
+            made |= {n.id for t in stmt.targets for n in subtree(t) if isinstance(n, ast.Name)}
+    return False
 
 
 COMPARISONS = {ast.Gt: ">", ast.GtE: ">=", ast.Lt: "<", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}
@@ -359,5 +400,6 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                        frozenset(uses.divisor), frozenset(uses.factor), frozenset(uses.test),
                        tuple(sorted((attr, *guard) for attr, guard in uses.guarded.items()
                                     if attr not in uses.factor)),
-                       _weighted_input(forward, experts, file), uses.divides, uses.norm_division)
+                       _weighted_input(forward, experts, file), uses.divides, uses.norm_division,
+                       uses.softmax_after_topk, uses.scores_then_topk)
     return None
