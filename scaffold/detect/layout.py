@@ -411,6 +411,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
                                    f"weight{_undecided(flow)}", (("q_proj, k_proj, v_proj", "not all present"),
                                                                  *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
+    if code_attn is not None and code_attn.qkv_clamp:
+        _qkv_clip(spec, code_attn, bool(latent_modules), where)
     o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
     if o_proj is None:
         raise Undetermined(Unknown("names.o_proj", f"layer 0's {attn} has no output projection the generator knows",
@@ -680,6 +682,22 @@ def _layer_heads(ckpt: Checkpoint, spec: Spec, names: dict, read: PerLayerRead, 
              Source("code", f"{read}: each layer's attention has config.{read.key}[layer_idx] query heads; "
                             f"{layers}.N.{attn}.{q} has that many x head_dim {dim} rows in every layer",
                     f"config.{read.key}"))
+
+
+def _qkv_clip(spec: Spec, code: dataflow.Attention, latent_attention: bool, where) -> None:
+    """q, k and v clamped to [-c, c] as the projections give them (dataflow.Attention.qkv_clamp: OLMo's and DBRX's
+    clip_qkv), the port clamping its fused qkv output with the config value the code reads; refused by name where
+    the code clamps otherwise (after a norm, some of q, k, v, bounds of their own) or the attention is latent."""
+    problem = code.qkv_clamp_problem or ("latent attention: the port has no q, k, v projection outputs to clamp"
+                                         if latent_attention else "")
+    if not problem and code.query_gate:
+        problem = "the query projection also holds an output gate, which the port would clamp with it"
+    if problem:
+        raise _unsupported(f"q, k and v clamped, not in the form the port computes ({code.qkv_clamp}: {problem})",
+                           where, spec.model_type)
+    spec.set("qkv_clip", code.qkv_clamp_value,
+             Source("code", f"{code.qkv_clamp}: q, k and v clamped to [-c, c], c = {code.qkv_clamp_bound}",
+                    code.qkv_clamp_bound or None))
 
 
 def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer0: dict, attn: str, module: str,
