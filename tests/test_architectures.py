@@ -401,8 +401,11 @@ UNSUPPORTED = {
                              "value heads of their own width: builds o_proj, v_proj from config.v_head_dim")),
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
-    # residual and the normed sum.
-    "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+    # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
+    # clamp of q, k and v the port computes). d_model set directly: the config copies it into ffn_config before the
+    # hidden_size alias applies, and the experts are built that wide.
+    "dbrx-norm-attn-block": ("dbrx", {"d_model": 128,
+                                      "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
                                       "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
                              ("attention inside a block that also holds the layer norms: norm_attn_norm "
                               "(DbrxNormAttentionNorm")),

@@ -348,7 +348,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
-        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
+        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0,
+                                            configured(sources, ckpt.config)) if sources else None
         if block is not None:  # DBRX's norm_attn_norm: norms and the attention in one module around them
             raise _unsupported(block, where, spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
@@ -594,10 +595,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                     + ("" if "norm" in names else f"; no final norm ({no_final_norm})")))
 
     key = "tie_word_embeddings"
-    configured = ckpt.config.get(key)
+    tied_value = ckpt.config.get(key)
     head = head_name in ckpt.tensors
     if not head:
-        if configured is False:
+        if tied_value is False:
             raise CheckpointError(
                 f"config.json says tie_word_embeddings is false but the checkpoint has no {head_name}: "
                 "the output head would have no weights.",
@@ -605,8 +606,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
         spec.set("tie_word_embeddings", True, Source("tensor", f"no {head_name}: the head is the embedding"))
     else:
-        spec.set("tie_word_embeddings", bool(configured),
-                 Source("config", f"config.json {key}" if configured is not None else f"{head_name} present"))
+        spec.set("tie_word_embeddings", bool(tied_value),
+                 Source("config", f"config.json {key}" if tied_value is not None else f"{head_name} present"))
     spec.set("lm_head_bias", f"{names['lm_head']}.bias" in ckpt.tensors, Source("tensor", f"{names['lm_head']}.bias"))
 
     embed_rows = ckpt.tensors[embed_name].shape[0]
