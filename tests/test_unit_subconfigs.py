@@ -106,3 +106,71 @@ def test_a_lab_flattened_experts_are_named_and_3d_or_unviewed_ones_are_not():
     assert subconfigs.flattened_experts({"modeling_lab.py": unviewed}, LAB_LAYER0) is None
     # Nor one the checkpoint does not hold as a 2-D tensor.
     assert subconfigs.flattened_experts({"modeling_lab.py": LAB_MOE}, _layer0({"moe.router.weight": [4, 64]})) is None
+
+
+# The lab's MoE in a whole decoder, its sizes in the top-level config: the flattened experts alone block the port.
+LAB_DECODER_MOE = LAB_MOE.replace("self.moecfg = config.moe", "self.moecfg = config").replace(
+    "config=config.moe", "config=config") + '''
+    def forward(self, x):
+        w, e = torch.topk(torch.softmax(self.router(x), -1), self.k)
+        return self.experts(x, e) * w
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, 64, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, 64, bias=False)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.q_proj(x), self.k_proj(x), cos, sin)
+        return self.o_proj(F.scaled_dot_product_attention(q, k, self.v_proj(x), attn_mask=mask))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = LabAttention(config)
+        self.mlp = LabMoE(config)
+        self.input_layernorm = LabRMSNorm(config.hidden_size)
+        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = LabRMSNorm(config.hidden_size)
+'''
+
+
+def test_a_lab_decoder_with_flattened_experts_is_refused_by_that_name(tmp_path):
+    import pytest
+    from ckpt_factory import Shape, config_for, tensors_for
+    from helpers import detect_until, read
+
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import layout
+    from scaffold.errors import UnsupportedArchitecture
+
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_flat", layers=2)
+    tensors = {k: v for k, v in tensors_for(shape).items() if ".mlp." not in k}
+    for i in range(shape.layers):
+        tensors[f"model.layers.{i}.mlp.router.weight"] = [4, shape.hidden]
+        tensors.update({f"model.layers.{i}.mlp.experts.{p}": [4 * 32, shape.hidden] for p in ("gate", "up", "down")})
+    read(tmp_path, shape, tensors=tensors,
+         config={**config_for(shape), "n_experts": 4, "d_ff": 32, "d_model": shape.hidden, "top_k": 2})
+    (tmp_path / "modeling_lab.py").write_text(LAB_DECODER_MOE)
+    with pytest.raises(UnsupportedArchitecture, match=(
+            r"experts stored flattened \(gate, up, down of LabExperts: one 2-D parameter each for all experts "
+            rf"\(modeling_lab.py:{_line(LAB_DECODER_MOE, 'self.gate = nn.Parameter(')}\), viewed per expert "
+            rf"\(modeling_lab.py:{_line(LAB_DECODER_MOE, 'g = self.gate.reshape(')}\)\): the port's experts load one "
+            "matrix per expert or a 3-D tensor")):
+        detect_until(read_checkpoint(tmp_path), layout)

@@ -1230,7 +1230,7 @@ def _parameters(func: ast.FunctionDef | None) -> set[str]:
 MISSING = object()  # a config key config.json does not hold
 
 
-def config_path(node: ast.expr | None, interp: "Interpreter", env: dict | None = None, depth: int = 0) -> str | None:
+def config_path(node: ast.expr | None, interp: Interpreter, env: dict | None = None, depth: int = 0) -> str | None:
     """The config value an expression of the class reads, as a dotted path from the config (`config.clip_qkv`,
     `config.attn_config.clip_qkv` where the code reads a sub-config: `attn_config = config.attn_config` in __init__,
     then `self.clip_qkv = attn_config.clip_qkv`); None where it reads anything else."""
@@ -1277,7 +1277,7 @@ def _clamp_bounds(node: ast.Call) -> dict:
     return bounds
 
 
-def _negated_path(node: ast.expr | None, interp: "Interpreter", env: dict) -> str | None:
+def _negated_path(node: ast.expr | None, interp: Interpreter, env: dict) -> str | None:
     """The config path a lower bound negates: `-self.config.clip_qkv`, or a local holding `-X if X is not None else
     None` (DBRX's min_val: where X is None, no bound at all, as the upper one)."""
     if isinstance(node, ast.Name) and node.id in env.get("__expr__", {}):
@@ -1289,7 +1289,7 @@ def _negated_path(node: ast.expr | None, interp: "Interpreter", env: dict) -> st
     return None
 
 
-def _qkv_clamp(interp: "Interpreter", srcs: dict, file: str) -> dict:
+def _qkv_clamp(interp: Interpreter, srcs: dict, file: str) -> dict:
     """A clamp of what the q, k or v projections compute, on the branches config.json runs (DBRX's `qkv_states.clamp
     (min=min_val, max=self.clip_qkv)` on the fused output, OLMo's `query_states.clamp_(...)` under `if
     self.config.clip_qkv is not None:`), with the config value its upper bound reads. A bound config.json sets to
@@ -1300,7 +1300,7 @@ def _qkv_clamp(interp: "Interpreter", srcs: dict, file: str) -> dict:
                if {o.src for o in origins} & set(srcs.values())]
     if not clamped:
         return {}
-    line, origins, node, exprs = clamped[0]
+    line, _, node, exprs = clamped[0]
     roles = "".join(r for r in "qkv" if any(srcs[r] in {o.src for o in c} for _, c, _, _ in clamped))
     bounds = _clamp_bounds(node)
     upper = bounds.get("max") if bounds.get("max") is not None else bounds.get("min")

@@ -16,7 +16,19 @@ import re
 from dataclasses import dataclass, replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import blocks, codekeys, dataflow, latent, moe, outbias, policy, positions, submodules, temperature
+from scaffold.detect import (
+    blocks,
+    codekeys,
+    dataflow,
+    latent,
+    moe,
+    outbias,
+    policy,
+    positions,
+    subconfigs,
+    submodules,
+    temperature,
+)
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -520,7 +532,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("gate_up_layout", "separate", Source("default", "no dense MLP"))
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
-        _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+        try:
+            _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+        except Undetermined:
+            # Experts stored flattened (DBRX's w1, v1, w2: one 2-D parameter per projection holding every expert's
+            # rows): no MLP and no expert layout the port has; named rather than left unknown.
+            flat = subconfigs.flattened_experts(sources, {r: i for r, i in ref.items() if r.startswith(f"{mlp}.")}
+                                                ) if sources and ref is not None else None
+            if flat is not None:
+                raise _unsupported(f"experts stored flattened ({flat.describe()}): the port's experts load one "
+                                   "matrix per expert or a 3-D tensor", where, spec.model_type) from None
+            raise
         # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
         extra = sorted(rest.split(".", 1)[1] for rest in ref if rest.startswith(mlp + ".") and rest.count(".") == 1)
     for name in extra:

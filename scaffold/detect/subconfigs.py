@@ -127,10 +127,10 @@ class FlattenedExperts:
     viewed: str  # FILE:LINE: a view of one of them per expert, as written ("" where none was found)
 
     def describe(self) -> str:
-        declared_at, _, declared = self.declared.partition(": ")
+        declared_at = self.declared.split(": ", 1)[0]
         viewed_at = self.viewed.split(": ", 1)[0]
-        return (f"{', '.join(self.params)} of {self.cls}, every expert's rows in one 2-D parameter each ({declared_at}: "
-                f"{declared.removeprefix('nn.Parameter(').removesuffix(')')}), viewed per expert at {viewed_at}")
+        return (f"{', '.join(self.params)} of {self.cls}: one 2-D parameter each for all experts ({declared_at}), "
+                f"viewed per expert ({viewed_at})")
 
 
 def flattened_experts(sources: dict[str, str], layer0: dict) -> FlattenedExperts | None:
