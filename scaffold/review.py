@@ -187,7 +187,9 @@ def decisions(spec) -> list[str]:
     else:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
-               + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+               + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "")
+               + (f"; q, k and v clamped to [-{spec.qkv_clip}, {spec.qkv_clip}] as projected"
+                  if spec.qkv_clip is not None else "") + "."]
     if spec.layer_num_heads:
         out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
                    f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "

@@ -331,6 +331,10 @@ class Spec:
                                  doc="a value head's width")
     attn_logit_softcap: float | None = spec_field(None, group="attention", probe="self_attn",
                                                   doc="scores capped at c * tanh(s / c); None: not capped")
+    qkv_clip: float | None = spec_field(None, group="attention", probe="self_attn", omit_when_empty=True,
+                                        doc="q, k and v clamped to [-c, c] as the projections give them (before "
+                                            "any norm or rotary embedding: OLMo's and DBRX's clip_qkv); None: not "
+                                            "clamped")
 
     # Positions: rotary embedding of q and k, ALiBi (a per-head linear bias on the
     # attention scores, by key distance), or none. The rotary fields below apply to "rotary" only.

@@ -93,7 +93,11 @@ ARCHITECTURES = {
     "persimmon": ("persimmon", {}),
     "gptj": ("gptj", {"rotary_dim": 16}),
     "mpt": ("mpt", {}),
+    # The same clamp on a fused Wqkv output, its bound read from the attn_config sub-config (without it: off by 3.2).
+    "mpt-clip-qkv": ("mpt", {"attn_config": {"clip_qkv": 0.3}}),
     "olmo": ("olmo", {}),
+    # q, k and v clamped as projected, to a bound well inside their range (a port without the clamp is off by 4.4).
+    "olmo-clip-qkv": ("olmo", {"clip_qkv": 0.3}),
     # Multi-head latent attention (vLLM's MLA layers) at the one size vLLM's CPU kernel takes (a 576-wide cache
     # row), with DeepSeek-V3's routing; then without the low-rank query and with a YaRN-scaled rotary embedding
     # (the scores scaled by its mscale squared).
@@ -292,7 +296,9 @@ EXPECTED_SPEC = {
     "codegen": {"qkv_layout": "blocked", "qkv_blocks": 4, "qkv_block_order": "qvk", "partial_rotary_factor": 0.5,
                 "rope_neox_style": False, "block": "parallel"},
     "mpt": {"position_scheme": "alibi", "hidden_act": "gelu", "norm_bias": False},
+    "mpt-clip-qkv": {"position_scheme": "alibi", "qkv_clip": 0.3},
     "olmo": {"norm_weightless": True, "norm_kind": "layer", "norm_eps": 1e-5},
+    "olmo-clip-qkv": {"qkv_clip": 0.3},
     "deepseek_v3": {"qkv_layout": "latent", "q_lora_rank": 96, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 32, "v_head_dim": 32, "rope_neox_style": False, "moe_sigmoid": True,
                     "dense_layers": [0]},
@@ -395,8 +401,11 @@ UNSUPPORTED = {
                              "value heads of their own width: builds o_proj, v_proj from config.v_head_dim")),
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
-    # residual and the normed sum.
-    "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+    # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
+    # clamp of q, k and v the port computes). d_model set directly: the config copies it into ffn_config before the
+    # hidden_size alias applies, and the experts are built that wide.
+    "dbrx-norm-attn-block": ("dbrx", {"d_model": 128,
+                                      "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
                                       "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
                              ("attention inside a block that also holds the layer norms: norm_attn_norm "
                               "(DbrxNormAttentionNorm")),
@@ -625,7 +634,8 @@ def test_coverage_doc_is_what_the_script_renders():
 
 DEFAULTS = {
     "qkv_layout": "separate", "gate_up_layout": "separate", "qkv_bias": False, "o_bias": False, "qk_norm": "none",
-    "attention_scale": None, "attn_logit_softcap": None, "partial_rotary_factor": 1.0, "rope_neox_style": True,
+    "attention_scale": None, "attn_logit_softcap": None, "qkv_clip": None, "partial_rotary_factor": 1.0,
+    "rope_neox_style": True,
     "rope_reversed": False,
     "no_rope_layers": [], "mlp_kind": "gated", "hidden_act": "silu", "mlp_bias": False, "gate_extra_bias": None,
     "block": "pre_norm", "norm_kind": "rms", "norm_offset": 0.0, "norm_bias": False, "residual_multiplier": None,

@@ -16,15 +16,37 @@ def _layer0(shapes: dict) -> dict:
 
 DBRX_LAYER0 = _layer0({"norm_attn_norm.norm_1.weight": [128], "norm_attn_norm.attn.Wqkv.weight": [256, 128],
                        "norm_attn_norm.attn.out_proj.weight": [128, 128], "norm_attn_norm.norm_2.weight": [128],
-                       "ffn.router.layer.weight": [4, 128], "ffn.experts.mlp.w1": [256, 128]})
+                       "ffn.router.layer.weight": [4, 128], "ffn.experts.mlp.w1": [256, 128],
+                       "ffn.experts.mlp.v1": [256, 128], "ffn.experts.mlp.w2": [256, 128]})
+
+
+DBRX_CONFIG = {"d_model": 128, "attn_config": {"kv_n_heads": 2, "clip_qkv": None, "attn_pdrop": 0.0},
+               "ffn_config": {"ffn_hidden_size": 64, "hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2,
+                              "moe_normalize_expert_weights": 1.0}}
+
+
+def _line(code: str, text: str) -> int:
+    return next(i for i, line in enumerate(code.splitlines(), 1) if text in line)
 
 
 def test_dbrx_norm_attn_norm_is_named_with_its_lines():
+    code = transformers_code("dbrx")["modeling_dbrx.py"]
     found = blocks.norm_attention_block(transformers_code("dbrx"), "blocks", DBRX_LAYER0)
-    assert found.startswith("attention inside a block that also holds the layer norms: norm_attn_norm "
-                            "(DbrxNormAttentionNorm, built by the decoder layer at ")
-    assert "holds norm_1, norm_2 beside attn (projections Wqkv, out_proj)" in found
-    assert "return (residual_states, hidden_states)" in found and "modeling_dbrx.py:391" in found
+    assert found == ("attention inside a block that also holds the layer norms: norm_attn_norm (DbrxNormAttentionNorm, "
+                     f"modeling_dbrx.py:{_line(code, 'class DbrxNormAttentionNorm')}) holds norm_1, norm_2 beside attn "
+                     f"(Wqkv, out_proj) and returns 2 tensors (line {_line(code, 'return residual_states, hidden_states')}"
+                     ": (residual_states, hidden_states)); the port's decoder layer keeps its norms beside the attention"
+                     ". Also unported behind it: experts stored flattened (w1, v1, w2 of DbrxExpertGLU: one 2-D "
+                     f"parameter each for all experts (line {_line(code, 'self.w1 = nn.Parameter(')}), viewed per expert "
+                     f"(line {_line(code, 'v1 = self.mlp.v1.view(')}))")
+
+
+def test_dbrx_refusal_names_the_sizes_read_from_sub_configs():
+    """With config.json's sub-configs, the sizes the code reads from them are named too (the first two)."""
+    code = transformers_code("dbrx")["modeling_dbrx.py"]
+    found = blocks.norm_attention_block(transformers_code("dbrx"), "blocks", DBRX_LAYER0, DBRX_CONFIG)
+    assert found.endswith("; sizes read from sub-configs (attn_config.kv_n_heads, ffn_config.ffn_hidden_size, ... "
+                          f"(line {_line(code, 'self.num_key_value_heads = attn_config.kv_n_heads')}))")
 
 
 # A lab's layer written otherwise: its block is called `pre`, its norms ln_a / ln_b, its attention `mix` with
@@ -75,8 +97,9 @@ LAB_LAYER0 = _layer0({"pre.ln_a.weight": [64], "pre.ln_b.weight": [64], "ff.weig
 
 def test_a_lab_block_around_the_attention_holding_norms_is_named():
     found = blocks.norm_attention_block({"modeling_lab.py": LAB_BLOCK}, "stack", LAB_LAYER0)
-    assert "the layer norms: pre (LabPre, built by the decoder layer at modeling_lab.py:" in found
-    assert "holds ln_a, ln_b beside mix (projections wk, wo, wq, wv) and returns 2 tensors" in found
+    assert "the layer norms: pre (LabPre, modeling_lab.py:" in found
+    assert "holds ln_a, ln_b beside mix (wk, wo, wq, wv) and returns 2 tensors" in found
+    assert "Behind it" not in found  # separate projections, sizes in the top-level config
 
 
 def test_a_wrapper_without_norms_or_returning_one_tensor_is_not_that_block():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 
-from scaffold.detect import dataflow
+from scaffold.detect import dataflow, subconfigs
 from scaffold.detect.sourcecode import _dotted, subtree
 
 
@@ -37,15 +37,17 @@ def _is_norm(cls_name: str) -> bool:
     return cls_name.endswith(("Norm", "LayerNorm", "RMSNorm"))
 
 
-def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict) -> str | None:
+def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict, config: dict | None = None) -> str | None:
     """What names DBRX's form: the layer module (`norm_attn_norm`) whose class builds norms and a module holding
     projections the checkpoint stores (`norm_attn_norm.attn.Wqkv.weight`), and whose forward returns several
-    tensors; None where the layer has no such module."""
+    tensors; None where the layer has no such module. Behind it, the other forms of the same checkpoint the port
+    has no field for are named too (scaffold.detect.subconfigs: experts stored flattened, sizes read from
+    sub-configs), so that the refusal names more than the first form the port lacks."""
     found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
     if found is None:
         return None
-    layer_file, layer_cls, _ = found
-    for attr, (cls_name, line) in _built(layer_cls).items():
+    _, layer_cls, _ = found
+    for attr, (cls_name, _) in _built(layer_cls).items():
         inner = dataflow._class(sources, cls_name)
         if inner is None:
             continue
@@ -61,12 +63,23 @@ def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict) -
         if norms and holders and several:
             held = sorted({r.split(".")[2] for r in layer0 if r.startswith(f"{attr}.{holders[0]}.")})
             return (f"attention inside a block that also holds the layer norms: {attr} "
-                    f"({cls_name}, built by the decoder layer at {layer_file}:{line}, defined at {file}:{cls.lineno}) holds "
-                    f"{', '.join(norms)} beside {', '.join(holders)} (projections {', '.join(held)}) and returns "
-                    f"{len(several[0].value.elts)} tensors to the layer ({file}:{several[0].lineno}: "
-                    f"return {ast.unparse(several[0].value)}); the port's decoder layer keeps its norms beside the "
-                    "attention, not inside a module around it")
+                    f"({cls_name}, {file}:{cls.lineno}) holds {', '.join(norms)} beside {', '.join(holders)} "
+                    f"({', '.join(held)}) and returns {len(several[0].value.elts)} tensors (line "
+                    f"{several[0].lineno}: {ast.unparse(several[0].value)}); the port's decoder layer keeps its "
+                    "norms beside the attention" + _behind(sources, layer0, config or {}).replace(f"{file}:", "line "))
     return None
+
+
+def _behind(sources: dict, layer0: dict, config: dict) -> str:
+    """The forms behind the block that the port has no field for either, as the rest of the refusal."""
+    more = []
+    if (flat := subconfigs.flattened_experts(sources, layer0)) is not None:
+        more.append(f"experts stored flattened ({flat.describe()})")
+    if (reads := subconfigs.subconfig_reads(sources, config)) is not None:
+        more.append(f"sizes read from sub-configs ({reads.describe(config, 2)})")
+    if not more:
+        return ""
+    return f". Also unported behind it: {'; '.join(more)}"
 
 
 def layer_module_class(sources: dict, layers_attr: str | None, attr: str) -> str | None:

@@ -36,6 +36,7 @@ LINEAR_CLASSES = {"Linear", "Conv1D"}
 # Callees whose result is the activation of their argument (torch's, transformers' and einops' names).
 ACTIVATIONS = ("silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "swish", "mish", "act")
 SPLITTERS = ("split", "chunk", "unbind", "tensor_split")
+CLAMPS = ("clamp", "clip", "clamp_", "clip_", "clamp_min", "clamp_max", "clamp_min_", "clamp_max_")
 RESHAPERS = ("view", "reshape", "unflatten")
 MATMULS = ("matmul", "bmm", "baddbmm", "einsum")
 # Keywords by which a call scales what it computes (baddbmm's alpha, an attention function's scale), and tensor
@@ -137,6 +138,9 @@ class Events:
     sums: list = field(default_factory=list)
     # producer -> the block counts of every view of its whole output as [..., blocks, -1] (Interpreter.blocks)
     blocked_views: dict = field(default_factory=dict)
+    # Clamps of derived values (x.clamp(min=a, max=b), torch.clamp(x, a, b), x.clamp_(...), clip): (line, origins
+    # of the clamped value, the call node, the forward's locals' expressions there), on the branches the config runs.
+    clamps: list = field(default_factory=list)
 
 
 class Interpreter:
@@ -416,9 +420,14 @@ class Interpreter:
         if isinstance(func, ast.Attribute) and not name.startswith("self.") and short not in ("cat", "stack"):
             base = _flat(self.expr(func.value, env))
             if base:
+                if short in CLAMPS:
+                    self.events.clamps.append((line, base, node, dict(env.get("__expr__", {}))))
                 if short in SCALERS and not derived:
                     self.events.scalings.append((line, base))  # x.mul(s), x.div_(s)
                 return self.tensor_method(base, short, node, env)
+        if short in CLAMPS and derived and node.args and _flat(args[0]):
+            self.events.clamps.append((line, _flat(args[0]), node, dict(env.get("__expr__", {}))))  # torch.clamp(x, a, b)
+            return _flat(args[0])
         if short in SPLITTERS and derived:
             return self.tensor_method(derived[0], short, node, env, first_arg=1)
         if short == "rearrange" and args and _flat(args[0]):
@@ -868,6 +877,14 @@ class Attention:
     # Where q's projection is viewed per head as a pair but not read as that form (another cut, the gate first, no
     # gate found): FILE:LINE: why. A port would mis-read the rows; the layout refuses with this.
     query_gate_refusal: str = ""
+    # A clamp of what the q/k/v projections compute (DBRX's clip_qkv, OLMo's): FILE:LINE: the clamp as written, which
+    # of q, k, v it reaches, the config value its upper bound reads (dotted, "" where it reads none) and that value
+    # (None where config.json holds no number there). "" where forward clamps nothing config.json does not null.
+    qkv_clamp: str = ""
+    qkv_clamp_roles: str = ""
+    qkv_clamp_bound: str = ""
+    qkv_clamp_value: float | None = None
+    qkv_clamp_problem: str = ""  # why the port's clamp would compute otherwise; "" where it computes the same
 
 
 @dataclass(frozen=True)
@@ -1086,6 +1103,7 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     return Attention(cls.name, file, layout, q, k, v, o_proj, evidence, found, **extra,
                      unscaled_scores=_unscaled_scores(interp.events, keys, file),
                      **_qk_norms(interp.events, {r: keys[r] for r in "qkv"}, file),
+                     **_qkv_clamp(interp, {r: keys[r][0] for r in "qkv"}, file),
                      **gate,
                      **_rotary_guard(interp.events, {r: keys[r] for r in "qkv"}, interp.attr_values, interp.init,
                                      _parameters(interp.methods.get("forward")), file))
@@ -1207,6 +1225,117 @@ def _parameters(func: ast.FunctionDef | None) -> set[str]:
         return set()
     args = func.args
     return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]} - {"self"}
+
+
+MISSING = object()  # a config key config.json does not hold
+
+
+def config_path(node: ast.expr | None, interp: Interpreter, env: dict | None = None, depth: int = 0) -> str | None:
+    """The config value an expression of the class reads, as a dotted path from the config (`config.clip_qkv`,
+    `config.attn_config.clip_qkv` where the code reads a sub-config: `attn_config = config.attn_config` in __init__,
+    then `self.clip_qkv = attn_config.clip_qkv`); None where it reads anything else."""
+    if node is None or depth > 6:
+        return None
+    if isinstance(node, ast.Name):
+        if node.id == "config":
+            return "config"
+        if env is not None and (assigned := env.get("__expr__", {}).get(node.id)) is not None:
+            return config_path(assigned, interp, env, depth + 1)
+        assigned = _init_locals(interp.init).get(node.id)
+        return config_path(assigned, interp, None, depth + 1) if assigned is not None else None
+    if isinstance(node, ast.Attribute):
+        if _dotted(node.value) == "self":
+            if node.attr == "config":
+                return "config"
+            return config_path(interp.attr_values.get(node.attr), interp, None, depth + 1)
+        base = config_path(node.value, interp, env, depth + 1)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
+def config_value(path: str, config: dict):
+    """The value config.json holds at a dotted path (`config.attn_config.clip_qkv`), MISSING where it holds none."""
+    value: object = config
+    for part in path.split(".")[1:]:
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def _clamp_bounds(node: ast.Call) -> dict:
+    """{"min": expr, "max": expr} of x.clamp(a, b), torch.clamp(x, a, b), clamp(min=, max=); clamp_max / clamp_min
+    take one."""
+    method = isinstance(node.func, ast.Attribute) and _dotted(node.func.value) not in (
+        "torch", "F", "nn.functional", "torch.nn.functional")
+    positional = node.args[0 if method else 1:]
+    short = _dotted(node.func).rsplit(".", 1)[-1] if _dotted(node.func) else getattr(node.func, "attr", "")
+    bounds = {"min": positional[0] if positional else None, "max": positional[1] if len(positional) > 1 else None}
+    if short.startswith(("clamp_min", "clamp_max")):
+        bounds = {short[6:9]: positional[0] if positional else None}
+    bounds.update({k.arg: k.value for k in node.keywords if k.arg in ("min", "max")})
+    return bounds
+
+
+def _negated_path(node: ast.expr | None, interp: Interpreter, env: dict) -> str | None:
+    """The config path a lower bound negates: `-self.config.clip_qkv`, or a local holding `-X if X is not None else
+    None` (DBRX's min_val: where X is None, no bound at all, as the upper one)."""
+    if isinstance(node, ast.Name) and node.id in env.get("__expr__", {}):
+        node = env["__expr__"][node.id]
+    if isinstance(node, ast.IfExp) and isinstance(node.orelse, ast.Constant) and node.orelse.value is None:
+        node = node.body
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return config_path(node.operand, interp, env)
+    return None
+
+
+def _qkv_clamp(interp: Interpreter, srcs: dict, file: str) -> dict:
+    """A clamp of what the q, k or v projections compute, on the branches config.json runs (DBRX's `qkv_states.clamp
+    (min=min_val, max=self.clip_qkv)` on the fused output, OLMo's `query_states.clamp_(...)` under `if
+    self.config.clip_qkv is not None:`), with the config value its upper bound reads. A bound config.json sets to
+    null clamps nothing: then no field is set. `qkv_clamp_form` says whether the port computes it: every one of q,
+    k and v clamped to [-c, c] as its projection gives it (no activation, no norm or rotary call before it), one
+    config value c for all."""
+    clamped = [(line, origins, node, exprs) for line, origins, node, exprs in interp.events.clamps
+               if {o.src for o in origins} & set(srcs.values())]
+    if not clamped:
+        return {}
+    line, _, node, exprs = clamped[0]
+    roles = "".join(r for r in "qkv" if any(srcs[r] in {o.src for o in c} for _, c, _, _ in clamped))
+    bounds = _clamp_bounds(node)
+    upper = bounds.get("max") if bounds.get("max") is not None else bounds.get("min")
+    path = config_path(upper, interp, {"__expr__": exprs})
+    value = config_value(path, interp.config) if path is not None else MISSING
+    if value is None:
+        return {}
+    problems = []
+    if roles != "qkv":
+        problems.append(f"only {', '.join(roles)} clamped")
+    paths = set()
+    for _, c_origins, c_node, c_exprs in clamped:
+        b = _clamp_bounds(c_node)
+        up = config_path(b.get("max"), interp, {"__expr__": c_exprs})
+        low = _negated_path(b.get("min"), interp, {"__expr__": c_exprs})
+        if up is None or low != up:
+            problems.append(f"bounds not -c and c of one config value ({ast.unparse(c_node)[:80]})")
+        paths.add(up)
+        if any(o.act or o.stage not in ("flat",) and o.piece is None for o in c_origins):
+            problems.append(f"a value already reshaped or activated is clamped ({ast.unparse(c_node)[:80]})")
+    if len(paths) > 1:
+        problems.append(f"bounds from several config values ({', '.join(sorted(map(str, paths)))})")
+    first = min(c[0] for c in clamped)
+    before = sorted({at for _, at, _ in interp.events.modules if at < first}
+                    | {at for at, args in interp.events.calls if at < first and ROTARY_CALL.search(
+                        interp.events.callees.get(at, "") or "")})
+    if before:
+        problems.append(f"a norm or rotary call comes first (line {before[0]})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        problems.append(f"its bound {path or ast.unparse(upper) if upper is not None else '?'} is no number "
+                        "config.json holds")
+    return {"qkv_clamp": _where(file, line, ast.unparse(node)[:120]), "qkv_clamp_roles": roles,
+            "qkv_clamp_bound": path or "",
+            "qkv_clamp_value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
+            "qkv_clamp_problem": "; ".join(dict.fromkeys(problems))}
 
 
 def _qk_norms(events: Events, keys: dict, file: str) -> dict:

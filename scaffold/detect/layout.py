@@ -16,7 +16,19 @@ import re
 from dataclasses import dataclass, replace
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import blocks, codekeys, dataflow, latent, moe, outbias, policy, positions, submodules, temperature
+from scaffold.detect import (
+    blocks,
+    codekeys,
+    dataflow,
+    latent,
+    moe,
+    outbias,
+    policy,
+    positions,
+    subconfigs,
+    submodules,
+    temperature,
+)
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -348,7 +360,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if nested:  # attn.attention.q_proj without code that reads attn as a wrapper of attention
             raise _unsupported(f"layer 0's attention projections sit two modules deep ({nested[0]})", where,
                                spec.model_type)
-        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
+        block = blocks.norm_attention_block(sources, names["layers"].rsplit(".", 1)[-1], layer0,
+                                            configured(sources, ckpt.config)) if sources else None
         if block is not None:  # DBRX's norm_attn_norm: norms and the attention in one module around them
             raise _unsupported(block, where, spec.model_type)
         raise Undetermined(Unknown("names.self_attn", "layer 0 has no attention module the generator knows"
@@ -411,6 +424,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
                                    f"weight{_undecided(flow)}", (("q_proj, k_proj, v_proj", "not all present"),
                                                                  *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
+    if code_attn is not None and code_attn.qkv_clamp:
+        _qkv_clip(spec, code_attn, bool(latent_modules), where)
     o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
     if o_proj is None:
         raise Undetermined(Unknown("names.o_proj", f"layer 0's {attn} has no output projection the generator knows",
@@ -517,7 +532,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("gate_up_layout", "separate", Source("default", "no dense MLP"))
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
-        _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+        try:
+            _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+        except Undetermined:
+            # Experts stored flattened (DBRX's w1, v1, w2: one 2-D parameter per projection holding every expert's
+            # rows): no MLP and no expert layout the port has; named rather than left unknown.
+            flat = subconfigs.flattened_experts(sources, {r: i for r, i in ref.items() if r.startswith(f"{mlp}.")}
+                                                ) if sources and ref is not None else None
+            if flat is not None:
+                raise _unsupported(f"experts stored flattened ({flat.describe()}): the port's experts load one "
+                                   "matrix per expert or a 3-D tensor", where, spec.model_type) from None
+            raise
         # A 1-D tensor on the MLP besides the projections: an extra bias the code adds somewhere.
         extra = sorted(rest.split(".", 1)[1] for rest in ref if rest.startswith(mlp + ".") and rest.count(".") == 1)
     for name in extra:
@@ -592,10 +617,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                     + ("" if "norm" in names else f"; no final norm ({no_final_norm})")))
 
     key = "tie_word_embeddings"
-    configured = ckpt.config.get(key)
+    tied_value = ckpt.config.get(key)
     head = head_name in ckpt.tensors
     if not head:
-        if configured is False:
+        if tied_value is False:
             raise CheckpointError(
                 f"config.json says tie_word_embeddings is false but the checkpoint has no {head_name}: "
                 "the output head would have no weights.",
@@ -603,8 +628,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             )
         spec.set("tie_word_embeddings", True, Source("tensor", f"no {head_name}: the head is the embedding"))
     else:
-        spec.set("tie_word_embeddings", bool(configured),
-                 Source("config", f"config.json {key}" if configured is not None else f"{head_name} present"))
+        spec.set("tie_word_embeddings", bool(tied_value),
+                 Source("config", f"config.json {key}" if tied_value is not None else f"{head_name} present"))
     spec.set("lm_head_bias", f"{names['lm_head']}.bias" in ckpt.tensors, Source("tensor", f"{names['lm_head']}.bias"))
 
     embed_rows = ckpt.tensors[embed_name].shape[0]
@@ -680,6 +705,22 @@ def _layer_heads(ckpt: Checkpoint, spec: Spec, names: dict, read: PerLayerRead, 
              Source("code", f"{read}: each layer's attention has config.{read.key}[layer_idx] query heads; "
                             f"{layers}.N.{attn}.{q} has that many x head_dim {dim} rows in every layer",
                     f"config.{read.key}"))
+
+
+def _qkv_clip(spec: Spec, code: dataflow.Attention, latent_attention: bool, where) -> None:
+    """q, k and v clamped to [-c, c] as the projections give them (dataflow.Attention.qkv_clamp: OLMo's and DBRX's
+    clip_qkv), the port clamping its fused qkv output with the config value the code reads; refused by name where
+    the code clamps otherwise (after a norm, some of q, k, v, bounds of their own) or the attention is latent."""
+    problem = code.qkv_clamp_problem or ("latent attention: the port has no q, k, v projection outputs to clamp"
+                                         if latent_attention else "")
+    if not problem and code.query_gate:
+        problem = "the query projection also holds an output gate, which the port would clamp with it"
+    if problem:
+        raise _unsupported(f"q, k and v clamped, not in the form the port computes ({code.qkv_clamp}: {problem})",
+                           where, spec.model_type)
+    spec.set("qkv_clip", code.qkv_clamp_value,
+             Source("code", f"{code.qkv_clamp}: q, k and v clamped to [-c, c], c = {code.qkv_clamp_bound}",
+                    code.qkv_clamp_bound or None))
 
 
 def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer0: dict, attn: str, module: str,
