@@ -26,6 +26,10 @@ def check(ckpt: Checkpoint) -> None:
     except CheckpointError as exc:
         # Attention tensors that contradict heads x head_dim: where the code builds them so, that is the feature.
         sizes = head_sizes(ckpt) if ".self_attn." in exc.problem else None
+        if sizes is not None and sizes.problems:
+            raise unsupported(f"attention sizes the port does not build: {sizes.cls} ({sizes.file}:{sizes.line}) "
+                              f"has {'; '.join(sizes.problems)} ({exc.problem.rstrip('.')})", ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
         if sizes is not None:
             # KV heads of each layer's own, value heads of their own width (MiMo-V2's), read from the code: the
             # shapes are checked against those, layer by layer (scaffold.detect.attention checks each projection).
@@ -40,14 +44,14 @@ def check(ckpt: Checkpoint) -> None:
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:
     """The attention's KV heads per layer and value head width as its __init__ builds them (scaffold.detect.
-    headsizes), where the code sizes some layer's KV heads or the values otherwise than heads x head_dim and
-    config.json decides them; None otherwise."""
+    headsizes), where the code sizes some layer's KV heads or the values otherwise than heads x head_dim (with
+    the problems that keep the port from building them, if any); None otherwise."""
     sources = sourcecode.modeling_sources(ckpt)
     layers = ckpt.config.get("num_hidden_layers")
     if not sources or not _is_int(layers) or layers <= 0:
         return None
     sizes = headsizes.read(sources, ckpt.config, None, layers)
-    if sizes is None or sizes.problems or not (sizes.kv_expr or sizes.v_width):
+    if sizes is None or not (sizes.kv_expr or sizes.v_width or sizes.problems):
         return None
     return sizes
 
