@@ -658,6 +658,8 @@ DEFAULTS = {
     "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
     "attention_chunk_size": None, "chunked_layers": [],
     "layer_num_heads": [],  # left out when every layer has num_heads
+    # Left out when absent: MiMo-V2's forms.
+    "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",
