@@ -130,10 +130,9 @@ def read(sources: dict, config: dict, layers_attr: str | None, num_layers: int) 
     out = HeadSizes(code.cls, file, init.lineno, kv_line=calls["k"].lineno, v_line=calls["v"].lineno)
     reads = {n.id for n in ast.walk(kv_count) if isinstance(n, ast.Name)}
     counts = [_value(kv_count, config, i) for i in range(num_layers)]
-    if reads - window.READS or not all(_positive_int(c) for c in counts):
-        out.problems.append(f"KV heads {ast.unparse(kv_count)} ({file}:{calls['k'].lineno}), which config.json does "
-                            "not decide for every layer")
-    else:
+    # KV heads config.json does not decide (a count handed in by the caller, a default of the config class) are left
+    # to the checks against num_kv_heads: the tensors say whether they are that count.
+    if not (reads - window.READS) and all(_positive_int(c) for c in counts):
         out.kv_heads = counts
         if "layer_idx" in reads and len(set(counts)) > 1:
             out.kv_expr = ast.unparse(kv_count)
@@ -161,29 +160,36 @@ def _value_scale(out: HeadSizes, cls: ast.ClassDef, v_proj: str, config: dict) -
     init = _method(cls, "__init__")
     if forward is None:
         return
-    held: set[str] = set()  # names holding the values
+    held: set[str] = set()  # names holding the values (reshaped, transposed, scaled), nothing computed from them
 
     def is_values(node: ast.AST) -> bool:
-        return any((isinstance(n, ast.Call) and _dotted(n.func) == f"self.{v_proj}")
-                   or (isinstance(n, ast.Name) and n.id in held and isinstance(n.ctx, ast.Load)) for n in subtree(node))
+        """The value projection's output, a name holding it, or a method called on one (`.view(...)`)."""
+        if isinstance(node, ast.Call) and _dotted(node.func) == f"self.{v_proj}":
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in held
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            return is_values(node.func.value)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return is_values(node.left) != is_values(node.right)
+        return False
 
     factors: list[tuple[ast.expr, int]] = []
     for stmt in subtree(forward):
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id in held \
                 and isinstance(stmt.op, ast.Mult) and not is_values(stmt.value):
             factors.append((stmt.value, stmt.lineno))
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and is_values(stmt.value)):
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
             continue
         targets = [n.id for n in subtree(stmt.targets[0]) if isinstance(n, ast.Name)]
-        if not isinstance(stmt.targets[0], ast.Name):
-            held.difference_update(targets)  # a tuple unpacking: whatever it is, not the values alone
+        if not (isinstance(stmt.targets[0], ast.Name) and is_values(stmt.value)):
+            held.difference_update(targets)  # reassigned to something else: no longer the values
             continue
         held.add(stmt.targets[0].id)
-        expr = stmt.value
-        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-            left, right = is_values(expr.left), is_values(expr.right)
-            if left != right:
-                factors.append((expr.right if left else expr.left, stmt.lineno))
+        for node in subtree(stmt.value):  # `self.v_proj(x).view(...) * s`, `v * s`
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and is_values(node):
+                left = is_values(node.left)
+                factors.append((node.right if left else node.left, stmt.lineno))
     if not factors:
         return
     if len(factors) > 1:
