@@ -78,6 +78,19 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     o_bias_condition = (spec.source("o_bias_layers").expr
                         if spec.o_bias_param and spec.source("o_bias_layers").kind == "code"
                         and "o_bias_layers" not in overridden else None)
+    # KV heads of each layer's own: the code's expression over config and layer_idx (MiMo-V2's), else the listed
+    # counts.
+    kv_source = spec.source("layer_num_kv_heads")
+    kv_heads_expr = ((kv_source.expr if kv_source.kind == "code" and kv_source.expr
+                      and "layer_num_kv_heads" not in overridden else f"{spec.layer_num_kv_heads!r}[layer_idx]")
+                     if spec.layer_num_kv_heads else None)
+    # The code's own condition for the layers whose attention holds the sinks (MiMo-V2's sliding layers), else the
+    # listed layers; None where every layer holds them.
+    sinks_source = spec.source("attention_sinks_layers")
+    sinks_condition = ((sinks_source.expr if sinks_source.kind == "code" and sinks_source.expr
+                        and "attention_sinks_layers" not in overridden
+                        else f"layer_idx in {spec.attention_sinks_layers!r}")
+                       if spec.attention_sinks and spec.attention_sinks_layers else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
@@ -123,6 +136,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "literal_layers": literal_layers,
         "window_condition": window_condition,
         "o_bias_condition": o_bias_condition,
+        "kv_heads_expr": kv_heads_expr,
+        "sinks_condition": sinks_condition,
+        # Value heads of their own width (v_head_dim, with separate q, k, v): the port pads the heads for vLLM's
+        # attention, which takes one head size.
+        "own_value_dim": spec.qkv_layout != "latent" and spec.value_dim != spec.head_dim,
         "literal_no_rope": literal_no_rope,
         "literal_chunks": literal_chunks,
         # The code's own condition for a chunked layer (Llama 4's layer type), read by the port at run time.

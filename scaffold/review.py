@@ -194,6 +194,19 @@ def decisions(spec) -> list[str]:
         out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
                    f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "
                    f"(`{n['q_proj']}` and `{n['o_proj']}` sized by it; the KV heads are num_kv_heads in every layer).")
+    if spec.layer_num_kv_heads:
+        out.append(f"- KV heads of each layer's own: `{_md(spec.source('layer_num_kv_heads').expr or '')}` "
+                   f"({', '.join(map(str, spec.layer_num_kv_heads))}), the modeling code's expression, evaluated by "
+                   f"each layer's attention at run time (`{n['k_proj']}` and `{n['v_proj']}` sized by it).")
+    if spec.qkv_layout != "latent" and spec.value_dim != spec.head_dim:
+        out.append(f"- value heads {spec.v_head_dim} wide (`{_md(spec.source('v_head_dim').expr or str(spec.v_head_dim))}`), "
+                   f"q and k heads {spec.head_dim}: `{qkv}` is built with `v_head_size`, `{n['o_proj']}` takes heads x "
+                   f"{spec.v_head_dim}; vLLM's CPU attention takes one head size, so q, k and v are zero-padded to "
+                   f"{max(spec.head_dim, spec.v_head_dim)} per head and each head's output cut back to its "
+                   f"{spec.v_head_dim} value columns (the zeros change neither the scores nor those columns).")
+    if spec.attn_value_scale is not None:
+        out.append(f"- the values are multiplied by {spec.attn_value_scale} "
+                   f"({_md(spec.source('attn_value_scale').detail)}) before attention.")
     if spec.attn_output_gate == "in_query":
         out.append(f"- gated attention, the gate folded into `{n['q_proj']}`: its rows hold, per head, the query "
                    f"then the gate ({q} rows); `{qkv}` is built with twice the query heads so each "
@@ -208,7 +221,10 @@ def decisions(spec) -> list[str]:
     if spec.attention_sinks:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "
-                   "rank loads its heads' slice.")
+                   "rank loads its heads' slice"
+                   + (f"; only in layers {spec.attention_sinks_layers}, where "
+                      f"`{_md(spec.source('attention_sinks_layers').expr or '')}` (the code builds them there)."
+                      if spec.attention_sinks_layers else "."))
     if spec.o_bias_param:
         out.append(f"- an output bias the attention keeps as its own parameter, `{spec.names['self_attn']}."
                    f"{spec.o_bias_param}`, added by the layer to `{spec.names['o_proj']}`'s output "

@@ -234,6 +234,11 @@ class Spec:
                                                 "attention with a count of its own (Laguna's config."
                                                 "num_attention_heads_per_layer[layer_idx]); empty: num_heads in "
                                                 "every layer")
+    layer_num_kv_heads: list[int] = spec_field([], group="sizes", probe="self_attn", omit_when_empty=True,
+                                               doc="each layer's KV heads, where the code builds them per layer "
+                                                   "(MiMo-V2's doubled on its sliding layers: the port evaluates "
+                                                   "the code's expression over config and layer_idx); empty: "
+                                                   "num_kv_heads in every layer")
     intermediate_size: int = spec_field(0, group="sizes", probe="mlp", config_key=True, doc="the dense MLP's width")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
@@ -301,6 +306,13 @@ class Spec:
         None, group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
         doc="a learned logit per head added to each softmax's denominator (gpt-oss's and Granite-SWA's `sinks`), "
             "by its parameter's name in the attention module; None: none")
+    attention_sinks_layers: list[int] = spec_field(
+        [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
+        doc="the layers whose attention holds the sinks, where the code builds them under a condition (MiMo-V2's "
+            "sliding layers); empty: every layer")
+    attn_value_scale: float | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="a factor the values are multiplied by before attention (MiMo-V2's attention_value_scale); None: none")
     # Gated attention: output * act(names.attn_gate(x)) before the output projection, x the attention's input.
     attn_output_gate: str = spec_field(
         "none", group="attention", probe="self_attn", choices=("none", "elementwise", "per_head", "in_query"),
@@ -328,7 +340,9 @@ class Spec:
                                        omit_when_empty=True,
                                        doc="the rotated part of a query/key head (one rotated key shared by the heads)")
     v_head_dim: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
-                                 doc="a value head's width")
+                                 doc="a value head's width (latent attention's; with separate q, k, v: the values' "
+                                     "own width where the code builds them otherwise than head_dim, MiMo-V2's); "
+                                     "0: head_dim")
     attn_logit_softcap: float | None = spec_field(None, group="attention", probe="self_attn",
                                                   doc="scores capped at c * tanh(s / c); None: not capped")
     qkv_clip: float | None = spec_field(None, group="attention", probe="self_attn", omit_when_empty=True,
@@ -616,6 +630,16 @@ class Spec:
         """The query heads of one layer: its own count (layer_num_heads) where the layers differ, else num_heads."""
         return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
 
+    def kv_heads_of(self, layer: int) -> int:
+        """The KV heads of one layer: its own count (layer_num_kv_heads) where the layers differ, else
+        num_kv_heads."""
+        return self.layer_num_kv_heads[layer] if self.layer_num_kv_heads else self.num_kv_heads
+
+    @property
+    def value_dim(self) -> int:
+        """The width of one value head: v_head_dim where set, else head_dim."""
+        return self.v_head_dim or self.head_dim
+
     @property
     def query_rows(self) -> int:
         """The query projection's rows: heads x head_dim, twice that where it also holds the output gate per head
@@ -888,6 +912,15 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"layer_num_heads must give each of the {spec.num_layers} layers a positive head count that "
                         f"its {spec.num_kv_heads} KV heads divide, with separate q, k, v projections and no gate "
                         "folded into the query projection.", origin)
+    if spec.layer_num_kv_heads and (len(spec.layer_num_kv_heads) != spec.num_layers
+                                    or spec.qkv_layout != "separate" or spec.attn_output_gate == "in_query"
+                                    or any(kv <= 0 or spec.heads_of(i) % kv
+                                           for i, kv in enumerate(spec.layer_num_kv_heads))):
+        raise SpecError(f"layer_num_kv_heads must give each of the {spec.num_layers} layers a positive KV head count "
+                        "that divides its query heads, with separate q, k, v projections and no gate folded into "
+                        "the query projection.", origin)
+    if spec.attention_sinks_layers and not spec.attention_sinks:
+        raise SpecError("attention_sinks_layers lists layers but attention_sinks names no parameter.", origin)
     if (spec.attn_output_gate not in ("none", "in_query")) != ("attn_gate" in names):
         raise SpecError(f"attn_output_gate is {spec.attn_output_gate!r} but 'names' "
                         f"{'has a' if 'attn_gate' in names else 'has no'} module name for role 'attn_gate' (the gate "

@@ -239,6 +239,18 @@ ARCHITECTURES = {
     # which transformers' conversion table renames into the block, and the port builds and loads it there.
     "axk1": ("axk1", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                       "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1}),
+    # MiMo-V2-Flash: KV heads doubled on the sliding layers (2, 4, 4: the code's expression over
+    # config.layer_types[layer_idx]), value heads narrower than q/k heads (32 against 64, config.v_head_dim), the
+    # values scaled by config.attention_value_scale, attention sinks on the sliding layers only (the checkpoint's
+    # attention_sink_bias), a window shorter than the prompts, rotary parameters per layer type (a quarter of the
+    # head rotated, two thetas), sigmoid routing with a correction bias scaled by 1.5, and a first dense layer.
+    "mimo_v2_flash": ("mimo_v2_flash", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_group": 1,
+        "topk_group": 1, "head_dim": 64, "v_head_dim": 32, "sliding_window": 8, "attention_value_scale": 0.5,
+        "routed_scaling_factor": 1.5,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.25},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -361,6 +373,10 @@ EXPECTED_SPEC = {
                "sliding_window_layers": [1, 2], "moe_sigmoid": True,
                "moe_correction_bias": "experts.e_score_correction_bias", "moe_routed_scaling_factor": 2.5,
                "dense_layers": [0], "partial_rotary_factor": 0.5},
+    "mimo_v2_flash": {"layer_num_kv_heads": [2, 4, 4], "v_head_dim": 32, "attn_value_scale": 0.5,
+                      "attention_sinks": "attention_sink_bias", "attention_sinks_layers": [1, 2],
+                      "sliding_window_layers": [1, 2], "moe_sigmoid": True, "moe_routed_scaling_factor": 1.5,
+                      "dense_layers": [0], "partial_rotary_factor": 0.25},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -392,13 +408,8 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
-    # MiMo-V2-Flash doubles the KV heads of its sliding layers (config.layer_types[layer_idx]) and gives the values
-    # a head width of their own (config.v_head_dim); Gemma 4 reads each layer's head width and KV heads from
-    # config.per_layer_config[layer_idx]. The port builds every layer's attention from the same sizes.
-    "mimo_v2_flash-sizes": ("mimo_v2_flash", {"num_local_experts": 4, "num_experts_per_tok": 2,
-                                              "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
-                            ("k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
-                             "value heads of their own width: builds o_proj, v_proj from config.v_head_dim")),
+    # Gemma 4 reads each layer's head width and KV heads from config.per_layer_config[layer_idx]; the port builds
+    # every layer's attention from the same head width.
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
     # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
@@ -577,6 +588,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
              "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
+             "mimo_v2_flash",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite")
@@ -656,6 +668,8 @@ DEFAULTS = {
     "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
     "attention_chunk_size": None, "chunked_layers": [],
     "layer_num_heads": [],  # left out when every layer has num_heads
+    # Left out when absent: MiMo-V2's forms.
+    "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -13,7 +13,7 @@ from ckpt_factory import Shape, tensors_for
 from helpers import LAB_PRELUDE, detect_until, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import layout, policy, rope, routing
+from scaffold.detect import attention, layout, policy, rope, routing
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.model_context import routing_choices
 from scaffold.spec import Spec
@@ -193,18 +193,31 @@ def _odd_o_proj(tmp_path, model_type, extra, o_cols, layers=2, code=None):
     return read_checkpoint(tmp_path)
 
 
-def test_mimo_v2_per_layer_kv_heads_and_value_width_are_named(tmp_path):
+def test_mimo_v2_sizes_pass_the_policy_and_tensors_other_than_its_code_builds_are_refused(tmp_path):
+    # MiMo-V2's KV heads (doubled on sliding layers) and value width (config.v_head_dim) are read from its code
+    # (scaffold.detect.headsizes, tests/test_unit_head_sizes.py): o_proj over 4 heads x 32 is what it builds, but
+    # the factory's k and v keep Llama's 2 heads x 16 in every layer, which detection names.
+    ckpt = _odd_o_proj(tmp_path, "mimo_v2_flash", {"v_head_dim": 32, "attention_value_scale": 0.5,
+                                                    "layer_types": ["full_attention", "sliding_attention"]},
+                       (4 * 32, 4 * 32))
+    policy.check(ckpt)
+    with pytest.raises(CheckpointError, match=r"tensor model\.layers\.0\.self_attn\.v_proj\.weight has shape "
+                                              r"\[32, 64\], but 4 query heads and 2 KV heads of size 16 \(values "
+                                              r"32 wide\)"):
+        detect_until(ckpt, attention)
+
+
+def test_mimo_v2_value_scale_config_json_does_not_decide_is_named(tmp_path):
+    # Without attention_value_scale in config.json the code's `X if X is not None else 1.0` is undecided.
     ckpt = _odd_o_proj(tmp_path, "mimo_v2_flash", {"v_head_dim": 32, "layer_types": ["full_attention",
                                                                                         "sliding_attention"]},
                        (4 * 32, 4 * 32))
     with pytest.raises(UnsupportedArchitecture) as exc:
         policy.check(ckpt)
     text = " ".join(str(exc.value).split())
-    assert ("per-layer attention sizes: MiMoV2FlashAttention (transformers/models/mimo_v2_flash/modeling_mimo_v2_"
-            "flash.py:") in text
-    assert "builds k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx])" in text
-    assert "value heads of their own width: builds o_proj, v_proj from config.v_head_dim = 32, where q and k heads " \
-           "have head_dim 16" in text
+    assert ("attention sizes the port does not build: MiMoV2FlashAttention (transformers/models/mimo_v2_flash/"
+            "modeling_mimo_v2_flash.py:") in text
+    assert "has the values scaled by self.v_scale" in text
 
 
 def test_gemma4_per_layer_head_width_is_named(tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import chunks, window
+from scaffold.detect import chunks, headsizes, window
 from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -13,6 +13,7 @@ from scaffold.spec import Source, Spec, attention_module
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     n = spec.names
+    _head_sizes(ckpt, spec)
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     # The rows the query projection has: twice q where it also holds the output gate per head (Qwen3-Next's).
     q_rows = spec.query_rows
@@ -20,7 +21,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         # scaffold.detect.latent checked layer 0's projections; the policy check holds every layer to layer 0's shapes.
         expected = {}
     elif spec.qkv_layout == "separate":
-        expected = {"q_proj": q_rows, "k_proj": kv, "v_proj": kv}
+        expected = {"q_proj": q_rows, "k_proj": kv, "v_proj": spec.num_kv_heads * spec.value_dim}
     else:  # fused or interleaved: one tensor
         expected = {"qkv_proj": q + 2 * kv}
     if expected:
@@ -29,19 +30,24 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if spec.layer_num_heads and spec.qkv_layout == "separate":  # each layer's own query heads
             q = q_rows = spec.heads_of(layer) * spec.head_dim
             expected["q_proj"] = q_rows
+        if spec.qkv_layout == "separate":  # each layer's own KV heads; values of their own width
+            expected["k_proj"] = spec.kv_heads_of(layer) * spec.head_dim
+            expected["v_proj"] = spec.kv_heads_of(layer) * spec.value_dim
         for role, rows in expected.items():
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
-            shape = stored_shape(spec, role, (rows, q if role == "o_proj" else spec.hidden_size))
+            o_cols = spec.heads_of(layer) * spec.value_dim if spec.qkv_layout == "separate" else q
+            shape = stored_shape(spec, role, (rows, o_cols if role == "o_proj" else spec.hidden_size))
             if info.shape != shape:
                 doubled = (role == "q_proj" and spec.attn_output_gate != "in_query"
                            and info.shape == stored_shape(spec, role, (2 * q, spec.hidden_size)))
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.heads_of(layer)} query heads and "
-                    f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
-                    f"need {list(shape)}"
+                    f"{spec.kv_heads_of(layer)} KV heads of size {spec.head_dim}"
+                    + (f" (values {spec.value_dim} wide)" if spec.value_dim != spec.head_dim else "")
+                    + f" over hidden size {spec.hidden_size} need {list(shape)}"
                     + (": twice the query rows, as where the query projection also emits an output gate per head "
                        "(Qwen3-Next's [query | gate] per head), a form the attention's code was not read as"
                        if doubled else "") + ".",
@@ -52,6 +58,40 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
     _sliding_window(ckpt, spec)
     _chunks(ckpt, spec)
+
+
+def _head_sizes(ckpt: Checkpoint, spec: Spec) -> None:
+    """KV heads of each layer's own, value heads of their own width, a scale on the values: what the attention's
+    __init__ and forward compute (scaffold.detect.headsizes), with separate q, k, v projections. The port builds
+    each layer's attention from the code's KV head expression (over config and layer_idx) and the value width's
+    config key; a form the reader finds but cannot follow is refused by name."""
+    sources = modeling_sources(ckpt)
+    if spec.qkv_layout != "separate" or not sources or "layers" not in spec.names:
+        return
+    sizes = headsizes.read(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], spec.num_layers)
+    if sizes is None:
+        return
+    where = f"{sizes.cls} ({sizes.file}:{sizes.line})"
+    if sizes.problems:
+        raise unsupported(f"attention sizes the port does not build: {where} has {'; '.join(sizes.problems)}",
+                          ckpt.config_file, spec.model_type)
+    if sizes.kv_expr:
+        if spec.attn_output_gate == "in_query":
+            raise unsupported(f"KV heads of each layer's own ({sizes.kv_expr}) with an output gate folded into the "
+                              "query projection", ckpt.config_file, spec.model_type)
+        spec.set("layer_num_kv_heads", sizes.kv_heads,
+                 Source("code", f"{sizes.file}:{sizes.kv_line}: each layer's attention has {sizes.kv_expr} KV heads",
+                        sizes.kv_expr))
+    if sizes.v_width:
+        spec.set("v_head_dim", sizes.v_width,
+                 Source("code", f"{sizes.file}:{sizes.v_line}: value heads {sizes.v_expr} wide, q and k heads "
+                                f"head_dim {spec.head_dim}", sizes.v_expr if sizes.v_expr.startswith("config.")
+                        and sizes.v_expr[7:].isidentifier() else None))
+    if sizes.value_scale is not None:
+        spec.set("attn_value_scale", sizes.value_scale,
+                 Source("code", f"{sizes.file}:{sizes.value_scale_line}: the values multiplied by "
+                                f"{sizes.value_scale_expr}",
+                        sizes.value_scale_expr if "config." in sizes.value_scale_expr else None))
 
 
 def _sliding_window(ckpt: Checkpoint, spec: Spec) -> None:

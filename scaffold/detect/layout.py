@@ -20,6 +20,7 @@ from scaffold.detect import (
     blocks,
     codekeys,
     dataflow,
+    headsizes,
     latent,
     moe,
     outbias,
@@ -435,9 +436,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if per_layer_read is not None:
         _layer_heads(ckpt, spec, names, per_layer_read, per_layer, attn, f"{prefix}.{names['layers']}", where)
     _own_output_bias(ckpt, spec, sources, per_layer, attn, o_proj, code_attn, where)
-    sinks = _attention_sinks(sources, layer0, attn, spec.heads_of(0))
-    spec.set("attention_sinks", sinks[0] if sinks else None,
-             Source("code", sinks[1]) if sinks else Source("default", "no attention sinks"))
+    _sinks(ckpt, spec, sources, per_layer, attn, where)
     _output_gate(spec, names, code_attn, layer0, attn, f"{prefix}.{names['layers']}.0.{attn}", where)
     # The q/k norms: the modules the attention's code applies to the queries and to the keys alone, whatever
     # their names (HunYuan's query_layernorm); where the code does not say, names common families use (hints).
@@ -796,11 +795,41 @@ def _query_gate(spec: Spec, names: dict, code: dataflow.Attention, layer0: dict,
     spec.set("attn_gate_bias", False, Source("code", f"the gate's bias, if any, is {names['q_proj']}'s (qkv_bias)"))
 
 
-def _attention_sinks(sources: dict, layer0: dict, attn: str, heads: int) -> tuple[str, str] | None:
-    """(parameter, evidence) of the attention sinks: a tensor of one value per head kept on the attention module
-    itself, which the code hands the attention function as its sinks (`s_aux=self.sinks`, transformers'
-    convention for a logit added to each softmax's denominator)."""
-    held = {rest.split(".", 1)[1] for rest, info in layer0.items()
+def _sinks(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dict[int, dict], attn: str, where) -> None:
+    """The attention sinks (_attention_sinks), in every layer or in the layers whose attention's __init__ builds
+    them under a condition (MiMo-V2's sliding layers: headsizes.sinks_condition), which the port evaluates."""
+    layer = next((i for i in sorted(per_layer)
+                  if _attention_sinks(sources, per_layer[i], attn, spec.heads_of(i), moe.code_names(
+                      ckpt, f"{spec.names['model']}.{spec.names['layers']}.{i}."))), None)
+    if layer is None:
+        spec.set("attention_sinks", None, Source("default", "no attention sinks"))
+        return
+    code = moe.code_names(ckpt, f"{spec.names['model']}.{spec.names['layers']}.{layer}.")
+    param, code_param, evidence = _attention_sinks(sources, per_layer[layer], attn, spec.heads_of(layer), code)
+    spec.set("attention_sinks", param, Source("code", evidence))
+    holding = [i for i in sorted(per_layer) if f"{attn}.{param}" in per_layer[i]]
+    if holding == list(range(spec.num_layers)):
+        return
+    found = headsizes.sinks_condition(sources, ckpt.config, spec.names["layers"].rsplit(".", 1)[-1], code_param,
+                                      spec.num_layers)
+    if found is None or found[1] != holding:
+        said = (f"the code builds them where {found[0]} ({found[2]}): layers {found[1]}" if found is not None
+                else "under no condition the reader follows to the config and the layer's number")
+        raise _unsupported(f"attention sinks ({attn}.{param}) in layers {holding} only, where {said}", where,
+                           spec.model_type)
+    expr, layers, line = found
+    spec.set("attention_sinks_layers", layers,
+             Source("code", f"{line}: self.{code_param} built where {expr}", expr))
+
+
+def _attention_sinks(sources: dict, tensors: dict, attn: str, heads: int,
+                     code=str) -> tuple[str, str, str] | None:
+    """(parameter as the checkpoint names it, as the code names it, evidence) of the attention sinks: a tensor of
+    one value per head kept on the attention module itself (`tensors`: one layer's), which the code hands the
+    attention function as its sinks (`s_aux=self.sinks`, transformers' convention for a logit added to each
+    softmax's denominator); `code` renames a tensor as transformers does on load (MiMo-V2's attention_sink_bias
+    is the code's sinks)."""
+    held = {code(rest).split(".", 1)[1]: rest.split(".", 1)[1] for rest, info in tensors.items()
             if rest.startswith(f"{attn}.") and rest.count(".") == 1 and tuple(info.shape) == (heads,)}
     if not held:
         return None
@@ -810,8 +839,9 @@ def _attention_sinks(sources: dict, layer0: dict, attn: str, heads: int) -> tupl
                 value = keyword.value
                 if (keyword.arg in ("s_aux", "sinks") and isinstance(value, ast.Attribute)
                         and isinstance(value.value, ast.Name) and value.value.id == "self" and value.attr in held):
-                    return value.attr, f"{file}:{node.lineno}: {keyword.arg}=self.{value.attr} (a logit per head " \
-                                       "added to the softmax's denominator)"
+                    evidence = (f"{file}:{node.lineno}: {keyword.arg}=self.{value.attr} (a logit per head added "
+                                "to the softmax's denominator)")
+                    return held[value.attr], value.attr, evidence
     return None
 
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import sourcecode
+from scaffold.detect import headsizes, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -25,11 +25,35 @@ def check(ckpt: Checkpoint) -> None:
         check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt))
     except CheckpointError as exc:
         # Attention tensors that contradict heads x head_dim: where the code builds them so, that is the feature.
+        sizes = head_sizes(ckpt) if ".self_attn." in exc.problem else None
+        if sizes is not None and sizes.problems:
+            raise unsupported(f"attention sizes the port does not build: {sizes.cls} ({sizes.file}:{sizes.line}) "
+                              f"has {'; '.join(sizes.problems)} ({exc.problem.rstrip('.')})", ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
+        if sizes is not None:
+            # KV heads of each layer's own, value heads of their own width (MiMo-V2's), read from the code: the
+            # shapes are checked against those, layer by layer (scaffold.detect.attention checks each projection).
+            check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt), sizes)
+            return
         explained = attention_sizes_explained(ckpt) if ".self_attn." in exc.problem else None
         if explained is None:
             raise
         raise unsupported(f"{explained} ({exc.problem.rstrip('.')})", ckpt.config_file,
                           ckpt.config.get("model_type")) from None
+
+
+def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:
+    """The attention's KV heads per layer and value head width as its __init__ builds them (scaffold.detect.
+    headsizes), where the code sizes some layer's KV heads or the values otherwise than heads x head_dim (with
+    the problems that keep the port from building them, if any); None otherwise."""
+    sources = sourcecode.modeling_sources(ckpt)
+    layers = ckpt.config.get("num_hidden_layers")
+    if not sources or not _is_int(layers) or layers <= 0:
+        return None
+    sizes = headsizes.read(sources, ckpt.config, None, layers)
+    if sizes is None or not (sizes.kv_expr or sizes.v_width or sizes.problems):
+        return None
+    return sizes
 
 
 def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
@@ -140,13 +164,15 @@ def _embedding_width(config: dict, info: TensorInfo | None, name: str, vocab: in
 
 
 def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
-                 per_layer: list[tuple[str, str, list[int]]] = ()) -> None:
+                 per_layer: list[tuple[str, str, list[int]]] = (), sizes: headsizes.HeadSizes | None = None) -> None:
     """Shapes the config fixes for every decoder of this layout, whatever the family.
 
     The detectors check the attention and MLP projections in detail; this covers the
     embedding and head (vocab rows), the norms, o_proj, and every bias against its weight.
     `per_layer`: (module, KEY, one count per layer) that layer_sized_modules found: that module's tensors may
     differ between layers of different counts; self_attn's count is the layer's query heads.
+    `sizes`: the KV heads of each layer and the value heads' width the attention's code builds (head_sizes): the
+    output projection takes heads x that width, and k and v differ between layers of different KV heads.
     """
     sized = {module: counts for module, _key, counts in per_layer}
     layer_heads = sized.get("self_attn")
@@ -185,7 +211,8 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
             need(name, (hidden, heads * value), f"{heads} heads of values {value} wide (v_head_dim) and {hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
             here = layer_heads[int(name.split(".")[2])] if layer_heads else heads
-            need(name, (hidden, here * head_dim), f"{here} heads of size {head_dim} and {hkey} {hidden}")
+            width = sizes.v_width if sizes is not None and sizes.v_width else head_dim
+            need(name, (hidden, here * width), f"{here} heads of size {width} and {hkey} {hidden}")
         if heads and head_dim and _QK_NORM.match(name):
             _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
             query_heads = layer_heads[int(name.split(".")[2])] if layer_heads else heads
@@ -223,6 +250,10 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
             here, there = int(match.group(2)), int(_LAYER_PARTS.match(other).group(2))
             if len(counts) > max(here, there) and counts[here] != counts[there]:
                 continue  # a module sized per layer: scaffold.detect.layout checks each layer against its count
+            kv = sizes.kv_heads if sizes is not None else []
+            if (match.group(3).startswith("self_attn.") and len(kv) > max(here, there)
+                    and kv[here] != kv[there]):
+                continue  # KV heads of each layer's own: scaffold.detect.attention checks each layer's k and v
             raise CheckpointError(
                 f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
                 "must have the same shape in every layer.",

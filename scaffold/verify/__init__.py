@@ -340,12 +340,16 @@ class _Sharding:
         layer0 = {n: str(ckpt.path / info.file) for n, info in ckpt.tensors.items()
                   if n.startswith("model.layers.0.") and n.rsplit(".", 2)[-2] in
                   ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") and n.endswith(".weight")}
+        if spec.qkv_layout == "separate" and spec.value_dim != spec.head_dim:
+            report.add(cls.CHECK, None, f"not simulated: value heads {spec.v_head_dim} wide, q and k heads "
+                                        f"{spec.head_dim} (the simulated ranks cut v by head_dim); {live}")
+            return None
         if spec.qkv_layout != "separate" or spec.mlp_kind != "gated" or len(layer0) != 5:
             report.add(cls.CHECK, None, "not simulated: the checkpoint does not store q, k, v, gate and up "
                                         "separately")
             return None
         request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.heads_of(0),
-                   "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
+                   "num_kv_heads": spec.kv_heads_of(0), "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
                    "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
                    "query_heads": spec.heads_of(0) * spec.query_rows // (spec.num_heads * spec.head_dim)}
         return cls(report, len(report.checks), request, stage, spec.package, real_spec)

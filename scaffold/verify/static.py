@@ -87,7 +87,7 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         o_bias = spec.o_bias or (spec.o_bias_param is not None and i in spec.o_bias_layers)
         for kind in ("weight", "bias") if o_bias else ("weight",):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
-        if spec.attention_sinks:
+        if spec.attention_sinks and (not spec.attention_sinks_layers or i in spec.attention_sinks_layers):
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
         if "attn_gate" in n:  # a separate gate projection (not one folded into q_proj)
             for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
@@ -186,7 +186,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
     elif spec.qkv_layout == "separate":
         want.update({f"{attn}.{n['q_proj']}": spec.query_rows, f"{attn}.{n['k_proj']}": kv,
-                     f"{attn}.{n['v_proj']}": kv})
+                     f"{attn}.{n['v_proj']}": spec.num_kv_heads * spec.value_dim})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
     if not spec.has_dense_mlp:
@@ -212,6 +212,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     # router kept one module deeper, gate.wg, loads as the port's wg), so the modules expected are renamed too.
     want = {renamed_name(spec, f"{module}.weight").rsplit(".", 1)[0]: rows for module, rows in want.items()}
     query = renamed_name(spec, f"{attn}.{n['q_proj']}.weight").rsplit(".", 1)[0] if "q_proj" in n else None
+    key = renamed_name(spec, f"{attn}.{n['k_proj']}.weight").rsplit(".", 1)[0] if "k_proj" in n else None
+    value = renamed_name(spec, f"{attn}.{n['v_proj']}.weight").rsplit(".", 1)[0] if "v_proj" in n else None
     prefix = f"{n['model']}.{n['layers']}."
     transposed = transposed_modules(spec)
     problems, seen = [], set()
@@ -234,6 +236,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             wanted = want[module]
             if module == query and spec.layer_num_heads and layer.isdigit() and int(layer) < spec.num_layers:
                 wanted = spec.heads_of(int(layer)) * spec.head_dim  # this layer's own query heads
+            if module in (key, value) and spec.layer_num_kv_heads and layer.isdigit() \
+                    and int(layer) < spec.num_layers:  # this layer's own KV heads
+                wanted = spec.kv_heads_of(int(layer)) * (spec.head_dim if module == key else spec.value_dim)
             if rows != wanted:
                 problems.append(f"{name} has {rows} rows, the spec needs {wanted}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
@@ -244,10 +249,13 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     own_heads = (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_heads))))} query heads"
                  if spec.layer_num_heads else "")
+    own_heads += (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_kv_heads))))} KV heads"
+                  if spec.layer_num_kv_heads else "")
+    v_rows = spec.num_kv_heads * spec.value_dim
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
                  if latent else f"q {spec.query_rows}"
-                 f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {kv} rows "
+                 f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {v_rows} rows "
                  f"(GQA {spec.num_heads}:{spec.num_kv_heads}"
                  f"{own_heads}"
                  f"{', ' + spec.qkv_layout if spec.qkv_layout != 'separate' else ''})")
