@@ -89,8 +89,13 @@ def identity_layers(sources: dict, config: dict, layers_attr: str | None, attr: 
     expr = window._Substitute({index: ast.Name("layer_idx", ast.Load())} if index else {}, {}, {}).visit(expr)
     text = ast.unparse(expr)
     reads = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    if "layer_idx" not in reads:
+        return None  # the same module in every layer, as config.json selects it (conditions.selected reads that)
     truth = [conditions.evaluate(expr, config, {"layer_idx": i}) for i in range(num_layers)]
     if reads - window.READS or None in truth:
         raise unsupported(f"a layer norm built as an identity on the layers where {text} ({said}), which config.json "
                           "does not decide", where, model_type)
-    return Identity(attr, [i for i, t in enumerate(truth) if t], text, said)
+    layers = [i for i, t in enumerate(truth) if t]
+    # None where config.json selects the module in every layer (HyperCLOVA X's `... if config.use_post_norm else
+    # nn.Identity()` with use_post_norm true): no layer is an identity.
+    return Identity(attr, layers, text, said) if layers else None

@@ -163,7 +163,7 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
                         if cls.name in owners and isinstance(value, ast.Call)
                         and codekeys.callee(value) in weightless})
     if not norms and _no_final_norm(code or modeling_sources(ckpt), ckpt.config):
-        return embeds[0], None, (heads[0] if heads else "lm_head"), None
+        return embeds[0], None, (heads[0] if heads else "lm_head"), None, None
     embed_norm = None
     if len(norms) == 2:
         # A norm of its own on the embeddings (BLOOM's word_embeddings_layernorm): the one the base model's
