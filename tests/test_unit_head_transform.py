@@ -270,3 +270,11 @@ def test_a_final_norm_the_causal_lm_applies_is_no_head_transform():
         return self.lm_head(self.norm(h))
 '''}
     assert headtransform.find(code, None, {}) is None
+
+
+def test_a_norm_the_config_selects_in_every_layer_is_no_identity_norm():
+    # HyperCLOVA X: `self.post_norm1 = RMSNorm(...) if config.use_post_norm else nn.Identity()`: config.json decides
+    # for every layer alike (conditions.selected reads it), whatever its value.
+    code = transformers_code("hyperclovax")
+    for use in (True, False):
+        assert identitynorm.identity_layers(code, {"use_post_norm": use}, "layers", "post_norm1", 3, None, None) is None
