@@ -230,6 +230,9 @@ class _Modules:
             top.add(f"{n['model']}.{n['embed_positions']}.weight")
         if "embed_norm" in n:
             top |= {f"{n['model']}.{n['embed_norm']}.weight", f"{n['model']}.{n['embed_norm']}.bias"}
+        if spec.head_act is not None:  # a transform before the head, beside it
+            top |= {f"{n['head_transform']}.{n[role]}.{kind}" for role in ("head_dense", "head_norm")
+                    for kind in ("weight", "bias")}
         return cls({m: (fused, shard) for m, fused, shard in stacked_modules(spec)}, expert_modules(spec),
                    dict(split_modules(spec)), frozenset(plain_layer_modules(spec)), frozenset(top),
                    stacked_expert_tensors(spec), transposed_modules(spec))

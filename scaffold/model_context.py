@@ -176,7 +176,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
         "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
         # vLLM's RMSNorm adds the residual inside the norm (norm(x, residual) -> x, residual).
-        "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich"),
+        # A layer whose attention reads the residual stream without its norm (an identity there) has no fused
+        # norm to add the residual in: such ports use the sequential forward.
+        "fused_residual": (spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich")
+                           and not spec.unnormed_attn_layers),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent") or (gated and spec.gate_up_layout == "fused"),
@@ -317,6 +320,12 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     gate_bias = bool(spec.gate_extra_bias)
     # Parameters the port loads with a per-rank slice of their own (the gate bias, the attention sinks).
     sliced = gate_bias or bool(spec.attention_sinks)
+    # The MLP's activation, and a plain one for a transform before the head (spec.head_act).
+    activations = ({flags["act_call"].split("(", 1)[0] if flags["act_call"] else
+                    "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
+                    "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn"} if mlp_class else set())
+    if spec.head_act is not None:
+        activations.add("get_act_fn")
     stdlib = [
         *([Import("math")] if alibi else []),
         Import("re"),
@@ -341,10 +350,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("tensor_model_parallel_all_gather", sharded_norm),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
-        *([Import("vllm.model_executor.layers.activation",
-                  (flags["act_call"].split("(", 1)[0] if flags["act_call"] else
-                   "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
-                   "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn",))] if mlp_class else []),
+        *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         # LayerNorm1P is the port's own class.
@@ -354,7 +360,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
              or spec.attn_output_gate not in ("none", "in_query")),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q),
             ("QKVParallelLinear", not latent),
-            ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q),
+            ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None),
             ("RowParallelLinear", True),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),

@@ -297,8 +297,13 @@ def decisions(spec) -> list[str]:
         norm += " with bias" if spec.norm_bias else " without bias"
     if spec.norm_weightless:
         norm = {"rms": "RMSNorm", "layer": "LayerNorm"}[spec.norm_kind] + " without parameters (no scale, no bias)"
-    if spec.embedding_norm:
+    if spec.embedding_norm and "embed_norm" in n:
+        norm += f"; `{n['embed_norm']}`, a norm of its own, normalizes the embeddings before the first layer"
+    elif spec.embedding_norm:
         norm += f"; the final norm `{n['norm']}` also normalizes the embeddings before the first layer"
+    if spec.unnormed_attn_layers:
+        norm += (f"; no `{n['attn_norm']}` in layers {spec.unnormed_attn_layers} (an identity there: "
+                 f"{_md(spec.source('unnormed_attn_layers').detail)})")
     block = {"pre_norm": "norm before attention and before the MLP",
              "sandwich": "norms before and after both attention and the MLP",
              "post_norm": "norm after attention and after the MLP, before each residual add",
@@ -319,6 +324,9 @@ def decisions(spec) -> list[str]:
         out.append("- scaling: " + "; ".join(scales) + ".")
     tied = f"tied: {n['lm_head']} is {n['embed_tokens']}" if spec.tie_word_embeddings else "untied"
     out.append(f"- embeddings {tied}.")
+    if spec.head_act is not None:
+        out.append(f"- head transform: `{n['head_transform']}` computes `{n['head_norm']}`({spec.head_act}("
+                   f"`{n['head_dense']}`(h))) before the head ({_md(spec.source('head_act').detail)}).")
     if spec.normalized_head:
         out.append(f"- normalized head: the rows of `{n['lm_head']}` are L2-normalized once, in load_weights, as "
                    f"the modeling code normalizes them before its matmul ({_md(spec.source('normalized_head').detail)}).")

@@ -133,6 +133,12 @@ NAME_ROLES = (
     # where attn_sub_norm, mlp_sub_norm are true.
     "attn_sub_norm",
     "mlp_sub_norm",
+    # A transform of the final hidden states before the output head (BERT's and ModernBERT-decoder's prediction
+    # head): the module beside the head (from the root) and its linear map and norm, applied as
+    # head_norm(head_act(head_dense(h))); present only where head_act is set.
+    "head_transform",
+    "head_dense",
+    "head_norm",
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -526,6 +532,10 @@ class Spec:
     norm_bias: bool = spec_field(False, group="norms", probe=NORMS, doc="the norms have a bias")
     norm_weightless: bool = spec_field(False, group="norms", probe=NORMS, omit_when_empty=True,
                                        doc="the norms hold no parameter: no scale, no bias (OLMo's)")
+    unnormed_attn_layers: list[int] = spec_field(
+        [], group="norms", probe=NORMS, layer_list=True, omit_when_empty=True,
+        doc="the layers whose attention reads the residual stream without its norm: the layer builds an identity "
+            "in names.attn_norm's place (ModernBERT-decoder's layer 0)")
     embedding_norm: bool = spec_field(False, group="norms", probe="embed", omit_when_empty=True,
                                       doc="the embeddings are normalized before the first layer: by names.embed_norm "
                                           "where the names have it, else by the final norm")
@@ -539,6 +549,13 @@ class Spec:
     # Embeddings and head.
     tie_word_embeddings: bool = spec_field(False, group="head", probe="logits", doc="the head is the embedding")
     lm_head_bias: bool = spec_field(False, group="head", probe="logits", doc="the head has a bias")
+    head_act: str | None = spec_field(
+        None, group="head", probe="logits", omit_when_empty=True,
+        doc="a transform before the head: names.head_transform computes head_norm(head_act(head_dense(h))) "
+            "(ModernBERT-decoder's prediction head; head_act is vLLM's activation name, the norm is built as the "
+            "layers' norms are); None: the head reads the final norm's output")
+    head_dense_bias: bool = spec_field(False, group="head", probe="logits", omit_when_empty=True,
+                                       doc="the head transform's linear map has a bias")
     normalized_head: bool = spec_field(
         False, group="head", probe="logits", doc="the head's rows are L2-normalized first (Baichuan 2's NormHead)")
     embedding_multiplier: float | None = spec_field(None, group="head", probe="embed",
@@ -963,6 +980,11 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.attn_output_gate == "in_query" and spec.qkv_layout != "separate":
         raise SpecError("a gate folded into the query projection (attn_output_gate 'in_query') needs separate q, k, v "
                         f"projections, not qkv_layout {spec.qkv_layout!r}.", origin)
+    transform = [role for role in ("head_transform", "head_dense", "head_norm") if role in names]
+    if (spec.head_act is not None) != bool(transform) or transform and len(transform) != 3:
+        raise SpecError(f"head_act is {spec.head_act!r} but 'names' has {', '.join(transform) or 'none'} of the "
+                        "roles head_transform, head_dense, head_norm (a transform before the head needs all three).",
+                        origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

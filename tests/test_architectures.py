@@ -251,6 +251,15 @@ ARCHITECTURES = {
         "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.25},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}}),
+    # ModernBERT-decoder: LayerNorms (with a bias here), a norm inside the module that embeds the tokens
+    # (embeddings.norm), no attention norm in layer 0 (nn.Identity there), Wi cut in halves (the first activated),
+    # sliding-window layers (local_attention 16: a window of 8) with a rotary base of their own, and a prediction
+    # head (dense, activation, norm) before the decoder tied to the embedding; the head's activation
+    # (classifier_activation) set apart from the MLP's, so a port using the wrong one fails.
+    "modernbert-decoder": ("modernbert-decoder", {**TOKENS, "tie_word_embeddings": True, "local_attention": 16,
+                                                  "norm_bias": True, "classifier_bias": True,
+                                                  "attention_bias": True, "mlp_bias": True,
+                                                  "classifier_activation": "silu"}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -346,6 +355,10 @@ EXPECTED_SPEC = {
                           "mlp_kind": "plain", "norm_kind": "layer"},
     "axk1": {"qkv_layout": "latent", "moe_sigmoid": True, "dense_layers": [0], "moe_output_norm": "post_mlp_layernorm",
              "moe_output_norm_on_layer": True},
+    "modernbert-decoder": {"embedding_norm": True, "unnormed_attn_layers": [0], "head_act": "silu",
+                           "head_dense_bias": True, "norm_kind": "layer", "norm_bias": True, "hidden_act": "gelu",
+                           "gate_up_layout": "fused", "gate_up_order": "gate_first", "sliding_window": 8,
+                           "sliding_window_layers": [1, 2], "tie_word_embeddings": True, "lm_head_bias": True},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
     "opt-post-ln": {"block": "residual_norm", "position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True,

@@ -803,6 +803,10 @@ def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
     return out
 
 
+def _identity_call(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "Identity" and not node.args
+
+
 def _other_assignments(init: ast.FunctionDef | None, config: dict) -> dict[str, list[ast.expr]]:
     """self.X = <call> in __init__ after the first one (_init_assignments keeps the first): the other branch of
     an `if` the config does not decide."""
@@ -1519,6 +1523,14 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     # `A(...) if config.x else B(...)`: the branch config.json selects; modules the config switches off go.
     off = _switched_off(init, config)
     chosen = {a: conditions.selected(v, config) for a, v in _init_assignments(init).items()}
+    # A module built as nn.Identity() on some layers only (ModernBERT-decoder's `self.attn_norm = nn.LayerNorm(...)
+    # if layer_idx != 0 else nn.Identity()`): the module the other layers build (identitynorm.py reads which).
+    for a, v in _init_assignments(init).items():
+        if chosen[a] is None and isinstance(v, ast.IfExp) and _identity_call(v.body) != _identity_call(v.orelse):
+            chosen[a] = v.orelse if _identity_call(v.body) else v.body
+        elif _identity_call(chosen[a]):
+            built = [o for o in _other_assignments(init, config).get(a, ()) if not _identity_call(o)]
+            chosen[a] = built[0] if len(built) == 1 else chosen[a]
     subs = {a: v for a, v in chosen.items() if isinstance(v, ast.Call) and a not in off
             and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
     undecided = []

@@ -21,6 +21,8 @@ from scaffold.detect import (
     codekeys,
     dataflow,
     headsizes,
+    headtransform,
+    identitynorm,
     latent,
     moe,
     outbias,
@@ -30,6 +32,7 @@ from scaffold.detect import (
     submodules,
     temperature,
 )
+from scaffold.detect.activations import transformers_activations, vllm_registry
 from scaffold.detect.common import BACKEND_HINT
 from scaffold.detect.common import unsupported as _unsupported
 from scaffold.detect.linears import built_with, linear_classes
@@ -162,7 +165,7 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
                         if cls.name in owners and isinstance(value, ast.Call)
                         and codekeys.callee(value) in weightless})
     if not norms and _no_final_norm(code or modeling_sources(ckpt), ckpt.config):
-        return embeds[0], None, (heads[0] if heads else "lm_head"), None
+        return embeds[0], None, (heads[0] if heads else "lm_head"), None, None
     embed_norm = None
     if len(norms) == 2:
         # A norm of its own on the embeddings (BLOOM's word_embeddings_layernorm): the one the base model's
@@ -171,18 +174,36 @@ def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: di
         if len(before) == 1:
             embed_norm = next(n for n in norms if n.rsplit(".", 1)[-1] == before[0][0])
             norms = [n for n in norms if n != embed_norm]
+        elif not before:
+            # Or a norm inside the module that embeds the tokens (ModernBERT-decoder's embeddings.norm), which the
+            # base model calls before its layers.
+            inner = [path for path, _file, _line in _embedding_module_norms(code or modeling_sources(ckpt))
+                     if path in norms]
+            if len(inner) == 1:
+                embed_norm = inner[0]
+                norms = [n for n in norms if n != embed_norm]
     if len(norms) != 1:
         raise UnsupportedArchitecture(f"expected one final norm {where_text.split(' (')[0]}, found "
                                       f"{norms or 'none'}.", where)
+    transform = None
+    if len(heads) > 1 or any("." in h for h in heads):
+        # A transform before the head (ModernBERT-decoder's prediction head): its own linear map is no head, and
+        # the head it feeds may be tied to the embedding (no tensor of its own).
+        transform = headtransform.find(code or modeling_sources(ckpt), None, ckpt.config)  # Refused: by name
+        if transform is not None:
+            heads = [h for h in heads if not h.startswith(transform.module + ".")] or [transform.head]
     if len(heads) > 1:
         raise UnsupportedArchitecture(f"expected at most one output head beside {prefix!r}, found {heads}.", where)
     head = heads[0] if heads else "lm_head"
     attributes = [embeds[0].rsplit(".", 1)[-1], norms[0].rsplit(".", 1)[-1]]
-    if len(set(attributes)) != 2 or head.rsplit(".", 1)[-1] == prefix:
-        raise UnsupportedArchitecture(f"the embedding {embeds[0]!r}, final norm {norms[0]!r} and head {head!r} "
+    if embed_norm is not None:
+        attributes.append(embed_norm.rsplit(".", 1)[-1])
+    if len(set(attributes)) != len(attributes) or head.rsplit(".", 1)[-1] == prefix:
+        raise UnsupportedArchitecture(f"the embedding {embeds[0]!r}, final norm {norms[0]!r}"
+                                      f"{f', embedding norm {embed_norm!r}' if embed_norm else ''} and head {head!r} "
                                       "end in the same name; the port names its modules after their last "
                                       "component.", where)
-    return embeds[0], norms[0], head, embed_norm
+    return embeds[0], norms[0], head, embed_norm, transform
 
 
 def _no_final_norm(sources: dict, config: dict | None = None) -> str:
@@ -255,6 +276,58 @@ def _norms_before_layers(sources: dict, candidates, layers: str | None = None) -
     return sorted(set(found), key=lambda f: (f[2], f[0], f[1]))
 
 
+def _embedding_module_norms(sources: dict, layers: str | None = None) -> list[tuple[str, str, int]]:
+    """(MODULE.NORM, file, line) where the forward of the class holding the layer list calls `self.MODULE(...)`
+    before its loop over the layers, MODULE's class builds the token embedding (nn.Embedding), and its forward
+    returns what `self.NORM` makes of it: a norm on the embeddings inside the module that embeds the tokens
+    (ModernBERT-decoder's `self.drop(self.norm(self.tok_embeddings(input_ids)))`)."""
+    classes = _classes(sources)
+    built = {(c.name, a): v for _f, c, fn, a, v in codekeys.self_assignments(sources) if fn.name == "__init__"}
+    found = []
+    for ll in codekeys.layer_lists(sources):
+        if layers is not None and ll.attribute != layers:
+            continue
+        for attr, _file, _line in _calls_before_layers(sources, ll):
+            value = built.get((ll.owner, attr))
+            if not isinstance(value, ast.Call) or codekeys.callee(value) not in classes:
+                continue
+            file, cls = classes[codekeys.callee(value)]
+            own = {a: v for (c, a), v in built.items() if c == cls.name}
+            if not any(isinstance(v, ast.Call) and codekeys.callee(v) == "Embedding" for v in own.values()):
+                continue
+            forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            for node in subtree(forward) if forward is not None else ():
+                # self.NORM(self.EMBED(...)), or self.NORM(x) after x = self.EMBED(...): the norm reads the token
+                # embedding.
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and _dotted(node.func.value) == "self" and node.args
+                        and "norm" in codekeys.callee(own.get(node.func.attr)).lower()):
+                    continue
+                arg = node.args[0]
+                if isinstance(arg, ast.Name):
+                    arg = headtransform.last_value(forward, arg.id, node.lineno)
+                if (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute)
+                        and _dotted(arg.func.value) == "self" and codekeys.callee(own.get(arg.func.attr)) == "Embedding"):
+                    found.append((f"{attr}.{node.func.attr}", file, node.lineno))
+    return sorted(set(found), key=lambda f: (f[2], f[0], f[1]))
+
+
+def _calls_before_layers(sources: dict, ll) -> list[tuple[str, str, int]]:
+    """(attribute, file, line) of each `self.X(...)` the forward of the class holding the layer list `ll` calls
+    before its loop over the layers."""
+    found = []
+    for file, cls, func in codekeys.methods(sources):
+        if cls.name != ll.owner or func.name != "forward":
+            continue
+        loops = [n.lineno for n in subtree(func) if isinstance(n, ast.For)
+                 and f"self.{ll.attribute}" in ast.unparse(n.iter)]
+        if loops:
+            found += [(n.func.attr, file, n.lineno) for n in subtree(func) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                      and n.func.value.id == "self" and n.lineno < min(loops)]
+    return found
+
+
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
     where = ckpt.config_file
     for pattern, feature in UNSUPPORTED_MARKERS:
@@ -311,7 +384,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         del top[f"{prefix}.{positions_table}.weight"]
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
     try:
-        embed, norm, head, embed_norm = top_modules(ckpt, spec, prefix, top, inside, code)
+        embed, norm, head, embed_norm, transform = top_modules(ckpt, spec, prefix, top, inside, code)
+    except headtransform.Refused as exc:  # a form the code shows and the port cannot compute: refused, not unknown
+        raise _unsupported(f"a transform of the final hidden states before the head: {exc}", where,
+                           spec.model_type) from None
     except UnsupportedArchitecture as exc:
         raise Undetermined(*(Unknown(f"names.{role}", exc.problem.rstrip("."))
                              for role in ("embed_tokens", "norm", "lm_head"))) from None
@@ -322,6 +398,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     names["lm_head"] = head
     if embed_norm is not None:
         names["embed_norm"] = embed_norm
+    if transform is not None:
+        _head_transform(ckpt, spec, names, transform)
+        head_norm_built = transform.norm_built
     spec.set("skipped_tensors", skipped,
              Source("code", "buffers the code registers (register_buffer), recomputed by the port") if skipped
              else Source("default", "the checkpoint stores no buffers"))
@@ -351,7 +430,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # does not decide.
     sources = modeling_sources(ckpt)
     weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
-    flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless)
+    identities = _identity_norms(sources, ckpt, spec, names["layers"], per_layer, weightless)
+    flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless, identities)
+    if "attn_norm" in identities:
+        found = identities["attn_norm"]
+        spec.set("unnormed_attn_layers", found.layers, Source("code", found.evidence))
+    # The norms' tensors as a layer that builds them all holds them.
+    norm_ref = next(i for i in sorted(per_layer) if all(i not in f.layers for f in identities.values()))
     code_attn = flow.attention_flow if flow is not None else None
     # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
     # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
@@ -565,7 +650,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         names["act_fn"] = act_module.attr
         spec.set("act_tensors", list(act_module.tensors), Source("code", act_module.evidence))
 
-    _norms_and_block(ckpt, spec, names, layer0, sources, inside, weightless, flow)
+    _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref)
+    if transform is not None:
+        _head_norm(ckpt, spec, names, sources, flow, head_norm_built)
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
     # Norms inside the sublayers (BitNet's attn_sub_norm before o_proj, ffn_sub_norm before down_proj).
     try:
@@ -1011,9 +1098,11 @@ def _code_block(norms: dict, parallel, code_parallel: bool | None = None,
 
 
 def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
-                weightless: set[str]) -> dataflow.Layer | None:
+                weightless: set[str], identities: dict | None = None) -> dataflow.Layer | None:
     """What the decoder layer's code computes, with every role it names confirmed by a tensor of layer 0; None
-    without source. Roles the tensors do not confirm are dropped (the name table decides those)."""
+    without source. Roles the tensors do not confirm are dropped (the name table decides those); a norm the code
+    builds as an identity in layer 0 (`identities`, checked against the tensors) is kept."""
+    identities = identities or {}
     if not sources:
         return None
     try:
@@ -1036,8 +1125,43 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
             mlp = None
     elif mlp is not None and not present(flow.mlp, mlp.gate, mlp.up, mlp.down):
         mlp = None
-    norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0 or a in weightless}
+    norms = {role: a for role, a in flow.norms.items() if f"{a}.weight" in layer0 or a in weightless
+             or role in identities}
     return replace(flow, attention_flow=attn, mlp_flow=mlp, norms=norms)
+
+
+def _identity_norms(sources: dict, ckpt: Checkpoint, spec: Spec, layers: str, per_layer: dict[int, dict],
+                    weightless: set[str]) -> dict[str, identitynorm.Identity]:
+    """role -> the layers whose decoder layer builds that norm as nn.Identity() (scaffold.detect.identitynorm),
+    where the checkpoint holds the norm's scale in every other layer and in none of those. Only the attention's
+    input norm may be one (the port's sequential layer reads it as an identity there); another is refused by name,
+    and so is a checkpoint whose tensors say otherwise."""
+    if not sources:
+        return {}
+    try:
+        flow = dataflow.analyze_layer(sources, configured(sources, ckpt.config), layers) or dataflow.analyze_layer(
+            sources, configured(sources, ckpt.config))
+    except RecursionError:
+        return None
+    out = {}
+    for role, attr in (flow.norms.items() if flow is not None else ()):
+        if attr in weightless:
+            continue
+        found = identitynorm.identity_layers(sources, ckpt.config, layers, attr, spec.num_layers, ckpt.config_file,
+                                             spec.model_type)
+        if found is None:
+            continue
+        holding = [i for i, tensors in per_layer.items() if f"{attr}.weight" in tensors]
+        if sorted(holding) != [i for i in range(spec.num_layers) if i not in found.layers]:
+            raise _unsupported(f"a layer norm built as an identity on layers {found.layers} ({found.evidence}), but "
+                               f"the checkpoint holds {layers}.N.{attr}.weight in layers {sorted(holding)}",
+                               ckpt.config_file, spec.model_type)
+        if role != "attn_norm":
+            raise _unsupported(f"the {role.replace('_', ' ')} built as an identity on layers {found.layers} "
+                               f"({found.evidence}); the port leaves out only the attention's input norm",
+                               ckpt.config_file, spec.model_type)
+        out[role] = found
+    return out
 
 
 def _qk_norm_built(sources: dict, attn: dataflow.Attention, config: dict, where,
@@ -1205,7 +1329,9 @@ def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
 
 
 def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict,
-                     weightless_attributes: set[str], flow: dataflow.Layer | None = None) -> None:
+                     weightless_attributes: set[str], flow: dataflow.Layer | None = None, ref: int = 0) -> None:
+    """The block and the norms' kind, read from the tensors of layer `ref` (`layer0`: the first layer that builds
+    every norm, 0 unless some are identities there)."""
     where = ckpt.config_file
     have = {n for n in NORMS if f"{n}.weight" in layer0}
     parallel = ckpt.config.get("use_parallel_residual")
@@ -1262,11 +1388,11 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
         spec.set("norm_offset", 0.0, Source("default", "norm output is x_normed * weight"))
     if has_bias and spec.norm_kind == "rms":
         raise _unsupported(f"{norm_attr} has a bias but its code is an RMS norm", where, spec.model_type)
-    spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.bias"))
+    spec.set("norm_bias", has_bias, Source("tensor", f"{names['model']}.{names['layers']}.{ref}.{norm_attr}.bias"))
     weightless = f"{norm_attr}.weight" not in layer0 and norm_attr in weightless_attributes
     spec.set("norm_weightless", weightless,
              Source("code", f"{code.where}: {code.cls} holds no parameter") if weightless and code is not None
-             else Source("tensor", f"{names['model']}.{names['layers']}.0.{norm_attr}.weight"))
+             else Source("tensor", f"{names['model']}.{names['layers']}.{ref}.{norm_attr}.weight"))
     if weightless and code is not None:
         spec.set("norm_offset", 0.0, Source("code", f"{code.where}: {code.cls} has no scale"))
     qk_weightless = spec.qk_norm != "none" and f"{attention_module(names)}.{names['q_norm']}.weight" not in layer0
@@ -1279,13 +1405,58 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     _embedding_norm(spec, sources, names, where, weightless_attributes)
 
 
+def _head_transform(ckpt: Checkpoint, spec: Spec, names: dict, transform) -> None:
+    """names and fields of a transform before the head (scaffold.detect.headtransform); its activation must be one
+    vLLM's registry and transformers' ACT2FN both know. Its norm is checked against the layers' in _norms_and_block."""
+    where = ckpt.config_file
+    names.update(head_transform=transform.module, head_dense=transform.dense, head_norm=transform.norm)
+    said = f"{transform.where}: the head reads {transform.cls}'s norm(act(linear(h)))"
+    if transform.act_key is not None:
+        spec.set("head_act", transform.act_name, Source("config", f"config.json {transform.act_key} ({said})",
+                                                        f"config.{transform.act_key}"))
+    else:
+        spec.set("head_act", transform.act_name, Source("code", said))
+    registry, known = vllm_registry(), transformers_activations()
+    if registry is not None and (transform.act_name.lower() not in registry.plain
+                                 or known is not None and transform.act_name not in known):
+        raise _unsupported(f"the activation {transform.act_name!r} of the transform before the head "
+                           f"({transform.cls}.{transform.act}) is not one vLLM's activation registry and "
+                           "transformers' ACT2FN both know", where, spec.model_type)
+    dense = f"{transform.module}.{transform.dense}"
+    info = ckpt.tensors.get(f"{dense}.weight")
+    if info is None or info.shape != (spec.hidden_size, spec.hidden_size):
+        raise CheckpointError(f"tensor {dense}.weight must exist with shape [{spec.hidden_size}, "
+                              f"{spec.hidden_size}] (the transform before the head maps the hidden width to "
+                              "itself).", where)
+    built = f" (built with bias={transform.dense_bias})" if transform.dense_bias else ""
+    spec.set("head_dense_bias", f"{dense}.bias" in ckpt.tensors, Source("tensor", f"{dense}.bias{built}"))
+
+
+def _head_norm(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow, built: tuple) -> None:
+    """The norm of a transform before the head is built as the layers' norms are (the port builds it so): the same
+    class and arguments, and a bias where they have one."""
+    where = ckpt.config_file
+    norm = f"{names['head_transform']}.{names['head_norm']}"
+    layer = dataflow._class(sources, flow.cls) if flow is not None else None
+    layer_norms = {submodules.constructor(layer[1], a) for a in flow.norms.values()} - {None} if layer else set()
+    if layer_norms != {built}:
+        shown = ", ".join(f"{c}({', '.join(('...',) + a)})" for c, a in sorted(layer_norms)) or "unknown"
+        raise _unsupported(f"the norm {norm} of the transform before the head is built as {built[0]}"
+                           f"({', '.join(('...',) + built[1])}), the layers' norms as {shown}; the port builds them "
+                           "alike", where, spec.model_type)
+    if (f"{norm}.bias" in ckpt.tensors) != spec.norm_bias or f"{norm}.weight" not in ckpt.tensors:
+        raise _unsupported(f"the norm {norm} of the transform before the head differs from the layers' norms in its "
+                           "tensors (weight, bias)", where, spec.model_type)
+
+
 def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str]) -> None:
     """Whether the base model's forward normalizes the embeddings before the layers: with a norm of its own
     (names.embed_norm, BLOOM's word_embeddings_layernorm) or with its final norm (NanoChat's
     `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
     if "embed_norm" in names:
         attr = names["embed_norm"].rsplit(".", 1)[-1]
-        found = _norms_before_layers(sources, {attr})
+        found = _norms_before_layers(sources, {attr}) if "." not in names["embed_norm"] else [
+            (path, file, line) for path, file, line in _embedding_module_norms(sources) if path == names["embed_norm"]]
         said = f"{found[0][1]}:{found[0][2]}: self.{attr}" if found else f"names.embed_norm ({attr})"
         spec.set("embedding_norm", True, Source("code" if found else "default",
                                                 f"{said}, a norm of its own, normalizes the embeddings before the "

@@ -170,6 +170,13 @@ def module_class(sources: dict[str, str], attribute: str,
                     and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                     and _dotted(node.targets[0].value) == "self"):
                 value = conditions.selected(node.value, config)
+                if value is None and isinstance(node.value, ast.IfExp):
+                    # `Norm(...) if layer_idx != 0 else nn.Identity()`: the module where there is one.
+                    branches = [b for b in (node.value.body, node.value.orelse) if not (
+                        isinstance(b, ast.Call) and _dotted(b.func).rsplit(".", 1)[-1] == "Identity")]
+                    value = branches[0] if len(branches) == 1 else None
+                if isinstance(value, ast.Call) and _dotted(value.func).rsplit(".", 1)[-1] == "Identity":
+                    continue  # `if i == 0: self.norm = nn.Identity() else: self.norm = Norm(...)`: the module
                 if isinstance(value, ast.Call):
                     return _dotted(value.func), Found(attribute, name, value.lineno)
     return None

@@ -175,6 +175,8 @@ def norm_before(sources: dict, config: dict, cls_name: str, linears: set, target
         calls = [n for n in subtree(cls) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attr}"]
         if any(len(c.args) + len(c.keywords) != 1 for c in calls):
             continue  # a norm takes the one tensor (ChatGLM2's core_attention takes q, k, v and the mask)
+        if (constructor(cls, attr) or ("",))[0] in dataflow.SEQUENTIAL_SKIPPED:
+            continue  # dropout (ModernBERT-decoder's MLP: Wo(drop(act(input) * gate))): the identity at inference
         interp = dataflow.Interpreter(sources, file, cls, linears | {attr}, config)
         interp.run_method("forward", [frozenset()])
         reads_target = [origins for _, origins in interp.events.inputs.get(target, [])]

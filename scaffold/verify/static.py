@@ -50,6 +50,13 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         params[f"{head}weight"] = (None,)
     if spec.lm_head_bias:
         params[f"{head}bias"] = (None,)
+    if spec.head_act is not None:  # a transform before the head: its linear map, and a norm built as the others
+        transform = f"{n['head_transform']}."
+        params[f"{transform}{n['head_dense']}.weight"] = (None,)
+        if spec.head_dense_bias:
+            params[f"{transform}{n['head_dense']}.bias"] = (None,)
+        for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
+            params[f"{transform}{n['head_norm']}.{kind}"] = (None,)
     norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
              "post_norm": ("attn_post_norm", "mlp_post_norm"), "residual_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
@@ -60,6 +67,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         kinds = () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",)
         for role in norms:
             if role not in n:  # a parallel block may share one norm
+                continue
+            if role == "attn_norm" and i in spec.unnormed_attn_layers:  # an identity there
                 continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
