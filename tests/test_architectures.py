@@ -554,6 +554,26 @@ def test_moe_port_sharded_over_two_ranks_matches_transformers(workdir):
     print(f"qwen2_moe TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
 
 
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+def test_differential_attention_sharded_over_two_ranks_matches_transformers(workdir):
+    """DiffLlama's pairs (head i with i + H/2) and value halves cross the ranks of vLLM's contiguous head sharding:
+    the port gathers v and the attention outputs; served live at tensor_parallel_size 2 against transformers."""
+    ckpt = checkpoint_for("diffllama", ARCHITECTURES, workdir)
+    out = workdir / "port-diffllama-tp2"
+    scaffold("new", ckpt, "-o", out, "--force")
+    report = json.loads(scaffold("verify", out, "--tp", "2", "--json").stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
+    # 4 heads over 2 KV heads: TP 4 would replicate the KV heads, which the port does not serve.
+    assert "TP=4: not servable (differential attention" in checks["tensor-parallel sharding"]["detail"]
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+    print(f"diffllama TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
+
+
 @pytest.mark.parametrize("name", list(UNSUPPORTED))
 def test_unsupported_architecture_is_refused_by_name(name, workdir):
     model_type, _, feature = UNSUPPORTED[name]
