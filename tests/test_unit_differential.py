@@ -211,3 +211,17 @@ def test_the_lab_module_computes_what_diffllama_computes():
     expected, _ = theirs(x, (cos, sin), attention_mask=None)
     got = ours(x, (cos.unsqueeze(2), sin.unsqueeze(2)))
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+def test_render_refuses_an_offset_that_would_become_other_code(tmp_path):
+    """A spec reaching render with an offset that is not the checked arithmetic is refused before any code is
+    written (spec files are checked on load; this is the check of the spec about to be rendered)."""
+    from scaffold.errors import ScaffoldError
+    from scaffold.render import check_spec
+    from scaffold.spec import Spec
+
+    spec = Spec(architecture="LabForCausalLM", model_type="lab", class_prefix="Lab", package="lab_vllm_port_x")
+    spec.diff_lambdas, spec.diff_norm_eps = ["a", "b", "c", "d"], 1e-5
+    spec.diff_lambda_init = "__import__('os').getcwd()"
+    with pytest.raises(ScaffoldError, match="diff_lambda_init"):
+        check_spec(spec)
