@@ -116,6 +116,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "rotary": spec.position_scheme == "rotary",
         # Gated attention: the function the port applies to the gate projection's output.
         "gate_fn": GATE_FUNCTIONS[spec.attn_gate_act] if spec.attn_output_gate != "none" else None,
+        # Differential attention (DiffLlama's): two Attention layers and the pairing of heads across ranks.
+        "diff": bool(spec.diff_lambdas),
         # Norms inside a sublayer (BitNet's): the port's full_width_norm gathers the TP slices they span.
         "sub_norm": spec.attn_sub_norm or spec.mlp_sub_norm,
         # An activation with tensors of its own: how the port builds it, one per layer (XIELU()).
@@ -201,6 +203,7 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:
         out.append(f".{spec.attention_sinks}")
+    out += [f".{vector}" for vector in spec.diff_lambdas]
     if spec.o_bias_param:
         out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
@@ -326,8 +329,10 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
                     "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn"} if mlp_class else set())
     if spec.head_act is not None:
         activations.add("get_act_fn")
+    # Differential attention gathers the value heads and the outputs across ranks; its init may call math.exp.
+    diff = bool(spec.diff_lambdas)
     stdlib = [
-        *([Import("math")] if alibi else []),
+        *([Import("math")] if alibi or diff else []),
         Import("re"),
         Import("collections.abc", ("Iterable",)),
         Import("itertools", ("islice",)),
@@ -345,16 +350,18 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", sharded_norm or alibi),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff),
             ("get_tensor_model_parallel_world_size", True),
-            ("tensor_model_parallel_all_gather", sharded_norm),
+            ("tensor_model_parallel_all_gather", sharded_norm or diff),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         # LayerNorm1P is the port's own class.
-        *([] if flags["layer_norm_1p"] else [Import("vllm.model_executor.layers.layernorm", (norm_class(spec),))]),
+        *([Import("vllm.model_executor.layers.layernorm", tuple(sorted(
+            ({"RMSNorm"} if diff else set()) | (set() if flags["layer_norm_1p"] else {norm_class(spec)}))))]
+          if diff or not flags["layer_norm_1p"] else []),
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
              or spec.attn_output_gate not in ("none", "in_query")),

@@ -42,6 +42,7 @@ from scaffold.spec import (
     IDENTIFIER,
     Spec,
     field_problem,
+    init_problem,
     port_names,
     renamed_prefixes,
     renamed_substrings,
@@ -186,6 +187,11 @@ def check_spec(spec: Spec, where: str | Path | None = None) -> None:
         if problem:
             raise ScaffoldError(f"spec {problem}; refusing to render it.", where)
     validate_identifiers(spec, str(where or "spec"))
+    # Differential attention's offset and vectors become code: the same checks a spec file's values get.
+    problem = init_problem(spec.diff_lambda_init) if spec.diff_lambdas else None
+    bad = [n for n in spec.diff_lambdas if not IDENTIFIER.fullmatch(n) or keyword.iskeyword(n)]
+    if problem or bad:
+        raise ScaffoldError(f"spec diff_lambda_init / diff_lambdas: {problem or bad}; refusing to render it.", where)
 
 
 @jinja2.pass_context

@@ -225,6 +225,16 @@ def decisions(spec) -> list[str]:
                    + (f"; only in layers {spec.attention_sinks_layers}, where "
                       f"`{_md(spec.source('attention_sinks_layers').expr or '')}` (the code builds them there)."
                       if spec.attention_sinks_layers else "."))
+    if spec.diff_lambdas:
+        lam = spec.diff_lambdas
+        out.append(f"- differential attention ({_md(spec.source('diff_lambdas').detail)}): two vLLM attentions over "
+                   "the same q and k, fed the first and the second half of the value heads (each repeated twice); "
+                   "their outputs, [o1 | o2] per head, are paired head i with head i + H/2 and subtracted, the second "
+                   f"weighted by exp(sum({lam[0]} * {lam[1]})) - exp(sum({lam[2]} * {lam[3]})) + init, "
+                   f"init = `{spec.diff_lambda_init}`; the difference is RMS-normed over 2 * head_dim (no weight, eps "
+                   f"{spec.diff_norm_eps}) and scaled by 1 - init before `{spec.names['o_proj']}`. Under tensor "
+                   "parallelism the value heads and the outputs are all-gathered and each rank computes the pairs "
+                   f"whose `{spec.names['o_proj']}` columns it holds.")
     if spec.o_bias_param:
         out.append(f"- an output bias the attention keeps as its own parameter, `{spec.names['self_attn']}."
                    f"{spec.o_bias_param}`, added by the layer to `{spec.names['o_proj']}`'s output "

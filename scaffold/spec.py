@@ -8,6 +8,7 @@ the port can be regenerated with `scaffold new CKPT --spec scaffold_spec.toml`.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import importlib.machinery
@@ -319,6 +320,20 @@ class Spec:
     attn_value_scale: float | None = spec_field(
         None, group="attention", probe="self_attn", omit_when_empty=True,
         doc="a factor the values are multiplied by before attention (MiMo-V2's attention_value_scale); None: none")
+    # Differential attention (DiffLlama's, arXiv 2410.05258; scaffold.detect.differential): two attentions over the
+    # same q and k, one per half of the value heads, their outputs paired head i with head i + H/2 and subtracted.
+    diff_lambdas: list[str] = spec_field(
+        [], group="attention", probe="self_attn", omit_when_empty=True,
+        doc="differential attention's four vectors of head_dim, by their parameter names in the attention module: "
+            "the second output is weighted by exp(sum(l0 * l1)) - exp(sum(l2 * l3)) + init; empty: no differential "
+            "attention")
+    diff_lambda_init: str = spec_field(
+        "", group="attention", probe="self_attn", omit_when_empty=True,
+        doc="differential attention's init, the code's expression of layer_idx (numbers, math.exp/log/sqrt): added "
+            "to the weight, and the normed difference scaled by 1 - init")
+    diff_norm_eps: float | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the eps of differential attention's RMSNorm (no weight) over each head pair's 2 * head_dim")
     # Gated attention: output * act(names.attn_gate(x)) before the output projection, x the attention's input.
     attn_output_gate: str = spec_field(
         "none", group="attention", probe="self_attn", choices=("none", "elementwise", "per_head", "in_query"),
@@ -736,6 +751,47 @@ def group_heading(name: str, previous: str | None) -> str | None:
     return GROUPS[group] if previous is None or FIELD_INFO[previous].group != group else None
 
 
+# Differential attention's init (diff_lambda_init): the calls its expression of layer_idx may make.
+INIT_CALLS = ("math.exp", "math.log", "math.sqrt")
+
+
+def _dotted_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted_name(node.value)}.{node.attr}"
+    return ""
+
+
+def init_problem(text: str) -> str | None:
+    """Why `text` cannot be the port's expression of layer_idx, or None: numbers, layer_idx, + - * / ** and
+    math.exp/log/sqrt only (the spec's value is checked by this too: it becomes code)."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return f"{text!r} is not an expression"
+    if len(text) > 300 or "\n" in text:
+        return f"{text[:80]!r} is too long"
+    for n in ast.walk(tree):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and any(
+                isinstance(m, ast.BinOp) and isinstance(m.op, ast.Pow) for m in ast.walk(n.right)):
+            return f"{text[:80]!r} raises to a power of a power"
+        if isinstance(n, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.Div,
+                          ast.Pow, ast.USub, ast.UAdd)):
+            continue
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+            continue
+        if isinstance(n, ast.Name) and n.id in ("layer_idx", "math"):
+            continue
+        if isinstance(n, ast.Attribute) and _dotted_name(n) in INIT_CALLS:
+            continue
+        if isinstance(n, ast.Call) and _dotted_name(n.func) in INIT_CALLS and len(n.args) == 1 and not n.keywords:
+            continue
+        return (f"{text!r} is not plain arithmetic of numbers, math.exp/log/sqrt and the layer index "
+                f"({ast.unparse(n) if not isinstance(n, ast.operator) else type(n).__name__})")
+    return None
+
+
 def field_problem(name: str, value: Any) -> str | None:
     """Why `value` cannot be the spec field `name`, by the field's declaration (its type, choices, bounds), or
     None. The one check of a field's value: spec files (pinned or overriding), a port's scaffold_spec.toml, and
@@ -971,6 +1027,24 @@ def validate_names(spec: Spec, origin: str) -> None:
                         origin)
     if spec.mlp_sub_norm and spec.num_experts:
         raise SpecError("a norm inside the MLP (mlp_sub_norm) is not supported with a mixture of experts.", origin)
+    if spec.diff_lambdas:
+        if len(spec.diff_lambdas) != 4 or not all(
+                isinstance(n, str) and IDENTIFIER.fullmatch(n) and not keyword.iskeyword(n) for n in spec.diff_lambdas):
+            raise SpecError(f"diff_lambdas must name four parameters (identifiers), not {spec.diff_lambdas!r}.", origin)
+        problem = init_problem(spec.diff_lambda_init)
+        if problem:
+            raise SpecError(f"diff_lambda_init: {problem}.", origin)
+        if spec.diff_norm_eps is None:
+            raise SpecError("differential attention (diff_lambdas) needs diff_norm_eps.", origin)
+        others = [f for f, on in (("latent attention", spec.qkv_layout == "latent"),
+                                  ("attn_output_gate", spec.attn_output_gate != "none"),
+                                  ("attn_sub_norm", spec.attn_sub_norm), ("attention_sinks", spec.attention_sinks),
+                                  ("sliding_window", spec.sliding_window),
+                                  ("attention_chunk_size", spec.attention_chunk_size),
+                                  ("attn_logit_softcap", spec.attn_logit_softcap is not None),
+                                  ("alibi", spec.position_scheme == "alibi")) if on]
+        if others:
+            raise SpecError(f"differential attention (diff_lambdas) is not supported with {', '.join(others)}.", origin)
     if bool(spec.act_tensors) != ("act_fn" in names):
         raise SpecError(f"act_tensors is {spec.act_tensors!r} but 'names' {'has a' if 'act_fn' in names else 'has no'} "
                         "module name for role 'act_fn' (the MLP's activation module holding them).", origin)

@@ -174,6 +174,11 @@ ARCHITECTURES = {
     # BitNet (float weights): an RMSNorm over the whole attention output before o_proj and one over the MLP's
     # relu2(gate) * up before down_proj, each spanning a width tensor parallelism shards.
     "bitnet": ("bitnet", {}),
+    # DiffLlama: differential attention, two attentions over the same q and k fed each half of the value heads,
+    # head i paired with head i + H/2 (4 heads over 2 KV heads: under TP 2 every pair and both value halves cross
+    # ranks), the weight from four vectors of the attention's own and an offset per layer, a weightless RMSNorm
+    # over each pair.
+    "diffllama": ("diffllama", {}),
     # GPT-1: post-LN blocks (n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)), the normed sum the next residual),
     # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
     # (ACT_FNS[config.afn]), a head tied to the token embedding.
@@ -350,6 +355,8 @@ EXPECTED_SPEC = {
                  "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
                  "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
+    "diffllama": {"diff_lambdas": ["lambda_k1", "lambda_q1", "lambda_k2", "lambda_q2"],
+                  "diff_lambda_init": "0.8 - 0.6 * math.exp(-0.3 * layer_idx)", "diff_norm_eps": 1e-5},
     "gpt_neox_japanese": {"qkv_layout": "interleaved", "o_bias": False, "o_bias_param": "dense_bias",
                           "o_bias_layers": [2], "intermediate_size": 384, "partial_rotary_factor": 0.5,
                           "mlp_kind": "plain", "norm_kind": "layer"},
@@ -434,7 +441,6 @@ UNSUPPORTED = {
                              ("attention inside a block that also holds the layer norms: norm_attn_norm "
                               "(DbrxNormAttentionNorm")),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
-    "diffllama-differential": ("diffllama", {}, "differential attention: two attention outputs subtracted"),
 }
 
 RESULTS: dict[str, dict] = {}
@@ -581,6 +587,26 @@ def test_moe_port_sharded_over_two_ranks_matches_transformers(workdir):
     print(f"qwen2_moe TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
 
 
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+def test_differential_attention_sharded_over_two_ranks_matches_transformers(workdir):
+    """DiffLlama's pairs (head i with i + H/2) and value halves cross the ranks of vLLM's contiguous head sharding:
+    the port gathers v and the attention outputs; served live at tensor_parallel_size 2 against transformers."""
+    ckpt = checkpoint_for("diffllama", ARCHITECTURES, workdir)
+    out = workdir / "port-diffllama-tp2"
+    scaffold("new", ckpt, "-o", out, "--force")
+    report = json.loads(scaffold("verify", out, "--tp", "2", "--json").stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
+    # 4 heads over 2 KV heads: TP 4 would replicate the KV heads, which the port does not serve.
+    assert "TP=4: not servable (differential attention" in checks["tensor-parallel sharding"]["detail"]
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+    print(f"diffllama TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
+
+
 @pytest.mark.parametrize("name", list(UNSUPPORTED))
 def test_unsupported_architecture_is_refused_by_name(name, workdir):
     model_type, _, feature = UNSUPPORTED[name]
@@ -604,7 +630,9 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              "mimo_v2_flash",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
-             "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite")
+             "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",
+             # Differential attention's four vectors, loaded whole on every rank.
+             "diffllama")
 
 
 @pytest.mark.engine
@@ -683,6 +711,8 @@ DEFAULTS = {
     "layer_num_heads": [],  # left out when every layer has num_heads
     # Left out when absent: MiMo-V2's forms.
     "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
+    # Left out when absent: differential attention (DiffLlama's).
+    "diff_lambdas": [], "diff_lambda_init": "", "diff_norm_eps": None,
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -6,8 +6,8 @@
   attention wrapper it follows (GPT-Neo's `attn.attention`) holds no norm and returns the attention's output.
 - Differential attention (DiffLlama's): two attention outputs subtracted, the second weighted by a value the
   attention computes from parameters of its own (`attn_output1 - lambda_full * attn_output2`, lambda_full from
-  lambda_q1 * lambda_k1 ...). vLLM's Attention computes one softmax-weighted sum per head; the difference of two,
-  paired across heads and normed per pair, is not a form the port has.
+  lambda_q1 * lambda_k1 ...). Found here; scaffold.detect.differential then decides whether it is the form the
+  port computes (DiffLlama's pairing of head i with head i + H/2), else it is refused naming what differs.
 """
 
 from __future__ import annotations

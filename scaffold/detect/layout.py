@@ -20,6 +20,7 @@ from scaffold.detect import (
     blocks,
     codekeys,
     dataflow,
+    differential,
     headsizes,
     headtransform,
     identitynorm,
@@ -686,6 +687,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for layer in sparse_layers[:1] + spec.dense_layers[:1]:
         checked[layer] = claimed | (expert_modules if layer in sparse_layers else dense)
     stack = f"{prefix}.{names['layers']}"
+    own = _differential(ckpt, spec, names, sources, code_attn, per_layer, attn, checked, where)
+    checked = {layer: mine | own for layer, mine in checked.items()}
     for layer, mine in checked.items():
         stray = sorted(r for r in per_layer[layer] if r.rsplit(".", 1)[0] not in mine and r not in mine
                        and "rotary_emb." not in r)
@@ -724,6 +727,44 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _differential(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, code_attn, per_layer: dict, attn: str,
+                  checked: dict, where) -> set[str]:
+    """Differential attention (DiffLlama's): where the attention's forward subtracts two attention outputs, the
+    second weighted by a value of its own parameters (blocks.differential_attention), read what it computes
+    (scaffold.detect.differential) and set diff_*; the parameters it claims. Refused naming what differs."""
+    stray = sorted(r.split(".", 1)[1] for r in per_layer[0] if r.startswith(f"{attn}.") and r.count(".") == 1
+                   and r.rsplit(".", 1)[0] not in checked[0] and r not in checked[0])
+    attn_cls = code_attn.cls if code_attn is not None else \
+        blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources and stray else None
+    if not stray or not attn_cls or not (found := blocks.differential_attention(sources, attn_cls, stray)):
+        return set()
+    roles = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if not all(r in names for r in roles):
+        raise _unsupported(f"{found}; its q, k and v come from one fused projection ({names.get('qkv_proj')}), which "
+                           "the reader of differential attention does not follow", where, spec.model_type)
+    read = differential.read(sources, attn_cls, ckpt.config, tuple(names[r] for r in roles), stray)
+    if isinstance(read, str):
+        raise _unsupported(f"{found}; not the form the port computes: {read}", where, spec.model_type)
+    kv = spec.num_kv_heads
+    if kv % 2 or spec.num_heads % 2:
+        raise _unsupported(f"differential attention over {spec.num_heads} query heads and {kv} KV heads: the value "
+                           "heads are cut in two and the heads paired, which needs even counts", where,
+                           spec.model_type)
+    shapes = {p: per_layer[0][f"{attn}.{p}"].shape for p in read.lambdas}
+    if any(list(s) != [spec.head_dim] for s in shapes.values()):
+        raise _unsupported(f"differential attention's vectors are not of head_dim {spec.head_dim}: {shapes}", where,
+                           spec.model_type)
+    detail = f"{read.where}: the attention's forward, interpreted over numbers, computes differential attention"
+    spec.set("diff_lambdas", list(read.lambdas), Source("code", f"{detail}: weight exp(sum({read.lambdas[0]} * "
+                                                                 f"{read.lambdas[1]})) - exp(sum({read.lambdas[2]} * "
+                                                                 f"{read.lambdas[3]})) + init"))
+    spec.set("diff_lambda_init", read.init, Source("code", f"{read.init_line}: init = {read.init}"))
+    spec.set("diff_norm_eps", read.eps,
+             Source("config", f"the norm {read.norm}'s eps ({read.eps_expr})", read.eps_expr) if read.eps_expr
+             else Source("code", f"{read.where}: the norm {read.norm}'s eps"))
+    return {f"{attn}.{p}" for p in read.lambdas}
 
 
 @dataclass(frozen=True)

@@ -186,8 +186,11 @@ def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
         return
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     every = set(spec.layer_num_heads) or {heads}  # each layer's own query heads, where they differ
-    divides = [tp for tp in tp_sizes if not (any(h % tp for h in every) or (kv < tp and tp % kv)
-                                             or (kv >= tp and kv % tp) or inter % tp)]
+    # Differential attention pairs head i with head i + H/2: each rank computes H / (2 TP) pairs.
+    pairs = 2 if spec.diff_lambdas else 1
+    divides = [tp for tp in tp_sizes if not (any(h % (tp * pairs) for h in every) or (kv < tp and tp % kv)
+                                             or (kv >= tp and kv % tp) or inter % tp
+                                             or spec.diff_lambdas and kv % tp)]
     others = [tp for tp in tp_sizes if tp not in divides]
     check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {inter} MLP rows) "
                      f"TP={', '.join(map(str, divides)) or 'none'} divide"
@@ -351,7 +354,9 @@ class _Sharding:
         request = {"model_class": f"{spec.package}.model:{spec.architecture}", "num_heads": spec.heads_of(0),
                    "num_kv_heads": spec.kv_heads_of(0), "head_dim": spec.head_dim, "hidden_size": spec.hidden_size,
                    "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
-                   "query_heads": spec.heads_of(0) * spec.query_rows // (spec.num_heads * spec.head_dim)}
+                   "query_heads": spec.heads_of(0) * spec.query_rows // (spec.num_heads * spec.head_dim),
+                   # Differential attention: each rank computes the head pairs (i, i + H/2) of its o_proj columns.
+                   "paired_heads": bool(spec.diff_lambdas)}
         return cls(report, len(report.checks), request, stage, spec.package, real_spec)
 
     def record(self, results: list[dict] | None, error: str | None = None) -> None:

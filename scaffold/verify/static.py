@@ -98,6 +98,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.attention_sinks and (not spec.attention_sinks_layers or i in spec.attention_sinks_layers):
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
+        for vector in spec.diff_lambdas:  # differential attention's, whole on every rank
+            params[f"{p}{attn}.{vector}"] = (None,)
         if "attn_gate" in n:  # a separate gate projection (not one folded into q_proj)
             for kind in ("weight", "bias") if spec.attn_gate_bias else ("weight",):
                 params[f"{p}{attn}.{n['attn_gate']}.{kind}"] = (None,)

@@ -92,6 +92,11 @@ def prove(request: dict) -> list[dict]:
                             "detail": f"{heads} query heads / {kv_heads} KV heads / {inter} MLP rows do not "
                                       f"divide over {tp} ranks"})
             continue
+        if request.get("paired_heads") and (heads % (2 * tp) or kv_heads % tp):
+            results.append({"tp": tp, "status": "not servable",
+                            "detail": f"differential attention's {heads // 2} head pairs or {kv_heads} KV heads do "
+                                      f"not divide over {tp} ranks (the port does not replicate KV heads)"})
+            continue
         problems, q_parts, k_heads = [], [], {}
         for rank in range(tp):
             with simulated_rank(tp, rank):
