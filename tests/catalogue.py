@@ -168,6 +168,12 @@ def out_of_scope(model_type: str) -> str | None:
     source = modeling_source(model_type)
     if re.search(r"as a standalone, add `is_decoder=True", source):
         return "encoder: the causal-LM head is a decoder mode (is_decoder=True) of a bidirectional encoder"
+    media_inputs = causal_lm_media_inputs(source)
+    if media_inputs:
+        return f"multimodal: the causal LM's forward takes {', '.join(media_inputs)}"
+    bidirectional = bidirectional_attention(source, config.to_dict(), f"modeling_{model_type.replace('-', '_')}.py")
+    if bidirectional:
+        return f"encoder: {bidirectional}"
     if re.search(r"generate\([^)]*\bassistant_model=", source):
         return "draft model: it proposes tokens for another model's assisted generation (generate(assistant_model=...))"
     for kind, pattern in NON_ATTENTION_MIXERS.items():
@@ -175,6 +181,30 @@ def out_of_scope(model_type: str) -> str | None:
         if found:
             return f"non-attention mixer: {kind} ({found.group(0)} in the modeling code)"
     return None
+
+
+def causal_lm_media_inputs(source: str) -> list[str]:
+    """Image, audio or video inputs the causal-LM class's forward takes (Fuyu's image_patches, projected into the
+    token sequence by vision_embed_tokens): a multimodal model whose text half has no class of its own."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ForCausalLM")):
+        for func in (f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"):
+            found += [a.arg for a in func.args.args + func.args.kwonlyargs
+                      if re.search(r"pixel|image|audio|video|patches", a.arg)]
+    return list(dict.fromkeys(found))
+
+
+def bidirectional_attention(source: str, config: dict, file: str) -> str | None:
+    """The tool's own reading (scaffold.detect.forms): a causal mask built only under a config condition that the
+    type's default config leaves false (XLM's causal, XLNet's attn_type), the part before its consequence."""
+    from scaffold.detect import forms
+
+    found = forms.bidirectional_by_config({file: source}, config) if source else None
+    return found.split(", so every position")[0].replace("config.json's", "the default config's") if found else None
 
 
 def overrides_for(model_type: str) -> dict:
