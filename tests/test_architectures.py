@@ -402,6 +402,25 @@ UNSUPPORTED = {
                               "(DbrxNormAttentionNorm")),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     "diffllama-differential": ("diffllama", {}, "differential attention: two attention outputs subtracted"),
+    # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
+    "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
+                                            "looks up its table relative_attention_bias")),
+    "hrm_text-cycles": ("hrm_text", {}, ("a layer stack run more than once per forward: HrmTextModel.forward calls "
+                                         "self.L_module")),
+    "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
+                                         "axial_pos_shape": [16, 32]},
+                            "reversible residual streams: ReformerLayer.forward adds the attention's output"),
+    "jetmoe-routed-attention": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
+                                ("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
+                                 "through self.experts")),
+    "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
+                                                       "moe_intermediate_size": 64},
+                                     ("2 attention computations in one decoder layer: "
+                                      "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA")),
+    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from the attention's own parameters (A, dt_proj): "
+                                       "DogeAttention.forward")),
+    "xlm-bidirectional": ("xlm", {"causal": False}, ("bidirectional attention by config: the causal mask is built "
+                                                     "only under `if causal`")),
 }
 
 RESULTS: dict[str, dict] = {}

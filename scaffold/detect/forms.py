@@ -591,14 +591,24 @@ def _mask_argument(call: ast.Call) -> ast.AST | None:
 
 
 # ------------------------------------------------------------------ a learned relative position bias
-def _relative_positions(node: ast.AST) -> bool:
-    """`a[None, :] - b[:, None]` (or the other way): a matrix of distances between two position ranges."""
-    for n in subtree(node):
+def _relative_positions(func: ast.FunctionDef) -> bool:
+    """`a[None, :] - b[:, None]` (or the other way, or through locals: T5's `memory_position - context_position`):
+    a matrix of distances between two position ranges, one of them an arange."""
+    assigned = {stmt.targets[0].id: stmt.value for stmt in _statements(func.body)
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)}
+
+    def broadcast(side: ast.AST) -> ast.AST | None:
+        side = assigned.get(side.id, side) if isinstance(side, ast.Name) else side
+        if isinstance(side, ast.Subscript) and any(isinstance(c, ast.Constant) and c.value is None
+                                                   for c in subtree(side.slice)):
+            return side
+        return None
+
+    for n in subtree(func):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub):
-            sides = [n.left, n.right]
-            if all(isinstance(s, ast.Subscript) and any(isinstance(c, ast.Constant) and c.value is None
-                                                        for c in subtree(s.slice)) for s in sides) and any(
-                    isinstance(c, ast.Call) and _callee(c) == "arange" for c in subtree(n)):
+            sides = [broadcast(n.left), broadcast(n.right)]
+            if all(sides) and any(isinstance(c, ast.Call) and _callee(c) == "arange"
+                                  for side in sides for c in subtree(side)):
                 return True
     return False
 
