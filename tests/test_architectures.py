@@ -419,6 +419,10 @@ UNSUPPORTED = {
                                       "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA")),
     "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from the attention's own parameters (A, dt_proj): "
                                        "DogeAttention.forward")),
+    "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
+                                                 "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+                                 ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
+                                  "tid2eid by input_ids")),
     "xlm-bidirectional": ("xlm", {"causal": False}, ("bidirectional attention by config: the causal mask is built "
                                                      "only under `if causal`")),
 }

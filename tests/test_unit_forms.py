@@ -293,3 +293,32 @@ def test_a_lab_distance_table_is_named():
     found = forms.relative_position_bias(lab(LAB_RELATIVE), {})
     assert "LabDistanceBias.forward looks up its table buckets by the distance between key and query positions" in found
     assert forms.relative_position_bias({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ an integer table looked up by token ids
+def test_deepseek_v4s_hash_routing_table_is_named():
+    found = forms.integer_table(transformers_code("deepseek_v4"), "model.layers.0.ffn.gate.tid2eid", "I64")
+    assert found.startswith("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes tid2eid "
+                            "by input_ids for the experts each token is routed to (hash routing) "
+                            "(modeling_deepseek_v4.py:")
+    assert "stored as I64 tensor 'model.layers.0.ffn.gate.tid2eid'" in found
+    # A tensor the code does not index by token ids is left to the reader's own error.
+    assert forms.integer_table(transformers_code("deepseek_v4"), "model.layers.0.ffn.gate.weight", "I64") is None
+
+
+LAB_TABLE = '''class LabTokenGate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.register_buffer("lane_of_token", torch.zeros(config.vocab_size, dtype=torch.int32))
+        self.lanes = nn.ModuleList([nn.Linear(config.hidden_size, config.hidden_size) for _ in range(4)])
+
+    def forward(self, x, token_ids):
+        lane = self.lane_of_token[token_ids]
+        return torch.stack([self.lanes[i](x) for i in range(4)], -2).gather(-2, lane[..., None, None])
+'''
+
+
+def test_a_lab_lookup_by_token_ids_is_named_without_experts():
+    found = forms.integer_table(lab(LAB_TABLE), "model.layers.3.gate.lane_of_token", "I32")
+    assert found.startswith("an integer table looked up by token ids: LabTokenGate.forward indexes lane_of_token by "
+                            "token_ids for a value per token (modeling_lab.py:")

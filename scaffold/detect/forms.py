@@ -24,11 +24,15 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
+from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import read_checkpoint as _read
 from scaffold.detect import dataflow, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
+from scaffold.errors import NonFloatTensor
 
 # Calls that compute attention (the softmax-weighted sum over keys) in transformers' files and a lab's.
 ATTENTION_CALLS = {"scaled_dot_product_attention", "eager_attention_forward", "attention_interface",
@@ -44,6 +48,47 @@ def check(ckpt: Checkpoint) -> None:
     found = blocking_forms(sources, ckpt.config) if sources else []
     if found:
         raise unsupported("; and ".join(found), ckpt.config_file, ckpt.config.get("model_type"))
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """scaffold.checkpoint.read_checkpoint, with a tensor of a dtype no port loads named by what the code computes
+    with it where the code says (DeepSeek-V4's tid2eid: experts looked up by token id); else the reader's error."""
+    try:
+        return _read(path)
+    except NonFloatTensor as exc:
+        found = integer_table(sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {},
+                                                                           config=exc.config or {})),
+                              exc.tensor, exc.dtype) if exc.config is not None else None
+        if found is None:
+            raise
+        raise unsupported(found, Path(path).resolve() / "config.json", exc.config.get("model_type")) from None
+
+
+def integer_table(sources: dict[str, str], tensor: str, dtype: str) -> str | None:
+    """An integer table the code indexes by token ids (`self.tid2eid[input_ids]`): a lookup no float weight of a
+    port stands for; with a class that reads a config key of experts, the experts each token goes to (hash
+    routing)."""
+    leaf = tensor.rsplit(".", 1)[-1]
+    for file, tree in sourcecode._parsed(sources):
+        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
+            for func in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                ids = {a.arg for a in func.args.args if a.arg.endswith("ids")}
+                for n in subtree(func):
+                    if not (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute)
+                            and _dotted(n.value.value) == "self" and n.value.attr == leaf and ids):
+                        continue
+                    read = {m.id for m in subtree(n.slice) if isinstance(m, ast.Name)} & ids
+                    if not read:
+                        continue
+                    experts = any(isinstance(m, ast.Attribute) and "expert" in m.attr.lower()
+                                  and _dotted(m.value) in ("config", "self.config") for m in subtree(cls))
+                    stmt = next((s for s in _statements(func.body) if n in subtree(s)), n)
+                    what = "the experts each token is routed to (hash routing)" if experts else "a value per token"
+                    return (f"an integer table looked up by token ids: {cls.name}.{func.name} indexes {leaf} by "
+                            f"{', '.join(sorted(read))} for {what} ({file}:{stmt.lineno}: {_line(stmt, 70)}), the "
+                            f"table stored as {dtype} tensor {tensor!r}; a port's weights are float and its routing "
+                            "reads the router's scores")
+    return None
 
 
 def blocking_forms(sources: dict[str, str], config: dict) -> list[str]:
