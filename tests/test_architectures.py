@@ -415,9 +415,9 @@ UNSUPPORTED = {
                                  "through self.experts")),
     "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
                                                        "moe_intermediate_size": 64},
-                                     ("2 attention computations in one decoder layer: "
-                                      "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA")),
-    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from the attention's own parameters (A, dt_proj): "
+                                     ("several attention computations in one decoder layer: "
+                                      "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA 2 times")),
+    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from parameters of the attention (A, dt_proj): "
                                        "DogeAttention.forward")),
     "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
                                                  "num_experts_per_tok": 2, "moe_intermediate_size": 64},

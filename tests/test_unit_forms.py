@@ -79,8 +79,9 @@ def test_a_lab_mask_switched_off_by_its_config_key_is_named():
 def test_hrm_text_runs_its_stacks_in_cycles():
     found = forms.repeated_stack(transformers_code("hrm_text"), {})
     assert found.startswith("a layer stack run more than once per forward: HrmTextModel.forward calls "
-                            "self.L_module (HrmTextStack, holding layers: HrmTextDecoderLayer layers) inside the loop "
-                            "`for high_cycle_idx in range(self.config.H_cycles)` (modeling_hrm_text.py:")
+                            "self.L_module inside a loop (HrmTextStack, holding layers: HrmTextDecoderLayer layers, "
+                            "modeling_hrm_text.py:")
+    assert "`for high_cycle_idx in range(self.config.H_cycles)`" in found
 
 
 # A lab's model loops over its own list of layers inside a loop of refinement steps.
@@ -100,7 +101,8 @@ LAB_LOOPED = LAB_ATTENTION + LAB_DECODER.replace('''        self.norm = LabRMSNo
 
 def test_a_lab_stack_iterated_in_a_while_loop_is_named():
     found = forms.repeated_stack(lab(LAB_LOOPED), {})
-    assert "LabModel.forward iterates self.layers (LabLayer layers) inside the loop `while step < self.steps`" in found
+    assert "LabModel.forward iterates self.layers inside a loop (LabLayer layers, modeling_lab.py:" in found
+    assert "`while step < self.steps`" in found
     assert forms.repeated_stack({"modeling_lab.py": PLAIN}, {}) is None
 
 
@@ -143,8 +145,8 @@ def test_a_lab_two_stream_block_is_named_and_a_plain_residual_is_not():
 # ------------------------------------------------------------------ several attentions in one layer
 def test_longcat_flash_computes_two_attentions_per_layer():
     found = forms.several_attentions(transformers_code("longcat_flash"), {})
-    assert found.startswith("2 attention computations in one decoder layer: LongcatFlashDecoderLayer.forward calls "
-                            "LongcatFlashMLA at modeling_longcat_flash.py:")
+    assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
+                            "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
     assert "self.self_attn[0](...)" in found and "self.self_attn[1](...)" in found
 
 
@@ -158,8 +160,8 @@ LAB_TWO_ATTENTIONS = LAB_ATTENTION + LAB_DECODER.replace(
 
 def test_a_lab_layer_with_two_attention_modules_is_named():
     found = forms.several_attentions(lab(LAB_TWO_ATTENTIONS), {})
-    assert found.startswith("2 attention computations in one decoder layer: LabLayer.forward calls LabAttention at "
-                            "modeling_lab.py:")
+    assert found.startswith("several attention computations in one decoder layer: LabLayer.forward calls "
+                            "LabAttention 2 times (modeling_lab.py:")
     assert "self.near(...)" in found and "self.far(...)" in found
     assert forms.several_attentions({"modeling_lab.py": PLAIN}, {}) is None
 
@@ -174,8 +176,9 @@ def test_cross_attention_under_encoder_states_is_left_to_the_layout():
 def test_jetmoe_routes_its_queries_through_attention_experts():
     found = forms.routed_attention(transformers_code("jetmoe"), {})
     assert found.startswith("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
-                            "through self.experts (JetMoeMoA, built at modeling_jetmoe.py:")
-    assert "(JetMoeTopKGating at modeling_jetmoe.py:" in found and "self.experts.map(hidden_states)" in found
+                            "through self.experts, which routes each token to top-k experts (JetMoeMoA built at "
+                            "modeling_jetmoe.py:")
+    assert "JetMoeTopKGating's top-k at modeling_jetmoe.py:" in found and "self.experts.map(hidden_states)" in found
 
 
 LAB_ROUTED = '''class LabHeadRouter(nn.Module):
@@ -207,15 +210,15 @@ class LabAttention(nn.Module):
 
 def test_a_lab_attention_whose_queries_come_from_routed_experts_is_named():
     found = forms.routed_attention(lab(LAB_ROUTED), {})
-    assert "LabAttention.forward computes through self.query_bank (LabHeadRouter" in found
-    assert "(LabHeadRouter at modeling_lab.py:" in found
+    assert "LabAttention.forward computes through self.query_bank, which routes" in found
+    assert "(LabHeadRouter built at modeling_lab.py:" in found and "LabHeadRouter's top-k at modeling_lab.py:" in found
     assert forms.routed_attention({"modeling_lab.py": PLAIN}, {}) is None
 
 
 # ------------------------------------------------------------------ a mask from the attention's own parameters
 def test_doge_masks_by_its_dynamic_scores():
     found = forms.dynamic_mask(transformers_code("doge"), {})
-    assert found.startswith("an attention mask computed from the attention's own parameters (A, dt_proj): "
+    assert found.startswith("an attention mask computed from parameters of the attention (A, dt_proj): "
                             "DogeAttention.forward hands attn_mask to attention_interface (modeling_doge.py:")
 
 
@@ -237,7 +240,7 @@ LAB_DYNAMIC = LAB_ATTENTION.replace('''        self.wo = nn.Linear(config.hidden
 
 def test_a_lab_mask_biased_by_a_learned_salience_is_named():
     found = forms.dynamic_mask(lab(LAB_DYNAMIC), {})
-    assert found.startswith("an attention mask computed from the attention's own parameters (keep, temperature): "
+    assert found.startswith("an attention mask computed from parameters of the attention (keep, temperature): "
                             "LabAttention.forward hands mask to scaled_dot_product_attention (modeling_lab.py:")
     assert forms.dynamic_mask({"modeling_lab.py": PLAIN}, {}) is None
 
@@ -266,7 +269,7 @@ def test_a_lab_residual_times_a_gain_is_named():
 def test_cpmant_looks_up_a_relative_position_bias():
     found = forms.relative_position_bias(transformers_code("cpmant"), {})
     assert found.startswith("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward looks up its "
-                            "table relative_attention_bias by the distance between key and query positions "
+                            "table relative_attention_bias by the key-query distance "
                             "(modeling_cpmant.py:")
 
 
@@ -291,7 +294,7 @@ LAB_RELATIVE = '''class LabDistanceBias(nn.Module):
 
 def test_a_lab_distance_table_is_named():
     found = forms.relative_position_bias(lab(LAB_RELATIVE), {})
-    assert "LabDistanceBias.forward looks up its table buckets by the distance between key and query positions" in found
+    assert "LabDistanceBias.forward looks up its table buckets by the key-query distance" in found
     assert forms.relative_position_bias({"modeling_lab.py": PLAIN}, {}) is None
 
 
@@ -301,7 +304,7 @@ def test_deepseek_v4s_hash_routing_table_is_named():
     assert found.startswith("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes tid2eid "
                             "by input_ids for the experts each token is routed to (hash routing) "
                             "(modeling_deepseek_v4.py:")
-    assert "stored as I64 tensor 'model.layers.0.ffn.gate.tid2eid'" in found
+    assert "stored as I64 tensor 'model.layers.0.ffn.gate.tid2eid')" in found
     # A tensor the code does not index by token ids is left to the reader's own error.
     assert forms.integer_table(transformers_code("deepseek_v4"), "model.layers.0.ffn.gate.weight", "I64") is None
 

@@ -85,8 +85,8 @@ def integer_table(sources: dict[str, str], tensor: str, dtype: str) -> str | Non
                     stmt = next((s for s in _statements(func.body) if n in subtree(s)), n)
                     what = "the experts each token is routed to (hash routing)" if experts else "a value per token"
                     return (f"an integer table looked up by token ids: {cls.name}.{func.name} indexes {leaf} by "
-                            f"{', '.join(sorted(read))} for {what} ({file}:{stmt.lineno}: {_line(stmt, 70)}), the "
-                            f"table stored as {dtype} tensor {tensor!r}; a port's weights are float and its routing "
+                            f"{', '.join(sorted(read))} for {what} ({file}:{stmt.lineno}: {_line(stmt, 70)}, the "
+                            f"table stored as {dtype} tensor {tensor!r}); a port's weights are float and its routing "
                             "reads the router's scores")
     return None
 
@@ -396,16 +396,16 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                     if (isinstance(n, ast.For) and isinstance(n.iter, ast.Attribute) and _dotted(n.iter.value) == "self"
                             and n.iter.attr in own_lists):
                         return (f"a layer stack run more than once per forward: {name}.forward iterates "
-                                f"self.{n.iter.attr} ({own_lists[n.iter.attr]} layers) inside the loop `"
-                                f"{_loop_head(loop)}` ({_where(file, loop)}); the port runs each decoder layer once")
+                                f"self.{n.iter.attr} inside a loop ({own_lists[n.iter.attr]} layers, "
+                                f"{_where(file, loop)}: `{_loop_head(loop)}`); the port runs each decoder layer once")
                     if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                             and _dotted(n.func.value) == "self" and n.func.attr in built
                             and built[n.func.attr][0] in stacks):
                         held = stacks[built[n.func.attr][0]]
                         attr, layer = next(iter(held.items()))
                         return (f"a layer stack run more than once per forward: {name}.forward calls "
-                                f"self.{n.func.attr} ({built[n.func.attr][0]}, holding {attr}: {layer} layers) "
-                                f"inside the loop `{_loop_head(loop)}` ({_where(file, loop)}: {_line(n, 60)}); the "
+                                f"self.{n.func.attr} inside a loop ({built[n.func.attr][0]}, holding {attr}: {layer} "
+                                f"layers, {_where(file, loop)}: `{_loop_head(loop)}`); the "
                                 "port runs each decoder layer once")
     return None
 
@@ -453,8 +453,8 @@ def several_attentions(sources: dict, config: dict) -> str | None:
     built = _built(cls)
     sites = ", ".join(f"{_where(file, c)}: self.{ast.unparse(c.func).removeprefix('self.')}(...)" for c, _ in calls)
     kinds = sorted({built[a][0] for _, a in calls})
-    return (f"{len(calls)} attention computations in one decoder layer: {cls.name}.forward calls "
-            f"{', '.join(kinds)} at {sites}; the port's decoder layer computes one attention")
+    return (f"several attention computations in one decoder layer: {cls.name}.forward calls {', '.join(kinds)} "
+            f"{len(calls)} times ({sites}); the port's decoder layer computes one attention")
 
 
 def reversible_residual(sources: dict, config: dict) -> str | None:
@@ -566,9 +566,9 @@ def routed_attention(sources: dict, config: dict) -> str | None:
                 or _dotted(n.func) == f"self.{attr}")), None)
             if used is None:
                 continue
-            return (f"routed attention (a mixture of attention heads): {name}.forward computes through self.{attr} "
-                    f"({inner}, built at {file}:{line}), which routes each token to top-k experts "
-                    f"({router} at {classes[router][0]}:{topk.lineno}), at {_where(file, used)}: {_line(used, 60)}; the port's "
+            return (f"routed attention (a mixture of attention heads): {name}.forward computes through self.{attr}, "
+                    f"which routes each token to top-k experts ({inner} built at {file}:{line}, {router}'s top-k at "
+                    f"{classes[router][0]}:{topk.lineno}, called at {_where(file, used)}: {_line(used, 60)}); the port's "
                     "attention projections are the same for every token")
     return None
 
@@ -604,9 +604,9 @@ def dynamic_mask(sources: dict, config: dict) -> str | None:
                 # scores from the low-rank query, refused as an indexer by scaffold.detect.latent) is not this form.
                 got = reads(mask) - set().union(set(), *(reads(a) for a in _qkv_arguments(call)))
                 if got:
-                    return (f"an attention mask computed from the attention's own parameters ({', '.join(sorted(got))})"
-                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}), "
-                            "a mask that depends on the tokens' values; the port's attention masks by position only")
+                    return (f"an attention mask computed from parameters of the attention ({', '.join(sorted(got))})"
+                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); the mask "
+                            "depends on the tokens' values, and the port's attention masks by position only")
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 got = reads(value)
                 for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
@@ -678,8 +678,8 @@ def relative_position_bias(sources: dict, config: dict) -> str | None:
                     looked = n.value
                 if isinstance(looked, ast.Attribute) and _dotted(looked.value) == "self" and looked.attr in tables:
                     return (f"a learned relative position bias: {name}.{func.name} looks up its table "
-                            f"{looked.attr} by the distance between key and query positions ({_where(file, n)}: "
-                            f"{_line(n, 60)}), a bias the attention adds to its scores; the port's attention has "
+                            f"{looked.attr} by the key-query distance ({_where(file, n)}: "
+                            f"{_line(n, 60)}); the attention adds it to its scores, and the port's attention has "
                             "no such bias")
     return None
 
