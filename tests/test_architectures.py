@@ -423,6 +423,13 @@ UNSUPPORTED = {
                                                  "num_experts_per_tok": 2, "moe_intermediate_size": 64},
                                  ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
                                   "tid2eid by input_ids")),
+    # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
+    # layers as parallel lists; and Fuyu's causal LM takes image patches.
+    "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},
+                           "attention scores summed from several products (XLNetRelativeAttention.rel_attn_core"),
+    "xlm-causal-lists": ("xlm", {"causal": True}, ("layers kept as parallel module lists: XLMModel appends one module "
+                                                   "per layer to each of attentions, ffns, layer_norm1, layer_norm2")),
+    "fuyu-image-patches": ("fuyu", {}, "a multimodal model: FuyuForCausalLM.forward takes image_patches"),
     "xlm-bidirectional": ("xlm", {"causal": False}, ("bidirectional attention by config: the causal mask is built "
                                                      "only under `if causal`")),
 }

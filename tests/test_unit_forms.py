@@ -325,3 +325,97 @@ def test_a_lab_lookup_by_token_ids_is_named_without_experts():
     found = forms.integer_table(lab(LAB_TABLE), "model.layers.3.gate.lane_of_token", "I32")
     assert found.startswith("an integer table looked up by token ids: LabTokenGate.forward indexes lane_of_token by "
                             "token_ids for a value per token (modeling_lab.py:")
+
+
+# ------------------------------------------------------------------ a causal LM taking image inputs
+def test_fuyu_takes_image_patches():
+    found = forms.media_inputs(transformers_code("fuyu"), {})
+    assert found.startswith("a multimodal model: FuyuForCausalLM.forward takes image_patches (modeling_fuyu.py:")
+
+
+def test_a_lab_causal_lm_taking_audio_is_named_and_a_text_class_beside_it_is_not():
+    audio = LAB_ATTENTION + LAB_DECODER + '''
+
+class LabForCausalLM(nn.Module):
+    def forward(self, input_ids, speech_frames=None, audio_lengths=None):
+        return input_ids
+'''
+    assert "LabForCausalLM.forward takes audio_lengths (modeling_lab.py:" in forms.media_inputs(lab(audio), {})
+    text = audio + '''
+
+class LabTextForCausalLM(nn.Module):
+    def forward(self, input_ids):
+        return input_ids
+'''
+    assert forms.media_inputs(lab(text), {}) is None  # a text causal LM beside it: not every class is multimodal
+    assert forms.media_inputs(transformers_code("llama4"), {}) is None
+
+
+# ------------------------------------------------------------------ attention scores summed from products
+def test_xlnets_relative_attention_sums_its_score_terms():
+    found = forms.summed_scores(transformers_code("xlnet"), {})
+    assert found.startswith("attention scores summed from several products (XLNetRelativeAttention.rel_attn_core, "
+                            "modeling_xlnet.py:")
+    assert "attn_score = (ac + bd + ef) * self.scale" in found
+
+
+LAB_SUMMED = '''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.rel = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        by_content = q @ k.transpose(-1, -2)
+        by_offset = torch.matmul(q, self.rel(sin).transpose(-1, -2))
+        logits = by_content + by_offset + mask
+        return torch.softmax(logits, dim=-1) @ v
+
+
+''' + LAB_DECODER
+
+
+def test_a_lab_attention_adding_a_position_product_is_named():
+    found = forms.summed_scores(lab(LAB_SUMMED), {})
+    assert "(LabAttention.forward, modeling_lab.py:" in found and "logits = by_content + by_offset + mask" in found
+    assert forms.summed_scores({"modeling_lab.py": PLAIN}, {}) is None
+
+
+def test_gemma4s_audio_attention_is_not_the_text_decoders():
+    assert forms.summed_scores(transformers_code("gemma4"), {}) is None
+
+
+# ------------------------------------------------------------------ layers kept as parallel lists
+def test_xlm_keeps_its_layers_as_parallel_lists():
+    found = forms.parallel_lists(transformers_code("xlm"), {})
+    assert found.startswith("layers kept as parallel module lists: XLMModel appends one module per layer to each of "
+                            "attentions, ffns, layer_norm1, layer_norm2 (modeling_xlm.py:")
+
+
+LAB_LISTS = LAB_ATTENTION + LAB_DECODER.split("class LabLayer")[0] + '''class LabStack(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.depth = config.num_hidden_layers
+        self.mixers, self.feeds = nn.ModuleList(), nn.ModuleList()
+        self.pre_mix, self.pre_feed = nn.ModuleList(), nn.ModuleList()
+        for _ in range(self.depth):
+            self.pre_mix.append(LabRMSNorm(config.hidden_size))
+            self.mixers.append(LabAttention(config))
+            self.pre_feed.append(LabRMSNorm(config.hidden_size))
+            self.feeds.append(LabMLP(config))
+
+    def forward(self, x, cos, sin, mask):
+        for i in range(self.depth):
+            x = x + self.mixers[i](self.pre_mix[i](x), cos, sin, mask)
+            x = x + self.feeds[i](self.pre_feed[i](x))
+        return x
+'''
+
+
+def test_a_lab_stack_of_parallel_lists_is_named():
+    found = forms.parallel_lists(lab(LAB_LISTS), {})
+    assert "LabStack appends one module per layer to each of feeds, mixers, pre_feed, pre_mix (modeling_lab.py:" in found
+    assert forms.parallel_lists({"modeling_lab.py": PLAIN}, {}) is None

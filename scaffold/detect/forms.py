@@ -19,6 +19,12 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
   parameter of the layer's own before the sublayer's output is added.
 - A learned relative position bias (CPM-Ant's, T5's): a table of parameters indexed by the distance between key
   and query positions (`arange(k)[None, :] - arange(q)[:, None]`), added to the attention scores.
+- A multimodal model: every causal-LM class of the file takes image, audio or video inputs (Fuyu's image_patches).
+- Layers kept as parallel module lists, one per sublayer (XLM's attentions[i], ffns[i], layer_norm1[i] ...).
+- Attention scores summed from several products (XLNet's `ac + bd + ef`: Transformer-XL's content and
+  relative-position terms), in an attention class the decoder layer builds.
+- An integer table the code indexes by token ids (DeepSeek-V4's hash routing `tid2eid[input_ids]`), named where the
+  reader refuses the tensor's dtype (`read_checkpoint`).
 """
 
 from __future__ import annotations
@@ -684,5 +690,90 @@ def relative_position_bias(sources: dict, config: dict) -> str | None:
     return None
 
 
-FINDERS = (bidirectional_by_config, repeated_stack, reversible_residual, several_attentions, routed_attention,
-           dynamic_mask, residual_scales, relative_position_bias)
+
+
+# ------------------------------------------------------------------ the model's inputs, the layers' lists, summed scores
+MEDIA_INPUTS = ("pixel", "image", "audio", "video", "patches")
+
+
+def media_inputs(sources: dict, config: dict) -> str | None:
+    """A causal-LM class whose forward takes image, audio or video inputs, every such class of the file (Fuyu's
+    image_patches, which its vision_embed_tokens projects into the token sequence): a multimodal model."""
+    found = []
+    for file, tree in sourcecode._parsed(sources):
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ForCausalLM")):
+            forward = _method(cls, "forward")
+            if forward is None:
+                continue
+            media = [a.arg for a in forward.args.args + forward.args.kwonlyargs
+                     if any(word in a.arg for word in MEDIA_INPUTS)]
+            found.append((cls.name, media, file, forward))
+    if not found or not all(media for _, media, _, _ in found):
+        return None
+    name, media, file, forward = found[0]
+    return (f"a multimodal model: {name}.forward takes {', '.join(media)} ({_where(file, forward)}), inputs a text "
+            "decoder's port has no place for")
+
+
+def summed_scores(sources: dict, config: dict) -> str | None:
+    """Attention scores summed from several products of tensors (XLNet's `(ac + bd + ef) * self.scale`, the
+    content and relative-position terms of Transformer-XL's attention) before the softmax."""
+    classes = _classes(sources)
+    layer = _decoder_layer(sources)
+    if layer is None:
+        return None
+    reached, frontier = set(), {layer[1].name}
+    for _ in range(3):  # the attention classes the decoder layer builds (not Gemma 4's audio tower beside it)
+        frontier = {inner for c in frontier if c in classes for inner, _ in _built(classes[c][1]).values()} - reached
+        reached |= frontier
+    for name in sorted(_attention_classes(sources, direct=True) & reached):
+        file, cls = classes[name]
+        for func in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            products: set[str] = set()
+            for stmt in _statements(func.body):
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                        and isinstance(stmt.targets[0], ast.Name)):
+                    continue
+                value = stmt.value
+                if isinstance(value, ast.Call) and _callee(value) in ("einsum", "matmul", "bmm") or (
+                        isinstance(value, ast.BinOp) and isinstance(value.op, ast.MatMult)):
+                    products.add(stmt.targets[0].id)
+                    continue
+                terms = _sum_terms(value.left if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)
+                                   else value)
+                if len(terms) >= 2 and sum(isinstance(t, ast.Name) and t.id in products for t in terms) >= 2:
+                    return (f"attention scores summed from several products ({name}.{func.name}, "
+                            f"{_where(file, stmt)}: {_line(stmt, 60)}): a relative-position term beside the "
+                            "content term, as Transformer-XL computes; the port's attention scores are one product "
+                            "of queries and keys")
+    return None
+
+
+def _sum_terms(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _sum_terms(node.left) + _sum_terms(node.right)
+    return [node]
+
+
+def parallel_lists(sources: dict, config: dict) -> str | None:
+    """Layers kept as parallel module lists, one per sublayer (XLM's attentions[i], layer_norm1[i], ffns[i],
+    layer_norm2[i], appended in one loop): no decoder layer module holds a layer's parts."""
+    classes = _classes(sources)
+    attention = _attention_classes(sources, direct=True)
+    for name, (file, cls) in classes.items():
+        appended = _appended(cls)
+        if len(appended) < 3 or not set(appended.values()) & attention:
+            continue
+        forward = _method(cls, "forward")
+        indexed = sorted({n.value.attr for n in subtree(forward) if isinstance(n, ast.Subscript)
+                          and isinstance(n.value, ast.Attribute) and _dotted(n.value.value) == "self"
+                          and n.value.attr in appended}) if forward is not None else []
+        if len(indexed) >= 3:
+            return (f"layers kept as parallel module lists: {name} appends one module per layer to each of "
+                    f"{', '.join(indexed)} ({_where(file, _method(cls, '__init__'))}) and its forward indexes them "
+                    "by layer; the port reads a decoder layer as one module holding its attention, MLP and norms")
+    return None
+
+
+FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
+           several_attentions, routed_attention, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
