@@ -79,7 +79,7 @@ def test_a_lab_mask_switched_off_by_its_config_key_is_named():
 def test_hrm_text_runs_its_stacks_in_cycles():
     found = forms.repeated_stack(transformers_code("hrm_text"), {})
     assert found.startswith("a layer stack run more than once per forward: HrmTextModel.forward calls "
-                            "self.L_module inside a loop (HrmTextStack, holding layers: HrmTextDecoderLayer layers, "
+                            "self.L_module inside a loop (HrmTextStack, whose layers holds HrmTextDecoderLayer, "
                             "modeling_hrm_text.py:")
     assert "`for high_cycle_idx in range(self.config.H_cycles)`" in found
 

@@ -259,8 +259,13 @@ def _where(file: str, node: ast.AST) -> str:
 
 
 def _line(node: ast.AST, limit: int = 90) -> str:
+    """The code of a node on one line; cut at `limit` with its brackets closed (a refusal's parentheses stay
+    balanced: the catalogue folds what they hold)."""
     text = " ".join(ast.unparse(node).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3]
+    return cut + "..." + "]" * max(0, cut.count("[") - cut.count("]")) + ")" * max(0, cut.count("(") - cut.count(")"))
 
 
 # ------------------------------------------------------------------ bidirectional attention by config
@@ -410,8 +415,8 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                         held = stacks[built[n.func.attr][0]]
                         attr, layer = next(iter(held.items()))
                         return (f"a layer stack run more than once per forward: {name}.forward calls "
-                                f"self.{n.func.attr} inside a loop ({built[n.func.attr][0]}, holding {attr}: {layer} "
-                                f"layers, {_where(file, loop)}: `{_loop_head(loop)}`); the "
+                                f"self.{n.func.attr} inside a loop ({built[n.func.attr][0]}, whose {attr} holds {layer}, "
+                                f"{_where(file, loop)}: `{_loop_head(loop)}`); the "
                                 "port runs each decoder layer once")
     return None
 
