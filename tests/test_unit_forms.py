@@ -419,3 +419,13 @@ def test_a_lab_stack_of_parallel_lists_is_named():
     found = forms.parallel_lists(lab(LAB_LISTS), {})
     assert "LabStack appends one module per layer to each of feeds, mixers, pre_feed, pre_mix (modeling_lab.py:" in found
     assert forms.parallel_lists({"modeling_lab.py": PLAIN}, {}) is None
+
+
+def test_an_attention_called_in_either_branch_of_an_if_is_one_attention():
+    either = LAB_ATTENTION + LAB_DECODER.replace(
+        "        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n",
+        "        if mask is None:\n"
+        "            x = x + self.self_attn(self.input_layernorm(x), cos, sin, None)\n"
+        "        else:\n"
+        "            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n")
+    assert forms.several_attentions(lab(either), {}) is None

@@ -456,11 +456,33 @@ def _attention_calls(sources: dict) -> tuple[str, ast.ClassDef, ast.FunctionDef,
     return file, cls, forward, calls
 
 
+def _exclusive(forward: ast.FunctionDef) -> dict[int, set[tuple[int, str]]]:
+    """For each node of the forward, the (if statement, branch) pairs it sits in."""
+    where: dict[int, set[tuple[int, str]]] = {}
+    for branch in (n for n in subtree(forward) if isinstance(n, ast.If)):
+        for side, body in (("body", branch.body), ("orelse", branch.orelse)):
+            for stmt in body:
+                for n in subtree(stmt):
+                    where.setdefault(id(n), set()).add((id(branch), side))
+    return where
+
+
 def several_attentions(sources: dict, config: dict) -> str | None:
     found = _attention_calls(sources)
     if found is None or len(found[3]) < 2:
         return None
-    file, cls, _forward, calls = found
+    file, cls, forward, calls = found
+    # Calls in the two branches of one `if` run one at a time: the layer computes one of them.
+    where = _exclusive(forward)
+    kept: list[tuple[ast.Call, str]] = []
+    for call, attr in calls:
+        mine = where.get(id(call), set())
+        if not any((branch, other) in where.get(id(k), set()) for k, _ in kept for branch, side in mine
+                   for other in ("body", "orelse") if other != side):
+            kept.append((call, attr))
+    calls = kept
+    if len(calls) < 2:
+        return None
     built = _built(cls)
     sites = ", ".join(f"{_where(file, c)}: self.{ast.unparse(c.func).removeprefix('self.')}(...)" for c, _ in calls)
     kinds = sorted({built[a][0] for _, a in calls})
