@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaffold.checkpoint import Checkpoint, read_checkpoint
-from scaffold.detect import settled, understand
+from scaffold.checkpoint import Checkpoint
+from scaffold.detect import forms, settled, understand
 from scaffold.errors import UnsupportedArchitecture
 from scaffold.mapping import WeightRow, weight_table
 from scaffold.settle import settle
@@ -25,7 +25,7 @@ def analyze(checkpoint: str | Path, spec_file: str | Path | None = None, ckpt: C
             run_code: bool = False) -> Analysis:
     """run_code: the reference's code may run to settle what reading it left open (scaffold.settle): the
     user passed --trust-remote-code, or the code is transformers' own."""
-    ckpt = ckpt or read_checkpoint(checkpoint)  # `ckpt`: the checkpoint already read, not read twice
+    ckpt = ckpt or forms.read_checkpoint(checkpoint)  # `ckpt`: the checkpoint already read, not read twice
     overrides = load_overrides(spec_file) if spec_file is not None else None
     origin = str(spec_file) if spec_file is not None else None
     # The spec file's values are pinned before detection runs: detection checks them against the tensors, and
@@ -56,7 +56,7 @@ def partial(checkpoint: str | Path, spec_file: str | Path | None = None,
             run_code: bool = False) -> tuple[Checkpoint, Spec]:
     """What detection understood of `checkpoint`, with the spec file applied, and spec.unknowns saying what it
     could not determine: for `scaffold inspect`, which shows it where `analyze` refuses."""
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = forms.read_checkpoint(checkpoint)
     overrides = load_overrides(spec_file) if spec_file is not None else None
     spec = understand(ckpt, overrides, str(spec_file) if spec_file is not None else None)
     return ckpt, settle(spec, ckpt, allowed=run_code or not ckpt.sources)

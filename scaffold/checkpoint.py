@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scaffold import quantized
-from scaffold.errors import CheckpointError, UnsupportedArchitecture
+from scaffold.errors import CheckpointError, NonFloatTensor, UnsupportedArchitecture
 
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
@@ -479,10 +479,12 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
         # A quantization method's integer and FP8 tensors only where config.json says the checkpoint is quantized.
         if dtype not in DTYPE_SIZES and not (packed and quantized.is_packed(name, dtype)):
             kind = "a quantized or non-float" if dtype in KNOWN_UNSUPPORTED_DTYPES else "an unknown"
-            raise CheckpointError(
+            error = (NonFloatTensor if dtype in KNOWN_UNSUPPORTED_DTYPES else CheckpointError)(
                 f"tensor {name!r} has dtype {dtype!r}, {kind} dtype; ports load F32, F16 and BF16 weights.",
                 path,
             )
+            error.tensor, error.dtype = name, dtype
+            raise error
         if (
             not isinstance(shape, list)
             or len(shape) > 8
@@ -717,7 +719,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             config_file,
         )
     validate_config(config, config_file)
-    tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None)
+    try:
+        tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None)
+    except NonFloatTensor as exc:  # what the code does with it is for scaffold.detect.forms to name
+        exc.config, exc.sources = config, _read_sources(root, config)
+        raise
     tensors = quantized.float_view(config, tensors, config_file)  # a quantized module as its weight
     generation = None
     generation_file = root / "generation_config.json"

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from scaffold.analysis import Analysis, analyze
 from scaffold.backend.plan import BackendPlan, plan
-from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import policy
+from scaffold.detect import forms, policy
 from scaffold.errors import ScaffoldError, UnsupportedArchitecture
 
 IMPLS = ("auto", "native", "transformers")
@@ -33,7 +32,7 @@ def choose(checkpoint: str | Path, spec_file: str | Path | None = None, impl: st
     scaffold.backend.tensors); otherwise an error naming what blocks each path."""
     if impl not in IMPLS:
         raise ScaffoldError(f"--impl must be one of {', '.join(IMPLS)}, not {impl!r}.")
-    ckpt = read_checkpoint(checkpoint)  # an unreadable checkpoint is reported as such, on every path
+    ckpt = forms.read_checkpoint(checkpoint)  # an unreadable checkpoint is reported as such, on every path
     native_error: ScaffoldError | None = None
     if impl != "transformers":
         try:

@@ -56,6 +56,17 @@ class CheckpointError(ScaffoldError):
     one_paragraph = True
 
 
+class NonFloatTensor(CheckpointError):
+    """A tensor of a dtype no port loads (an integer table, a quantized weight in a checkpoint config.json does
+    not call quantized). The reader sets `tensor` and `dtype`, and `config` and `sources` as it read them, so that
+    scaffold.detect.forms can name what the code computes with it."""
+
+    tensor: str = ""
+    dtype: str = ""
+    config: dict | None = None
+    sources: dict | None = None
+
+
 class UnsupportedArchitecture(ScaffoldError):
     """The checkpoint uses a feature the generator cannot express."""
 

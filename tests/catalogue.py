@@ -6,7 +6,9 @@ the document, so a partial run (`-k`, or porting without verifying) keeps the ot
 
 A type is out of scope by what the model is, read from its config and its modeling code (never
 executed): encoder-decoder (config.is_encoder_decoder), an encoder whose causal-LM head is a decoder
-mode (the modeling code asks for `is_decoder=True`), multimodal (vision / audio sub-configs), or a
+mode (the modeling code asks for `is_decoder=True`) or whose default config builds no causal mask (XLM's
+causal, XLNet's attn_type, read by scaffold.detect.forms), multimodal (vision / audio sub-configs, or a
+causal-LM class whose forward takes image inputs: Fuyu's image_patches), or a
 state-space, linear-attention, recurrent or convolutional mixer (layer_types that are not softmax
 attention, or such a mixer in the modeling code). Everything else is built tiny (BASE sizes, MoE
 shrunk, plus FAMILY_OVERRIDES), renamed so vLLM has no class of its own, and run through
@@ -170,6 +172,12 @@ def out_of_scope(model_type: str) -> str | None:
     source = modeling_source(model_type)
     if re.search(r"as a standalone, add `is_decoder=True", source):
         return "encoder: the causal-LM head is a decoder mode (is_decoder=True) of a bidirectional encoder"
+    media = causal_lm_media_inputs(source, f"modeling_{model_type.replace('-', '_')}.py")
+    if media:
+        return f"multimodal: {media}"
+    bidirectional = bidirectional_attention(source, config.to_dict(), f"modeling_{model_type.replace('-', '_')}.py")
+    if bidirectional:
+        return f"encoder: {bidirectional}"
     if re.search(r"generate\([^)]*\bassistant_model=", source):
         return "draft model: it proposes tokens for another model's assisted generation (generate(assistant_model=...))"
     for kind, pattern in NON_ATTENTION_MIXERS.items():
@@ -177,6 +185,24 @@ def out_of_scope(model_type: str) -> str | None:
         if found:
             return f"non-attention mixer: {kind} ({found.group(0)} in the modeling code)"
     return None
+
+
+def causal_lm_media_inputs(source: str, file: str) -> str | None:
+    """The tool's own reading (scaffold.detect.forms): every causal-LM class of the file takes image, audio or
+    video inputs (Fuyu's image_patches, which its vision_embed_tokens projects into the token sequence)."""
+    from scaffold.detect import forms
+
+    found = forms.media_inputs({file: source}, {}) if source else None
+    return found.removeprefix("a multimodal model: ").split(", inputs a text")[0] if found else None
+
+
+def bidirectional_attention(source: str, config: dict, file: str) -> str | None:
+    """The tool's own reading (scaffold.detect.forms): a causal mask built only under a config condition that the
+    type's default config leaves false (XLM's causal, XLNet's attn_type), the part before its consequence."""
+    from scaffold.detect import forms
+
+    found = forms.bidirectional_by_config({file: source}, config) if source else None
+    return found.split(", so every position")[0].replace("config.json's", "the default config's") if found else None
 
 
 def overrides_for(model_type: str) -> dict:

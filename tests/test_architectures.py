@@ -441,6 +441,36 @@ UNSUPPORTED = {
                              ("attention inside a block that also holds the layer norms: norm_attn_norm "
                               "(DbrxNormAttentionNorm")),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
+    # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
+    "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
+                                            "looks up its table relative_attention_bias")),
+    "hrm_text-cycles": ("hrm_text", {}, ("a layer stack run more than once per forward: HrmTextModel.forward calls "
+                                         "self.L_module")),
+    "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
+                                         "axial_pos_shape": [16, 32]},
+                            "reversible residual streams: ReformerLayer.forward adds the attention's output"),
+    "jetmoe-routed-attention": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
+                                ("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
+                                 "through self.experts")),
+    "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
+                                                       "moe_intermediate_size": 64},
+                                     ("several attention computations in one decoder layer: "
+                                      "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA 2 times")),
+    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from parameters of the attention (A, dt_proj): "
+                                       "DogeAttention.forward")),
+    "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
+                                                 "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+                                 ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
+                                  "tid2eid by input_ids")),
+    # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
+    # layers as parallel lists; and Fuyu's causal LM takes image patches.
+    "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},
+                           "attention scores summed from several products (XLNetRelativeAttention.rel_attn_core"),
+    "xlm-causal-lists": ("xlm", {"causal": True}, ("layers kept as parallel module lists: XLMModel appends one module "
+                                                   "per layer to each of attentions, ffns, layer_norm1, layer_norm2")),
+    "fuyu-image-patches": ("fuyu", {}, "a multimodal model: FuyuForCausalLM.forward takes image_patches"),
+    "xlm-bidirectional": ("xlm", {"causal": False}, ("bidirectional attention by config: the causal mask is built "
+                                                     "only under `if causal`")),
 }
 
 RESULTS: dict[str, dict] = {}

@@ -18,6 +18,7 @@ from typing import Any
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import (
     attention,
+    forms,
     head,
     identity,
     layout,
@@ -70,6 +71,7 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
     """What detection can tell of `ckpt`, with spec.unknowns saying what it could not: never refuses for an
     unknown, only for a checkpoint that contradicts itself (or the user's values)."""
     policy.check(ckpt)  # blocks no port expresses, shapes config.json contradicts
+    forms.check(ckpt)  # forms of the code no port computes (the backend may still serve them: choose)
     spec = Spec()
     if overrides:
         values, sources = config_keyed(ckpt, dict(overrides), origin or "")

@@ -1,0 +1,431 @@
+"""Forms no port computes, named from the code before detection (scaffold.detect.forms): each on transformers' own
+file and on a lab module that computes the same thing under other names and another structure; a plain lab
+decoder, and the same lab models with the form taken out, name nothing."""
+
+from __future__ import annotations
+
+from helpers import LAB_DECODER, LAB_PRELUDE, transformers_code
+
+from scaffold.detect import forms
+
+LAB_ATTENTION = '''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+        return self.wo(F.scaled_dot_product_attention(q, k, self.wv(x), attn_mask=mask))
+
+
+'''
+PLAIN = LAB_PRELUDE + LAB_ATTENTION + LAB_DECODER
+
+
+def lab(*parts: str) -> dict[str, str]:
+    return {"modeling_lab.py": "\n".join([LAB_PRELUDE, *parts])}
+
+
+def test_a_plain_lab_decoder_names_no_form():
+    assert forms.blocking_forms({"modeling_lab.py": PLAIN}, {"hidden_size": 64}) == []
+
+
+def test_llama_and_a_moe_decoder_name_no_form():
+    assert forms.blocking_forms(transformers_code("llama"), {}) == []
+    assert forms.blocking_forms(transformers_code("mixtral"), {}) == []  # routed experts in the MLP, not attention
+
+
+# ------------------------------------------------------------------ bidirectional attention by config
+def test_xlm_and_xlnet_build_their_causal_mask_only_where_config_says():
+    xlm = forms.bidirectional_by_config(transformers_code("xlm"), {"causal": False})
+    assert xlm.startswith("bidirectional attention by config: the causal mask is built only under `if causal` "
+                          "(modeling_xlm.py:")
+    assert "config.json's causal = False builds none" in xlm
+    assert forms.bidirectional_by_config(transformers_code("xlm"), {"causal": True}) is None
+    xlnet = forms.bidirectional_by_config(transformers_code("xlnet"), {"attn_type": "bi"})
+    assert "`if self.attn_type == 'uni'`" in xlnet and "attn_type = 'bi' builds none" in xlnet
+    assert forms.bidirectional_by_config(transformers_code("xlnet"), {"attn_type": "uni"}) is None
+
+
+# A lab's mask helper takes the switch as an argument, called with the config's own key through self.config.
+LAB_BIDIRECTIONAL = '''def causal_or_full(n, unidirectional):
+    full = torch.zeros(n, n)
+    if unidirectional:
+        return torch.full((n, n), float("-inf")).triu(1)
+    return full
+
+
+class LabEncoderish(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x):
+        return causal_or_full(x.shape[1], self.config.left_to_right)
+'''
+
+
+def test_a_lab_mask_switched_off_by_its_config_key_is_named():
+    found = forms.bidirectional_by_config(lab(LAB_BIDIRECTIONAL), {"left_to_right": False})
+    assert "`if unidirectional` (modeling_lab.py:" in found and "left_to_right = False builds none" in found
+    assert forms.bidirectional_by_config(lab(LAB_BIDIRECTIONAL), {"left_to_right": True}) is None
+    assert forms.bidirectional_by_config(lab(LAB_BIDIRECTIONAL), {}) is None  # undecided: not named
+
+
+# ------------------------------------------------------------------ a layer stack run more than once
+def test_hrm_text_runs_its_stacks_in_cycles():
+    found = forms.repeated_stack(transformers_code("hrm_text"), {})
+    assert found.startswith("a layer stack run more than once per forward: HrmTextModel.forward calls "
+                            "self.L_module inside a loop (HrmTextStack, whose layers holds HrmTextDecoderLayer, "
+                            "modeling_hrm_text.py:")
+    assert "`for high_cycle_idx in range(self.config.H_cycles)`" in found
+
+
+# A lab's model loops over its own list of layers inside a loop of refinement steps.
+LAB_LOOPED = LAB_ATTENTION + LAB_DECODER.replace('''        self.norm = LabRMSNorm(config.hidden_size)
+''', '''        self.norm = LabRMSNorm(config.hidden_size)
+        self.steps = config.refine_steps
+
+    def forward(self, x, cos, sin, mask):
+        step = 0
+        while step < self.steps:
+            for block in self.layers:
+                x = block(x, cos, sin, mask)
+            step += 1
+        return self.norm(x)
+''')
+
+
+def test_a_lab_stack_iterated_in_a_while_loop_is_named():
+    found = forms.repeated_stack(lab(LAB_LOOPED), {})
+    assert "LabModel.forward iterates self.layers inside a loop (LabLayer layers, modeling_lab.py:" in found
+    assert "`while step < self.steps`" in found
+    assert forms.repeated_stack({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ reversible residual streams
+def test_reformer_adds_its_attention_to_the_other_stream():
+    found = forms.reversible_residual(transformers_code("reformer"), {})
+    assert found.startswith("reversible residual streams: ReformerLayer.forward adds the attention's output to "
+                            "prev_attn_output while the attention reads hidden_states (modeling_reformer.py:")
+    assert "attn_output = prev_attn_output + attn_output" in found
+
+
+LAB_REVERSIBLE = LAB_ATTENTION + '''class LabRevBlock(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.mix = LabAttention(config, layer_idx)
+        self.ff = nn.Linear(config.hidden_size, config.hidden_size)
+        self.n1 = LabRMSNorm(config.hidden_size)
+        self.n2 = LabRMSNorm(config.hidden_size)
+
+    def forward(self, left, right, cos, sin, mask):
+        mixed = self.mix(self.n1(right), cos, sin, mask)
+        out_left = mixed + left
+        out_right = right + self.ff(self.n2(out_left))
+        return out_left, out_right
+
+
+class LabRevModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.blocks = nn.ModuleList([LabRevBlock(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+
+def test_a_lab_two_stream_block_is_named_and_a_plain_residual_is_not():
+    found = forms.reversible_residual(lab(LAB_REVERSIBLE), {})
+    assert "LabRevBlock.forward adds the attention's output to left while the attention reads right" in found
+    assert forms.reversible_residual({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ several attentions in one layer
+def test_longcat_flash_computes_two_attentions_per_layer():
+    found = forms.several_attentions(transformers_code("longcat_flash"), {})
+    assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
+                            "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
+    assert "self.self_attn[0](...)" in found and "self.self_attn[1](...)" in found
+
+
+LAB_TWO_ATTENTIONS = LAB_ATTENTION + LAB_DECODER.replace(
+    "        self.self_attn = LabAttention(config, layer_idx)\n",
+    "        self.near = LabAttention(config, layer_idx)\n        self.far = LabAttention(config, layer_idx)\n").replace(
+    "        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n",
+    "        x = x + self.near(self.input_layernorm(x), cos, sin, mask)\n"
+    "        x = x + self.far(self.input_layernorm(x), cos, sin, None)\n")
+
+
+def test_a_lab_layer_with_two_attention_modules_is_named():
+    found = forms.several_attentions(lab(LAB_TWO_ATTENTIONS), {})
+    assert found.startswith("several attention computations in one decoder layer: LabLayer.forward calls "
+                            "LabAttention 2 times (modeling_lab.py:")
+    assert "self.near(...)" in found and "self.far(...)" in found
+    assert forms.several_attentions({"modeling_lab.py": PLAIN}, {}) is None
+
+
+def test_cross_attention_under_encoder_states_is_left_to_the_layout():
+    # TrOCR's encoder_attn runs only on an encoder's states: scaffold.detect.layout names it as the decoder half of
+    # an encoder-decoder, not as a second attention of the layer.
+    assert forms.several_attentions(transformers_code("trocr"), {}) is None
+
+
+# ------------------------------------------------------------------ routed attention
+def test_jetmoe_routes_its_queries_through_attention_experts():
+    found = forms.routed_attention(transformers_code("jetmoe"), {})
+    assert found.startswith("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
+                            "through self.experts, which routes each token to top-k experts (JetMoeMoA built at "
+                            "modeling_jetmoe.py:")
+    assert "JetMoeTopKGating's top-k at modeling_jetmoe.py:" in found and "self.experts.map(hidden_states)" in found
+
+
+LAB_ROUTED = '''class LabHeadRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.k = config.heads_per_token
+        self.score = nn.Linear(config.hidden_size, config.n_head_experts, bias=False)
+        self.banks = nn.Parameter(torch.empty(config.n_head_experts, config.hidden_size, config.hidden_size))
+
+    def forward(self, x):
+        weights, chosen = self.score(x).softmax(-1).topk(self.k, dim=-1)
+        return torch.einsum("btk,btkd->btd", weights, torch.einsum("btd,btkde->btke", x, self.banks[chosen]))
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.query_bank = LabHeadRouter(config)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.query_bank(x), self.wk(x), cos, sin)
+        return F.scaled_dot_product_attention(q, k, self.wv(x), attn_mask=mask)
+
+
+''' + LAB_DECODER
+
+
+def test_a_lab_attention_whose_queries_come_from_routed_experts_is_named():
+    found = forms.routed_attention(lab(LAB_ROUTED), {})
+    assert "LabAttention.forward computes through self.query_bank, which routes" in found
+    assert "(LabHeadRouter built at modeling_lab.py:" in found and "LabHeadRouter's top-k at modeling_lab.py:" in found
+    assert forms.routed_attention({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ a mask from the attention's own parameters
+def test_doge_masks_by_its_dynamic_scores():
+    found = forms.dynamic_mask(transformers_code("doge"), {})
+    assert found.startswith("an attention mask computed from parameters of the attention (A, dt_proj): "
+                            "DogeAttention.forward hands attn_mask to attention_interface (modeling_doge.py:")
+
+
+def test_deepseek_v32s_indexer_is_not_read_as_a_dynamic_mask():
+    # Its indexer scores from the low-rank query, which the queries read too; scaffold.detect.latent names it.
+    assert forms.dynamic_mask(transformers_code("deepseek_v32"), {}) is None
+
+
+LAB_DYNAMIC = LAB_ATTENTION.replace('''        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+''', '''        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.keep = nn.Linear(config.hidden_size, 1)
+        self.temperature = nn.Parameter(torch.ones(1))
+''').replace('''        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+''', '''        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+        salience = self.keep(x).squeeze(-1) / self.temperature
+        mask = mask + torch.log_softmax(salience, dim=-1)[:, None, None, :]
+''') + LAB_DECODER
+
+
+def test_a_lab_mask_biased_by_a_learned_salience_is_named():
+    found = forms.dynamic_mask(lab(LAB_DYNAMIC), {})
+    assert found.startswith("an attention mask computed from parameters of the attention (keep, temperature): "
+                            "LabAttention.forward hands mask to scaled_dot_product_attention (modeling_lab.py:")
+    assert forms.dynamic_mask({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ learned residual scales
+def test_doge_scales_its_residuals():
+    found = forms.residual_scales(transformers_code("doge"), {})
+    assert "DogeDecoderLayer.forward multiplies the residual by parameters of its own (input_residual, " \
+           "post_attention_residual)" in found
+
+
+LAB_SCALED = LAB_ATTENTION + LAB_DECODER.replace('''        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
+''', '''        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
+        self.skip_gain = nn.Parameter(torch.ones(config.hidden_size))
+''').replace("        x = x + self.self_attn(", "        x = self.self_attn(").replace(
+    "cos, sin, mask)\n        return", "cos, sin, mask) + x * self.skip_gain\n        return")
+
+
+def test_a_lab_residual_times_a_gain_is_named():
+    found = forms.residual_scales(lab(LAB_SCALED), {})
+    assert "LabLayer.forward multiplies the residual by parameters of its own (skip_gain)" in found
+    assert forms.residual_scales({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ a learned relative position bias
+def test_cpmant_looks_up_a_relative_position_bias():
+    found = forms.relative_position_bias(transformers_code("cpmant"), {})
+    assert found.startswith("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward looks up its "
+                            "table relative_attention_bias by the key-query distance "
+                            "(modeling_cpmant.py:")
+
+
+def test_alibi_is_not_a_learned_relative_bias():
+    for model in ("bloom", "mpt", "falcon"):
+        assert forms.relative_position_bias(transformers_code(model), {}) is None, model
+
+
+# T5's way, written by a lab: the distances through locals, bucketed, looked up in an nn.Embedding by calling it.
+LAB_RELATIVE = '''class LabDistanceBias(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.buckets = nn.Embedding(config.distance_buckets, config.num_attention_heads)
+
+    def forward(self, q_len, k_len):
+        here = torch.arange(q_len)[:, None]
+        there = torch.arange(k_len)[None, :]
+        distance = (there - here).clamp(-16, 16) + 16
+        return self.buckets(distance).permute(2, 0, 1)
+'''
+
+
+def test_a_lab_distance_table_is_named():
+    found = forms.relative_position_bias(lab(LAB_RELATIVE), {})
+    assert "LabDistanceBias.forward looks up its table buckets by the key-query distance" in found
+    assert forms.relative_position_bias({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ an integer table looked up by token ids
+def test_deepseek_v4s_hash_routing_table_is_named():
+    found = forms.integer_table(transformers_code("deepseek_v4"), "model.layers.0.ffn.gate.tid2eid", "I64")
+    assert found.startswith("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes tid2eid "
+                            "by input_ids for the experts each token is routed to (hash routing) "
+                            "(modeling_deepseek_v4.py:")
+    assert "stored as I64 tensor 'model.layers.0.ffn.gate.tid2eid')" in found
+    # A tensor the code does not index by token ids is left to the reader's own error.
+    assert forms.integer_table(transformers_code("deepseek_v4"), "model.layers.0.ffn.gate.weight", "I64") is None
+
+
+LAB_TABLE = '''class LabTokenGate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.register_buffer("lane_of_token", torch.zeros(config.vocab_size, dtype=torch.int32))
+        self.lanes = nn.ModuleList([nn.Linear(config.hidden_size, config.hidden_size) for _ in range(4)])
+
+    def forward(self, x, token_ids):
+        lane = self.lane_of_token[token_ids]
+        return torch.stack([self.lanes[i](x) for i in range(4)], -2).gather(-2, lane[..., None, None])
+'''
+
+
+def test_a_lab_lookup_by_token_ids_is_named_without_experts():
+    found = forms.integer_table(lab(LAB_TABLE), "model.layers.3.gate.lane_of_token", "I32")
+    assert found.startswith("an integer table looked up by token ids: LabTokenGate.forward indexes lane_of_token by "
+                            "token_ids for a value per token (modeling_lab.py:")
+
+
+# ------------------------------------------------------------------ a causal LM taking image inputs
+def test_fuyu_takes_image_patches():
+    found = forms.media_inputs(transformers_code("fuyu"), {})
+    assert found.startswith("a multimodal model: FuyuForCausalLM.forward takes image_patches (modeling_fuyu.py:")
+
+
+def test_a_lab_causal_lm_taking_audio_is_named_and_a_text_class_beside_it_is_not():
+    audio = LAB_ATTENTION + LAB_DECODER + '''
+
+class LabForCausalLM(nn.Module):
+    def forward(self, input_ids, speech_frames=None, audio_lengths=None):
+        return input_ids
+'''
+    assert "LabForCausalLM.forward takes audio_lengths (modeling_lab.py:" in forms.media_inputs(lab(audio), {})
+    text = audio + '''
+
+class LabTextForCausalLM(nn.Module):
+    def forward(self, input_ids):
+        return input_ids
+'''
+    assert forms.media_inputs(lab(text), {}) is None  # a text causal LM beside it: not every class is multimodal
+    assert forms.media_inputs(transformers_code("llama4"), {}) is None
+
+
+# ------------------------------------------------------------------ attention scores summed from products
+def test_xlnets_relative_attention_sums_its_score_terms():
+    found = forms.summed_scores(transformers_code("xlnet"), {})
+    assert found.startswith("attention scores summed from several products (XLNetRelativeAttention.rel_attn_core, "
+                            "modeling_xlnet.py:")
+    assert "attn_score = (ac + bd + ef) * self.scale" in found
+
+
+LAB_SUMMED = '''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.rel = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        by_content = q @ k.transpose(-1, -2)
+        by_offset = torch.matmul(q, self.rel(sin).transpose(-1, -2))
+        logits = by_content + by_offset + mask
+        return torch.softmax(logits, dim=-1) @ v
+
+
+''' + LAB_DECODER
+
+
+def test_a_lab_attention_adding_a_position_product_is_named():
+    found = forms.summed_scores(lab(LAB_SUMMED), {})
+    assert "(LabAttention.forward, modeling_lab.py:" in found and "logits = by_content + by_offset + mask" in found
+    assert forms.summed_scores({"modeling_lab.py": PLAIN}, {}) is None
+
+
+def test_gemma4s_audio_attention_is_not_the_text_decoders():
+    assert forms.summed_scores(transformers_code("gemma4"), {}) is None
+
+
+# ------------------------------------------------------------------ layers kept as parallel lists
+def test_xlm_keeps_its_layers_as_parallel_lists():
+    found = forms.parallel_lists(transformers_code("xlm"), {})
+    assert found.startswith("layers kept as parallel module lists: XLMModel appends one module per layer to each of "
+                            "attentions, ffns, layer_norm1, layer_norm2 (modeling_xlm.py:")
+
+
+LAB_LISTS = LAB_ATTENTION + LAB_DECODER.split("class LabLayer")[0] + '''class LabStack(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.depth = config.num_hidden_layers
+        self.mixers, self.feeds = nn.ModuleList(), nn.ModuleList()
+        self.pre_mix, self.pre_feed = nn.ModuleList(), nn.ModuleList()
+        for _ in range(self.depth):
+            self.pre_mix.append(LabRMSNorm(config.hidden_size))
+            self.mixers.append(LabAttention(config))
+            self.pre_feed.append(LabRMSNorm(config.hidden_size))
+            self.feeds.append(LabMLP(config))
+
+    def forward(self, x, cos, sin, mask):
+        for i in range(self.depth):
+            x = x + self.mixers[i](self.pre_mix[i](x), cos, sin, mask)
+            x = x + self.feeds[i](self.pre_feed[i](x))
+        return x
+'''
+
+
+def test_a_lab_stack_of_parallel_lists_is_named():
+    found = forms.parallel_lists(lab(LAB_LISTS), {})
+    assert "LabStack appends one module per layer to each of feeds, mixers, pre_feed, pre_mix (modeling_lab.py:" in found
+    assert forms.parallel_lists({"modeling_lab.py": PLAIN}, {}) is None
+
+
+def test_an_attention_called_in_either_branch_of_an_if_is_one_attention():
+    either = LAB_ATTENTION + LAB_DECODER.replace(
+        "        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n",
+        "        if mask is None:\n"
+        "            x = x + self.self_attn(self.input_layernorm(x), cos, sin, None)\n"
+        "        else:\n"
+        "            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n")
+    assert forms.several_attentions(lab(either), {}) is None
