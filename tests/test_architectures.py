@@ -456,8 +456,9 @@ UNSUPPORTED = {
                                                        "moe_intermediate_size": 64},
                                      ("several attention computations in one decoder layer: "
                                       "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA 2 times")),
-    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2}, ("an attention mask computed from parameters of the attention (A, dt_proj): "
-                                       "DogeAttention.forward")),
+    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2},
+                          ("an attention mask computed from parameters of the attention (A, dt_proj): "
+                           "DogeAttention.forward")),
     "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
                                                  "num_experts_per_tok": 2, "moe_intermediate_size": 64},
                                  ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
