@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, conditions, dataflow
+from scaffold.detect import codekeys, conditions, dataflow, rotaryfreq
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import (
     alibi_code,
@@ -44,6 +44,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     cfg = ckpt.config
     params = cfg.get("rope_parameters")
     sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
+    per_type = None
     if isinstance(params, dict) and set(params) & set(LAYER_TYPES) and "rope_theta" not in params:
         # One set of parameters per layer type (Gemma 3 in transformers 5).
         per_type = params
@@ -86,10 +87,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sections = next((f"{key}.mrope_section = {kind['mrope_section']}" for key, kind in (("rope_parameters", params),
                                                                     ("sliding rope_parameters", sliding))
                      if "mrope_section" in kind), None)
-    if sections is not None:
-        # get_rope would build vLLM's MRotaryEmbedding, which runs only in a multimodal model's 3-D positions.
-        raise unsupported(f"multimodal rotary sections ({sections}): vLLM's M-RoPE needs the 3-D positions "
-                          "of a multimodal model", where, spec.model_type)
+    _frequency_order(ckpt, spec, params, sliding, per_type, sections)
+    for kind in (params, sliding):
+        # Ported as one row of positions (rope_position_rows): the sections are not vLLM's M-RoPE's to apply.
+        kind.pop("mrope_section", None)
+        kind.pop("mrope_interleaved", None)
     if sliding == params or not spec.layers_with_window:
         sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
     spec.set("sliding_rope_parameters", sliding, sliding_source)
@@ -170,6 +172,63 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+def _frequency_order(ckpt: Checkpoint, spec: Spec, params: dict, sliding: dict, per_type: dict | None,
+                     sections: str | None) -> None:
+    """The order of the rotary frequencies, from running the code's rotary module over numbers
+    (scaffold.detect.rotaryfreq): another order than the standard one is ported (rope_frequency_order); config.json's
+    multimodal rotary sections (mrope_section) are ported where, for text, every row of positions holds the same
+    positions and the module's table is NeoX rotary at the standard frequencies in some order; anything else is
+    refused naming what the code computes."""
+    where = ckpt.config_file
+    what = f"multimodal rotary sections ({sections})" if sections else "a rotary embedding"
+    sources = modeling_sources(ckpt)
+    present = ckpt.config.get("layer_types")
+    present = set(present) if isinstance(present, list) and all(isinstance(t, str) for t in present) else set(LAYER_TYPES)
+    kinds = ({t: dict(per_type[t]) for t in LAYER_TYPES if t in present} or {t: dict(per_type[t]) for t in LAYER_TYPES}
+             if per_type is not None else {None: params})
+    orders, reasons = {}, []
+    for kind, kind_params in kinds.items():
+        theta = kind_params.get("rope_theta")
+        if not sources or not isinstance(theta, (int, float)) or isinstance(theta, bool) or spec.head_dim <= 0:
+            reasons.append("no modeling code or rotary base to read it from")
+            continue
+        try:
+            found = rotaryfreq.read_order(sources, ckpt.config, kind, spec.head_dim, float(theta))
+        except RecursionError:
+            found = "the rotary module nests too deep to read"
+        if found is None:
+            reasons.append("no rotary module built by the decoder stack (self.rotary_emb) to read")
+        elif isinstance(found, str):
+            reasons.append(found)
+        else:
+            orders[kind] = found
+    if sections is None and (reasons or not any(o.permuted for o in orders.values())):
+        # The module computes the standard order, or one the reader does not follow: the rotary is the config's.
+        return
+    if reasons:
+        raise unsupported(f"{what}: {reasons[0]}", where, spec.model_type)
+    if len({o.order for o in orders.values()}) > 1:
+        raise unsupported(f"{what}: the layer types' rotary tables turn their columns in different orders "
+                          f"({'; '.join(f'{k}: {list(o.order)}' for k, o in orders.items())})", where,
+                          spec.model_type)
+    found = next(iter(orders.values()))
+    if sections is not None:
+        rows = rotaryfreq.differing_rows(sources)
+        if rows is not None:
+            raise unsupported(f"{what}: the rows of positions are computed apart ({rows}), a multimodal M-RoPE "
+                              "whose rows differ", where, spec.model_type)
+        if any(k.get("rope_type", "default") != "default" for k in kinds.values()):
+            raise unsupported(f"{what} with a scaled rope type", where, spec.model_type)
+        spec.set("rope_position_rows", True,
+                 Source("config", f"config.json {sections}: vLLM hands the model one row of positions per section; "
+                                  f"for text every row holds the same positions ({found}: {found.cls} reads them so)"))
+    if found.permuted:
+        spec.set("rope_frequency_order", list(found.order),
+                 Source("code", f"{found}: {found.cls} run over numbers with the same positions in every row "
+                                f"computes NeoX rotary whose column j turns at {found.base:g} ** (-2 * order[j] / "
+                                f"{spec.head_dim}), order {list(found.order)}"))
 
 
 GUARD_NAMES = frozenset({"config", "layer_idx", "hasattr", "getattr"})  # what a per-layer rotary condition may
