@@ -147,6 +147,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # The port picks this layer's rotary parameters from the config's set per layer type
         # (rope_parameters.full_attention, ...) at run time.
         "per_type_rope": per_type_rope,
+        # A layer type whose rotary parameters are null (Cohere Compass's NoPE layers): its layers build their
+        # unused rotary from another type's set.
+        "rope_null_types": per_type_rope and "those layers take no rotary" in spec.source("rope_parameters").detail,
         # The port reads config.layer_types at run time (which layers slide, which rotary set).
         "reads_layer_types": (bool(spec.sliding_window) and not literal_layers and not window_condition)
                              or per_type_rope,

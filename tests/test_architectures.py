@@ -247,6 +247,13 @@ ARCHITECTURES = {
                                                "mrope_section": [6, 6, 4]},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0,
                                                   "mrope_section": [6, 6, 4]}}}),
+    # Cohere Compass whose full-attention layers take no rotary (their rotary parameters null: the text model hands
+    # them no position embeddings), the sliding ones its pre-rotated frequencies.
+    "cohere_compass_text-nope": ("cohere_compass_text", {
+        **TOKENS, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": None,
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [6, 6, 4]}}}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -296,6 +303,8 @@ EXPECTED_SPEC = {
                             "sliding_window_layers": [0, 2],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
                             "sliding_rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}},
+    "cohere_compass_text-nope": {"no_rope_layers": [1], "rope_position_rows": True,
+                                 "rope_frequency_order": [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11, 12, 13, 14, 15]},
     "gpt2": {"position_scheme": "learned", "transposed_roles": ["qkv_proj", "o_proj", "up_proj", "down_proj"],
              "qkv_layout": "fused", "mlp_kind": "plain", "num_kv_heads": 4, "intermediate_size": 512},
     "gpt_bigcode": {"position_scheme": "learned", "qkv_layout": "fused", "num_kv_heads": 1},

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ckpt_factory import Shape
+from ckpt_factory import Shape, tensors_for
 from helpers import LAB_DECODER, LAB_PRELUDE, detect_until, read, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import rope, rotaryfreq
-from scaffold.errors import SpecError, UnsupportedArchitecture
+from scaffold.errors import CheckpointError, SpecError, UnsupportedArchitecture
 from scaffold.spec import Source, validate_names
 
 
@@ -208,3 +208,41 @@ def test_a_frequency_order_that_is_no_permutation_is_a_spec_error(tmp_path):
         validate_names(spec, "spec.toml")
     spec.set("rope_frequency_order", [1, 0, 2, 3, 4, 5, 6, 7], Source("override", "spec.toml"))
     validate_names(spec, "spec.toml")
+
+
+def _compass_checkpoint(tmp_path, full_attention):
+    """A tiny checkpoint read with transformers' Cohere Compass code: one LayerNorm per layer (its parallel block)."""
+    extra = {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "sliding_window": 8,
+             "rope_parameters": {"full_attention": full_attention,
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                       "mrope_section": [2, 3, 3]}}}
+    shape = Shape(model_type="cohere_compass_text", layers=3, extra=extra)
+    tensors = {n: s for n, s in tensors_for(shape).items() if "post_attention_layernorm" not in n}
+    return read(tmp_path, shape, tensors=tensors)
+
+
+def test_a_layer_type_without_rotary_parameters_takes_no_rotary(tmp_path):
+    """Cohere Compass's text model rotates a layer only where `config.rope_parameters[layer_type] is not None`: a
+    null set makes that type's layers no_rope_layers, read by the port from the layer types at run time."""
+    spec = detect_until(_compass_checkpoint(tmp_path, None), rope)
+    assert spec.no_rope_layers == [1]
+    assert spec.source("no_rope_layers").expr == "config.layer_types[layer_idx] != 'full_attention'"
+    assert "modeling_cohere_compass.py:" in spec.source("no_rope_layers").detail
+    assert spec.rope_frequency_order == [0, 2, 4, 1, 3, 5, 6, 7] and spec.rope_position_rows is True
+    rotating = detect_until(_compass_checkpoint(tmp_path / "all", {"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "mrope_section": [2, 3, 3]}), rope)
+    assert rotating.no_rope_layers == []
+
+
+def test_a_null_rotary_set_the_code_does_not_test_is_refused(tmp_path):
+    """The lab's stack rotates every layer: a null set in config.json is not something its code reads as 'no
+    rotary', so the config is refused, not ported as NoPE."""
+    assert rope._null_rope_check({"modeling_lab.py": LAB_CODE}) is None
+    extra = {"layer_types": ["full_attention", "sliding_attention"],
+             "rope_parameters": {"full_attention": None,
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_sectioned", head_dim=32, hidden=128, extra=extra)
+    read(tmp_path, shape)
+    (tmp_path / "modeling_lab.py").write_text(LAB_CODE)
+    with pytest.raises(CheckpointError, match="does not give rope_theta for each of"):
+        detect_until(read_checkpoint(tmp_path), rope)

@@ -44,15 +44,25 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     cfg = ckpt.config
     params = cfg.get("rope_parameters")
     sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
-    per_type = None
+    per_type, null_types, null_check = None, [], None
     if isinstance(params, dict) and set(params) & set(LAYER_TYPES) and "rope_theta" not in params:
         # One set of parameters per layer type (Gemma 3 in transformers 5).
         per_type = params
+        null_types = [t for t in LAYER_TYPES if t in per_type and per_type[t] is None]
+        rotating = [t for t in LAYER_TYPES if t not in null_types]
+        if null_types and rotating and (null_check := _null_rope_check(modeling_sources(ckpt))) is not None:
+            # A layer type without rotary parameters takes no rotary embedding (Cohere Compass's NoPE layers): its
+            # layers are no_rope_layers; the port builds their unused rotary from the other type's set.
+            per_type = {**per_type, **{t: per_type[rotating[0]] for t in null_types}}
+        else:
+            null_types = []
         if not all(isinstance(per_type.get(t), dict) and "rope_theta" in per_type[t] for t in LAYER_TYPES):
             raise CheckpointError("config key 'rope_parameters' is keyed by layer type but does not give "
                                   f"rope_theta for each of {', '.join(LAYER_TYPES)}.", where)
         params = dict(per_type["full_attention"])
-        source = Source("config", "config.json rope_parameters.full_attention")
+        source = Source("config", "config.json rope_parameters.full_attention" + (
+            f" (null for {', '.join(null_types)}: those layers take no rotary, {null_check}; their unused rotary "
+            f"built from {rotating[0]}'s set)" if null_types else ""))
         sliding = _checked(dict(per_type["sliding_attention"]), where)
         sliding_source = Source("config", "config.json rope_parameters.sliding_attention")
     elif isinstance(params, dict) and "rope_theta" in params:
@@ -87,7 +97,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sections = next((f"{key}.mrope_section = {kind['mrope_section']}" for key, kind in (("rope_parameters", params),
                                                                     ("sliding rope_parameters", sliding))
                      if "mrope_section" in kind), None)
-    _frequency_order(ckpt, spec, params, sliding, per_type, sections)
+    _frequency_order(ckpt, spec, params, sliding, per_type, sections, null_types)
     for kind in (params, sliding):
         # Ported as one row of positions (rope_position_rows): the sections are not vLLM's M-RoPE's to apply.
         kind.pop("mrope_section", None)
@@ -157,6 +167,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("rope_reversed", False, Source("default", "rotate_half returns cat((-x2, x1)): rotation by +theta"))
 
+    if null_types:
+        layer_types = cfg.get("layer_types")
+        if not isinstance(layer_types, list) or len(layer_types) != spec.num_layers:
+            raise CheckpointError(f"config key 'layer_types' must name the type of each of {spec.num_layers} layers "
+                                  "where rope_parameters is null for a type.", where)
+        expr = " and ".join(f"config.layer_types[layer_idx] != {t!r}" for t in null_types)
+        spec.set("no_rope_layers", [i for i, t in enumerate(layer_types) if t in null_types],
+                 Source("code", f"{null_check}: the code rotates a layer only where its type's rotary parameters are "
+                                f"not None; config.json rope_parameters.{null_types[0]} is null", expr))
+        return
     flags = cfg.get("no_rope_layers")
     if flags is None:
         guarded = _rotary_guard(ckpt, spec) if spec.position_scheme == "rotary" else None
@@ -174,8 +194,20 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
 
 
+def _null_rope_check(sources: dict[str, str]) -> str | None:
+    """file:line where the code tests a layer type's rotary parameters against None (`... if
+    self.config.rope_parameters[layer_type] is not None else None`: no rotary for that type), if it does."""
+    for file, node in walk(sources):
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+                and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
+                and isinstance(node.left, ast.Subscript)
+                and re.search(r"(^|\.)rope_parameters$", ast.unparse(node.left.value))):
+            return f"{file}:{node.lineno}"
+    return None
+
+
 def _frequency_order(ckpt: Checkpoint, spec: Spec, params: dict, sliding: dict, per_type: dict | None,
-                     sections: str | None) -> None:
+                     sections: str | None, null_types: list[str]) -> None:
     """The order of the rotary frequencies, from running the code's rotary module over numbers
     (scaffold.detect.rotaryfreq): another order than the standard one is ported (rope_frequency_order); config.json's
     multimodal rotary sections (mrope_section) are ported where, for text, every row of positions holds the same
@@ -186,6 +218,7 @@ def _frequency_order(ckpt: Checkpoint, spec: Spec, params: dict, sliding: dict, 
     sources = modeling_sources(ckpt)
     present = ckpt.config.get("layer_types")
     present = set(present) if isinstance(present, list) and all(isinstance(t, str) for t in present) else set(LAYER_TYPES)
+    present -= set(null_types)  # layer types that take no rotary: the module computes no table for them
     kinds = ({t: dict(per_type[t]) for t in LAYER_TYPES if t in present} or {t: dict(per_type[t]) for t in LAYER_TYPES}
              if per_type is not None else {None: params})
     orders, reasons = {}, []
