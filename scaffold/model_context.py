@@ -111,9 +111,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
         "mlp_class": mlp_class,
-        "interfaces": interfaces(moe),
+        "interfaces": interfaces(moe, spec.rope_position_rows),
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
+        # The rotary frequencies in the order the modeling code computes them (Cohere Compass's pre-rotated ones):
+        # the port's FrequencyOrderRotaryEmbedding.
+        "frequency_order": spec.position_scheme == "rotary" and bool(spec.rope_frequency_order),
         # Gated attention: the function the port applies to the gate projection's output.
         "gate_fn": GATE_FUNCTIONS[spec.attn_gate_act] if spec.attn_output_gate != "none" else None,
         # Differential attention (DiffLlama's): two Attention layers and the pairing of heads across ranks.
@@ -164,6 +167,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # The port picks this layer's rotary parameters from the config's set per layer type
         # (rope_parameters.full_attention, ...) at run time.
         "per_type_rope": per_type_rope,
+        # A layer type whose rotary parameters are null (Cohere Compass's NoPE layers): its layers build their
+        # unused rotary from another type's set.
+        "rope_null_types": per_type_rope and "those layers take no rotary" in spec.source("rope_parameters").detail,
         # The port reads config.layer_types at run time (which layers slide, which rotary set).
         "reads_layer_types": (bool(spec.sliding_window) and not literal_layers and not window_condition)
                              or per_type_rope,
@@ -225,16 +231,18 @@ def stacked_projections(spec: Spec) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def interfaces(moe: bool) -> tuple[str, ...]:
+def interfaces(moe: bool, position_rows: bool = False) -> tuple[str, ...]:
     """The vLLM interfaces the causal-LM class declares, as vLLM's own Llama and Qwen3-MoE do.
 
     Every port hands EAGLE-3 the hidden states of the layers it asks for (SupportsEagle3). MoE
     ports take part in expert-parallel load balancing (MixtureOfExperts) and take no LoRA:
-    vLLM's FusedMoE layers have none here.
+    vLLM's FusedMoE layers have none here. A config that declares multimodal rotary sections makes vLLM hand
+    the model a row of positions per section, which it asks of the model (SupportsMRoPE).
     """
+    rows = ("SupportsMRoPE",) if position_rows else ()
     if moe:
-        return ("MixtureOfExperts", "SupportsEagle3", "SupportsPP", "SupportsQuant")
-    return ("SupportsEagle3", "SupportsLoRA", "SupportsPP", "SupportsQuant")
+        return ("MixtureOfExperts", "SupportsEagle3", *rows, "SupportsPP", "SupportsQuant")
+    return ("SupportsEagle3", "SupportsLoRA", *rows, "SupportsPP", "SupportsQuant")
 
 
 def routing_choices(spec: Spec) -> dict[str, object]:
@@ -374,7 +382,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         *([Import("vllm.model_executor.layers.mla", ("MLAModules", "MultiHeadLatentAttentionWrapper"))]
           if latent else []),
         Import("vllm.model_executor.layers.quantization", ("QuantizationConfig",)),
-        *([Import("vllm.model_executor.layers.rotary_embedding", ("get_rope",))] if flags["rotary"] else []),
+        *([Import("vllm.model_executor.layers.rotary_embedding", _present(
+            ("RotaryEmbedding", flags["frequency_order"]), ("get_rope", not flags["frequency_order"])))] if flags["rotary"] else []),
         *([Import("vllm.model_executor.layers.rotary_embedding.common", ("yarn_get_mscale",))] if latent else []),
         Import("vllm.model_executor.layers.vocab_parallel_embedding", ("ParallelLMHead", "VocabParallelEmbedding")),
         Import("vllm.model_executor.model_loader.weight_utils", _present(

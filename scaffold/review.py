@@ -369,6 +369,12 @@ def _positions(spec) -> str:
                  "rotated halves swapped, so that NeoX rotary by +theta gives the same scores")
     if spec.partial_rotary_factor != 1.0:
         rope += f" over {spec.partial_rotary_factor:g} of each head"
+    if spec.rope_frequency_order:
+        rope += (f", its frequencies in the order the modeling code computes them ({spec.rope_frequency_order}: "
+                 "column j turns at base ** (-2 * order[j] / d))")
+    if spec.rope_position_rows:
+        rope += ("; config.json declares multimodal rotary sections, so vLLM hands the model a row of positions per "
+                 "section: the text-only port builds them identical and rotates by the first")
     if spec.no_rope_layers:
         rope += f"; layers {spec.no_rope_layers} skip it"
     return rope

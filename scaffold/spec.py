@@ -415,6 +415,16 @@ class Spec:
             "k_proj and per-head q/k norm weights); q . k is unchanged by the swap")
     no_rope_layers: list[int] = spec_field([], group="rotary", probe="self_attn", layer_list=True,
                                            doc="layers without rotary embedding")
+    rope_frequency_order: list[int] = spec_field(
+        [], group="rotary", probe="self_attn", omit_when_empty=True,
+        doc="the rotary's inverse frequencies in the order the modeling code computes them: column j of each "
+            "rotated half turns at base ** (-2 * order[j] / d) (Cohere Compass's pre-rotated M-RoPE frequencies, "
+            "read by running its rotary module); empty: the standard order")
+    rope_position_rows: bool = spec_field(
+        False, group="rotary", probe="self_attn", omit_when_empty=True,
+        doc="config.json declares multimodal rotary sections (mrope_section), so vLLM hands the model one row of "
+            "positions per section; the text-only port builds those rows identical (get_mrope_input_positions) and "
+            "rotates by the first")
 
     # MLP.
     mlp_kind: str = spec_field("gated", group="mlp", probe="mlp", choices=("gated", "plain"),
@@ -1022,6 +1032,19 @@ def validate_names(spec: Spec, origin: str) -> None:
         if why is not None:
             raise SpecError(f"rope_reversed (a rotary embedding that turns by -theta) is supported only by swapping "
                             f"the rotated halves of separate q_proj and k_proj heads; here {why}.", origin)
+    if spec.rope_frequency_order:
+        order = spec.rope_frequency_order
+        rotated = int(spec.head_dim * spec.partial_rotary_factor) // 2
+        why = ("the position scheme is not rotary" if spec.position_scheme != "rotary"
+               else "the rotary pairs adjacent channels (GPT-J style)" if not spec.rope_neox_style
+               else f"it is not a reordering of 0..{rotated - 1}" if sorted(order) != list(range(rotated))
+               else f"rope type {spec.rope_parameters.get('rope_type')!r} scales the frequencies"
+               if spec.rope_parameters.get("rope_type", "default") != "default"
+               or spec.sliding_rope_parameters.get("rope_type", "default") != "default"
+               else None)
+        if why is not None:
+            raise SpecError(f"rope_frequency_order (the rotary frequencies in another order) is supported for "
+                            f"default NeoX rotary over the rotated dims only; here {why}.", origin)
     if spec.attn_sub_norm and spec.qkv_layout == "latent":
         raise SpecError("a norm over the attention output (attn_sub_norm) is not supported with latent attention.",
                         origin)

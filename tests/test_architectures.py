@@ -265,6 +265,25 @@ ARCHITECTURES = {
                                                   "norm_bias": True, "classifier_bias": True,
                                                   "attention_bias": True, "mlp_bias": True,
                                                   "classifier_activation": "silu"}),
+    # Cohere Compass (text): its rotary "pre-rotates" the frequencies of the multimodal sections (mrope_section
+    # [6, 6, 4] over 32 head dims: the h and w sections' frequencies even ones first), for text every row of positions
+    # the same (vLLM hands the model a row per section); its rotary parameters per layer type (another base on the
+    # sliding layers), a window shorter than the prompts, Cohere's parallel block with one bias-free LayerNorm,
+    # logits scaled by 0.5 and a head tied to the embedding. The port in the standard order is 0.52 from transformers.
+    "cohere_compass_text": ("cohere_compass_text", {
+        **TOKENS, "logit_scale": 0.5, "tie_word_embeddings": True, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "mrope_section": [6, 6, 4]},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0,
+                                                  "mrope_section": [6, 6, 4]}}}),
+    # Cohere Compass whose full-attention layers take no rotary (their rotary parameters null: the text model hands
+    # them no position embeddings), the sliding ones its pre-rotated frequencies.
+    "cohere_compass_text-nope": ("cohere_compass_text", {
+        **TOKENS, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": None,
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [6, 6, 4]}}}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -308,6 +327,14 @@ EXPECTED_SPEC = {
     "nemotron": {"norm_kind": "layer", "norm_offset": 1.0, "hidden_act": "relu2", "partial_rotary_factor": 0.5},
     "phi": {"lm_head_bias": True, "block": "parallel", "norm_kind": "layer", "partial_rotary_factor": 0.5},
     "cohere2_moe": {"norm_kind": "layer", "block": "parallel", "num_experts": 4},
+    "cohere_compass_text": {"rope_frequency_order": [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11, 12, 13, 14, 15],
+                            "rope_position_rows": True, "block": "parallel", "norm_kind": "layer",
+                            "norm_bias": False, "logits_scale": 0.5, "tie_word_embeddings": True,
+                            "sliding_window_layers": [0, 2],
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                            "sliding_rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}},
+    "cohere_compass_text-nope": {"no_rope_layers": [1], "rope_position_rows": True,
+                                 "rope_frequency_order": [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11, 12, 13, 14, 15]},
     "gpt2": {"position_scheme": "learned", "transposed_roles": ["qkv_proj", "o_proj", "up_proj", "down_proj"],
              "qkv_layout": "fused", "mlp_kind": "plain", "num_kv_heads": 4, "intermediate_size": 512},
     "gpt_bigcode": {"position_scheme": "learned", "qkv_layout": "fused", "num_kv_heads": 1},
@@ -408,6 +435,16 @@ UNSUPPORTED = {
                                          "hidden_act": "gelu_pytorch_tanh"}, "gated experts with activation"),
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
+    # Cohere Compass with other sections on its sliding layers: their frequencies in another order than the full
+    # layers', which one rotary order per port does not express.
+    "cohere_compass_text-section-orders": (
+        "cohere_compass_text", {**TOKENS, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                                "rope_parameters": {
+                                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                       "mrope_section": [6, 6, 4]},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                          "mrope_section": [4, 4, 8]}}},
+        "turn their columns in different orders"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
     # sparsemixer routes each token to two experts whatever num_experts_per_tok says; vLLM's routes two.
     "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
@@ -663,7 +700,9 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",
              # Differential attention's four vectors, loaded whole on every rank.
-             "diffllama")
+             "diffllama",
+             # The rotary frequencies reordered, and M-RoPE's rows of positions built by the port.
+             "cohere_compass_text")
 
 
 @pytest.mark.engine
@@ -744,6 +783,8 @@ DEFAULTS = {
     "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
     # Left out when absent: differential attention (DiffLlama's).
     "diff_lambdas": [], "diff_lambda_init": "", "diff_norm_eps": None,
+    # Left out when absent: Cohere Compass's reordered rotary frequencies and M-RoPE rows of positions.
+    "rope_frequency_order": [], "rope_position_rows": False,
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

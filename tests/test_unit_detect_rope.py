@@ -45,15 +45,6 @@ def test_an_unknown_rope_type_is_refused(tmp_path):
         detect_until(read(tmp_path, shape), rope)
 
 
-def test_multimodal_rotary_sections_are_refused(tmp_path):
-    # Cohere Compass's text model keeps M-RoPE sections beside a default rope type: vLLM's get_rope would build
-    # its MRotaryEmbedding, which a text-only port cannot run.
-    shape = Shape(extra={"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                             "mrope_section": [6, 6, 4]}})
-    with pytest.raises(UnsupportedArchitecture, match=r"mrope_section = \[6, 6, 4\]"):
-        detect_until(read(tmp_path, shape), rope)
-
-
 GPTJ_STYLE = '''
 import torch
 

@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, conditions, dataflow
+from scaffold.detect import codekeys, conditions, dataflow, rotaryfreq
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import (
     alibi_code,
@@ -44,14 +44,25 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     cfg = ckpt.config
     params = cfg.get("rope_parameters")
     sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
+    per_type, null_types, null_check = None, [], None
     if isinstance(params, dict) and set(params) & set(LAYER_TYPES) and "rope_theta" not in params:
         # One set of parameters per layer type (Gemma 3 in transformers 5).
         per_type = params
+        null_types = [t for t in LAYER_TYPES if t in per_type and per_type[t] is None]
+        rotating = [t for t in LAYER_TYPES if t not in null_types]
+        if null_types and rotating and (null_check := _null_rope_check(modeling_sources(ckpt))) is not None:
+            # A layer type without rotary parameters takes no rotary embedding (Cohere Compass's NoPE layers): its
+            # layers are no_rope_layers; the port builds their unused rotary from the other type's set.
+            per_type = {**per_type, **{t: per_type[rotating[0]] for t in null_types}}
+        else:
+            null_types = []
         if not all(isinstance(per_type.get(t), dict) and "rope_theta" in per_type[t] for t in LAYER_TYPES):
             raise CheckpointError("config key 'rope_parameters' is keyed by layer type but does not give "
                                   f"rope_theta for each of {', '.join(LAYER_TYPES)}.", where)
         params = dict(per_type["full_attention"])
-        source = Source("config", "config.json rope_parameters.full_attention")
+        source = Source("config", "config.json rope_parameters.full_attention" + (
+            f" (null for {', '.join(null_types)}: those layers take no rotary, {null_check}; their unused rotary "
+            f"built from {rotating[0]}'s set)" if null_types else ""))
         sliding = _checked(dict(per_type["sliding_attention"]), where)
         sliding_source = Source("config", "config.json rope_parameters.sliding_attention")
     elif isinstance(params, dict) and "rope_theta" in params:
@@ -86,10 +97,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sections = next((f"{key}.mrope_section = {kind['mrope_section']}" for key, kind in (("rope_parameters", params),
                                                                     ("sliding rope_parameters", sliding))
                      if "mrope_section" in kind), None)
-    if sections is not None:
-        # get_rope would build vLLM's MRotaryEmbedding, which runs only in a multimodal model's 3-D positions.
-        raise unsupported(f"multimodal rotary sections ({sections}): vLLM's M-RoPE needs the 3-D positions "
-                          "of a multimodal model", where, spec.model_type)
+    _frequency_order(ckpt, spec, params, sliding, per_type, sections, null_types)
+    for kind in (params, sliding):
+        # Ported as one row of positions (rope_position_rows): the sections are not vLLM's M-RoPE's to apply.
+        kind.pop("mrope_section", None)
+        kind.pop("mrope_interleaved", None)
     if sliding == params or not spec.layers_with_window:
         sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
     spec.set("sliding_rope_parameters", sliding, sliding_source)
@@ -155,6 +167,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         spec.set("rope_reversed", False, Source("default", "rotate_half returns cat((-x2, x1)): rotation by +theta"))
 
+    if null_types:
+        layer_types = cfg.get("layer_types")
+        if not isinstance(layer_types, list) or len(layer_types) != spec.num_layers:
+            raise CheckpointError(f"config key 'layer_types' must name the type of each of {spec.num_layers} layers "
+                                  "where rope_parameters is null for a type.", where)
+        expr = " and ".join(f"config.layer_types[layer_idx] != {t!r}" for t in null_types)
+        spec.set("no_rope_layers", [i for i, t in enumerate(layer_types) if t in null_types],
+                 Source("code", f"{null_check}: the code rotates a layer only where its type's rotary parameters are "
+                                f"not None; config.json rope_parameters.{null_types[0]} is null", expr))
+        return
     flags = cfg.get("no_rope_layers")
     if flags is None:
         guarded = _rotary_guard(ckpt, spec) if spec.position_scheme == "rotary" else None
@@ -170,6 +192,76 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+def _null_rope_check(sources: dict[str, str]) -> str | None:
+    """file:line where the code tests a layer type's rotary parameters against None (`... if
+    self.config.rope_parameters[layer_type] is not None else None`: no rotary for that type), if it does."""
+    for file, node in walk(sources):
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+                and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
+                and isinstance(node.left, ast.Subscript)
+                and re.search(r"(^|\.)rope_parameters$", ast.unparse(node.left.value))):
+            return f"{file}:{node.lineno}"
+    return None
+
+
+def _frequency_order(ckpt: Checkpoint, spec: Spec, params: dict, sliding: dict, per_type: dict | None,
+                     sections: str | None, null_types: list[str]) -> None:
+    """The order of the rotary frequencies, from running the code's rotary module over numbers
+    (scaffold.detect.rotaryfreq): another order than the standard one is ported (rope_frequency_order); config.json's
+    multimodal rotary sections (mrope_section) are ported where, for text, every row of positions holds the same
+    positions and the module's table is NeoX rotary at the standard frequencies in some order; anything else is
+    refused naming what the code computes."""
+    where = ckpt.config_file
+    what = f"multimodal rotary sections ({sections})" if sections else "a rotary embedding"
+    sources = modeling_sources(ckpt)
+    present = ckpt.config.get("layer_types")
+    present = set(present) if isinstance(present, list) and all(isinstance(t, str) for t in present) else set(LAYER_TYPES)
+    present -= set(null_types)  # layer types that take no rotary: the module computes no table for them
+    kinds = ({t: dict(per_type[t]) for t in LAYER_TYPES if t in present} or {t: dict(per_type[t]) for t in LAYER_TYPES}
+             if per_type is not None else {None: params})
+    orders, reasons = {}, []
+    for kind, kind_params in kinds.items():
+        theta = kind_params.get("rope_theta")
+        if not sources or not isinstance(theta, (int, float)) or isinstance(theta, bool) or spec.head_dim <= 0:
+            reasons.append("no modeling code or rotary base to read it from")
+            continue
+        try:
+            found = rotaryfreq.read_order(sources, ckpt.config, kind, spec.head_dim, float(theta))
+        except RecursionError:
+            found = "the rotary module nests too deep to read"
+        if found is None:
+            reasons.append("no rotary module built by the decoder stack (self.rotary_emb) to read")
+        elif isinstance(found, str):
+            reasons.append(found)
+        else:
+            orders[kind] = found
+    if sections is None and (reasons or not any(o.permuted for o in orders.values())):
+        # The module computes the standard order, or one the reader does not follow: the rotary is the config's.
+        return
+    if reasons:
+        raise unsupported(f"{what}: {reasons[0]}", where, spec.model_type)
+    if len({o.order for o in orders.values()}) > 1:
+        raise unsupported(f"{what}: the layer types' rotary tables turn their columns in different orders "
+                          f"({'; '.join(f'{k}: {list(o.order)}' for k, o in orders.items())})", where,
+                          spec.model_type)
+    found = next(iter(orders.values()))
+    if sections is not None:
+        rows = rotaryfreq.differing_rows(sources)
+        if rows is not None:
+            raise unsupported(f"{what}: the rows of positions are computed apart ({rows}), a multimodal M-RoPE "
+                              "whose rows differ", where, spec.model_type)
+        if any(k.get("rope_type", "default") != "default" for k in kinds.values()):
+            raise unsupported(f"{what} with a scaled rope type", where, spec.model_type)
+        spec.set("rope_position_rows", True,
+                 Source("config", f"config.json {sections}: vLLM hands the model one row of positions per section; "
+                                  f"for text every row holds the same positions ({found}: {found.cls} reads them so)"))
+    if found.permuted:
+        spec.set("rope_frequency_order", list(found.order),
+                 Source("code", f"{found}: {found.cls} run over numbers with the same positions in every row "
+                                f"computes NeoX rotary whose column j turns at {found.base:g} ** (-2 * order[j] / "
+                                f"{spec.head_dim}), order {list(found.order)}"))
 
 
 GUARD_NAMES = frozenset({"config", "layer_idx", "hasattr", "getattr"})  # what a per-layer rotary condition may
