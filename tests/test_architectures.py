@@ -394,6 +394,11 @@ UNSUPPORTED = {
                             ("k_proj, v_proj with sizes of each layer's own (from config.layer_types[layer_idx]), and "
                              "value heads of their own width: builds o_proj, v_proj from config.v_head_dim")),
     "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
+    # Gemma 4 with one head width in every layer still hands each layer a slice of a second embedding of the token
+    # ids (embed_tokens_per_layer, mixed with a projection of the token embedding) beside the hidden states.
+    "gemma4_text-per-layer-inputs": ("gemma4_text", {"global_head_dim": 32, "vocab_size_per_layer_input": 256,
+                                                     "hidden_size_per_layer_input": 32},
+                                     "per-layer input embeddings: Gemma4TextModel builds embed_tokens_per_layer"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
     # residual and the normed sum.
     "dbrx-norm-attn-block": ("dbrx", {"attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},

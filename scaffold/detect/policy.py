@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import sourcecode
+from scaffold.detect import layerinputs, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -28,8 +28,15 @@ def check(ckpt: Checkpoint) -> None:
         explained = attention_sizes_explained(ckpt) if ".self_attn." in exc.problem else None
         if explained is None:
             raise
-        raise unsupported(f"{explained} ({exc.problem.rstrip('.')})", ckpt.config_file,
+        # The other form of its own the model holds, named too: porting the sizes alone would not make it port.
+        besides = layerinputs.per_layer_inputs(sourcecode.modeling_sources(ckpt), ckpt.tensors)
+        raise unsupported(f"{explained} ({exc.problem.rstrip('.')})"
+                          + (f"; besides, {besides.short()}" if besides else ""), ckpt.config_file,
                           ckpt.config.get("model_type")) from None
+    # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE).
+    found = layerinputs.per_layer_inputs(sourcecode.modeling_sources(ckpt), ckpt.tensors)
+    if found is not None:
+        raise unsupported(str(found), ckpt.config_file, ckpt.config.get("model_type"))
 
 
 def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
