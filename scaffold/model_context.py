@@ -158,7 +158,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # What each residual branch is scaled by before it is added (Granite's residual_multiplier).
         "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
         # vLLM's RMSNorm adds the residual inside the norm (norm(x, residual) -> x, residual).
-        "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich"),
+        # (not where the layer's output is scaled after its residual adds: Gemma 4's layer_scalar)
+        "fused_residual": spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich") and not spec.layer_scalar,
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent") or (gated and spec.gate_up_layout == "fused"),
@@ -176,6 +177,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.norm_weight_name}")
     if spec.gate_extra_bias:
         out.append(f".{spec.gate_extra_bias}")
+    if spec.layer_scalar:
+        out.append(f".{spec.layer_scalar}")
     if moe and spec.moe_correction_bias:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:

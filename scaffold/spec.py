@@ -272,6 +272,10 @@ class Spec:
     qk_norm_weightless: bool = spec_field(
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="the q/k norms hold no scale while the layer norms do (Llama 4's L2 norm, one module for q and k)")
+    v_norm: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="the attention's module that norms the values over each head without a scale (Gemma 4's v_norm, an "
+            "RMS norm); empty: values as v_proj gives them")
     qk_norm_rope_layers_only: bool = spec_field(
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
@@ -515,6 +519,10 @@ class Spec:
         "weight", group="norms", probe=NORMS, identifier=True,
         doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "
             "loads it as vLLM's `weight`")
+    layer_scalar: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
+            "after both residual adds; empty: none")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -952,6 +960,11 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.qk_norm_weightless and spec.qk_norm != "per_head":
         raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
                         "\"per_head\".", origin)
+    if spec.v_norm and spec.norm_kind != "rms":
+        raise SpecError("v_norm is an RMS norm over each value head: norm_kind must be \"rms\".", origin)
+    if spec.layer_scalar and spec.block not in ("pre_norm", "sandwich"):
+        raise SpecError("layer_scalar multiplies the output of a layer with two residual adds in sequence: block must "
+                        "be \"pre_norm\" or \"sandwich\".", origin)
     if spec.qk_norm_rope_layers_only and spec.qk_norm == "none":
         raise SpecError("qk_norm_rope_layers_only needs a q/k norm (qk_norm is \"none\").", origin)
     if spec.is_moe and spec.num_experts <= 0:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import chunks, window
+from scaffold.detect import chunks, dataflow, window
 from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -125,6 +127,8 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
     elif (mult := _number(ckpt, "attention_multiplier")) is not None:
         spec.set("attention_scale", mult, Source("config", "config.json attention_multiplier",
                                                  "config.attention_multiplier"))
+    elif (constant := constant_scaling(modeling_sources(ckpt), spec.names.get("self_attn", "self_attn"))) is not None:
+        spec.set("attention_scale", constant[0], Source("code", constant[1]))
     else:
         spec.set("attention_scale", None, Source("default", "head_dim ** -0.5"))
     if (cap := _number(ckpt, "attn_logit_softcapping")) is not None:
@@ -132,6 +136,47 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
                                                    "config.attn_logit_softcapping"))
     else:
         spec.set("attn_logit_softcap", None, Source("default", "no attn_logit_softcapping in config.json"))
+
+
+def constant_scaling(sources: dict, attention: str) -> tuple[float, str] | None:
+    """(value, evidence) where the decoder's attention hands its attention function a score scale that __init__ sets
+    to a number (Gemma 4's `self.scaling = 1.0`, passed as `scaling=self.scaling`): the scale whatever head_dim is.
+    None where the scale is not such a constant (Llama's `self.head_dim**-0.5`, a config key read above)."""
+    found = dataflow.layer_class(sources) if sources else None
+    if found is None:
+        return None
+    _file, layer, _ = found
+    layer_init = next((f for f in layer.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    built = next((n.value for n in ast.walk(layer_init) if layer_init is not None and isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and ast.unparse(n.targets[0]) == f"self.{attention.split('.')[-1]}"
+                  and isinstance(n.value, ast.Call)), None)
+    cls = dataflow._class(sources, ast.unparse(built.func).rsplit(".", 1)[-1]) if built is not None else None
+    if cls is None:
+        return None
+    file, node = cls
+    methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+    if "__init__" not in methods or "forward" not in methods:
+        return None
+    assigned: dict[str, list[ast.expr]] = {}
+    for n in ast.walk(methods["__init__"]):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                and ast.unparse(n.targets[0].value) == "self":
+            assigned.setdefault(n.targets[0].attr, []).append(n.value)
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Attribute) \
+                and ast.unparse(n.target.value) == "self":
+            assigned.setdefault(n.target.attr, []).append(n.value)  # GPT-2's `self.scaling /= ...`: not one value
+    for call in (n for n in ast.walk(methods["forward"]) if isinstance(n, ast.Call)):
+        for kw in call.keywords:
+            if kw.arg not in ("scaling", "scale") or not isinstance(kw.value, ast.Attribute) \
+                    or ast.unparse(kw.value.value) != "self":
+                continue
+            values = assigned.get(kw.value.attr, [])
+            if len(values) == 1 and isinstance(values[0], ast.Constant) and isinstance(values[0].value, (int, float)) \
+                    and not isinstance(values[0].value, bool) and values[0].value > 0:
+                return float(values[0].value), (f"{file}:{values[0].lineno}: self.{kw.value.attr} = "
+                                                f"{values[0].value!r}, the scale forward hands the attention "
+                                                f"function (line {call.lineno}: {kw.arg}=self.{kw.value.attr})")
+    return None
 
 
 def _chunks(ckpt: Checkpoint, spec: Spec) -> None:

@@ -231,5 +231,5 @@ def per_layer_inputs(sources: dict, tensors=None) -> LayerInput | None:
                 if extra:
                     table = extra[0]
                     return LayerInput(cls.name, table, embeddings[table][0], f"{file}:{embeddings[table][1]}",
-                                      sorted(hidden)[0], f"{file}:{line}", text)
+                                      min(hidden), f"{file}:{line}", text)
     return None

@@ -63,6 +63,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
+        if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
+            params[f"{p}{spec.layer_scalar}"] = (None,)
         if spec.qkv_layout == "latent":
             # The low-rank query's and the latent's down-projections fused in one parameter (shards 0, 1), or the
             # queries' own projection beside the latent's; the latent's norm and expansion. The latent norms are
