@@ -94,6 +94,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # The float tensors of a checkpoint named otherwise than .weight or .bias: its generated tests take no
         # tensor with one of these suffixes for a quantization method's (qweight, scales, ...).
         "float_suffixes": float_suffixes(spec, moe),
+        # Each layer's own head width and KV heads: the config's per_layer_config as the code reads it, or the
+        # spec's lists where a --spec file set them.
+        "layer_head_dim": _layer_read(spec, "layer_head_dim"),
+        "layer_kv_heads": _layer_read(spec, "layer_num_kv_heads"),
         "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
@@ -166,6 +170,17 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def _layer_read(spec: Spec, field: str) -> str:
+    """The port's expression for one layer's value of a per-layer list field (layer_head_dim, ...)."""
+    values = getattr(spec, field)
+    if not values:
+        return ""
+    source = spec.source(field)
+    if source.kind != "override" and source.expr and source.expr.startswith("config.per_layer_config[layer_idx]."):
+        return source.expr
+    return f"{list(values)!r}[layer_idx]"
 
 
 def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:

@@ -187,6 +187,12 @@ def decisions(spec) -> list[str]:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "") + "."]
+    if spec.layer_head_dim:
+        dims = spec.source("layer_head_dim").expr or "layer_head_dim[layer_idx]"
+        kvs = spec.source("layer_num_kv_heads").expr or "layer_num_kv_heads[layer_idx]"
+        out.append(f"- head width and KV heads of each layer's own: `{dims}` "
+                   f"({', '.join(map(str, spec.layer_head_dim))}) and `{kvs}` "
+                   f"({', '.join(map(str, spec.layer_num_kv_heads))}), read by each layer's attention at run time.")
     if spec.layer_num_heads:
         out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
                    f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "

@@ -229,6 +229,13 @@ class Spec:
     num_kv_heads: int = spec_field(0, group="sizes", limit=8192, probe="self_attn", config_key=True,
                                    doc="key/value heads")
     head_dim: int = spec_field(0, group="sizes", probe="self_attn", config_key=True, doc="the width of one head")
+    layer_head_dim: list[int] = spec_field(
+        [], group="sizes", probe="self_attn", omit_when_empty=True,
+        doc="each layer's own head width where the layers differ (Gemma 4's per_layer_config head_dim); empty: "
+            "head_dim in every layer")
+    layer_num_kv_heads: list[int] = spec_field(
+        [], group="sizes", probe="self_attn", omit_when_empty=True,
+        doc="each layer's own KV heads, given with layer_head_dim; empty: num_kv_heads in every layer")
     layer_num_heads: list[int] = spec_field([], group="sizes", probe="self_attn", omit_when_empty=True,
                                             doc="each layer's query heads, where the code builds every layer's "
                                                 "attention with a count of its own (Laguna's config."
@@ -616,6 +623,14 @@ class Spec:
             return []
         return [i for i in range(self.num_layers) if i not in set(self.dense_layers)]
 
+    def head_dim_of(self, layer: int) -> int:
+        """The head width of one layer: its own (layer_head_dim) where the layers differ, else head_dim."""
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        """The KV heads of one layer: its own (layer_num_kv_heads) where the layers differ, else num_kv_heads."""
+        return self.layer_num_kv_heads[layer] if self.layer_num_kv_heads else self.num_kv_heads
+
     def heads_of(self, layer: int) -> int:
         """The query heads of one layer: its own count (layer_num_heads) where the layers differ, else num_heads."""
         return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
@@ -960,6 +975,14 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.qk_norm_weightless and spec.qk_norm != "per_head":
         raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
                         "\"per_head\".", origin)
+    if bool(spec.layer_head_dim) != bool(spec.layer_num_kv_heads) or (spec.layer_head_dim and (
+            len(spec.layer_head_dim) != spec.num_layers or len(spec.layer_num_kv_heads) != spec.num_layers
+            or spec.qkv_layout != "separate" or spec.layer_num_heads
+            or any(d <= 0 or d % 2 for d in spec.layer_head_dim)
+            or any(k <= 0 or spec.num_heads % k for k in spec.layer_num_kv_heads))):
+        raise SpecError(f"layer_head_dim and layer_num_kv_heads go together: for each of the {spec.num_layers} layers "
+                        "an even positive head width and a KV head count dividing num_heads, with separate q, k, v "
+                        "projections and no layer_num_heads.", origin)
     if spec.v_norm and spec.norm_kind != "rms":
         raise SpecError("v_norm is an RMS norm over each value head: norm_kind must be \"rms\".", origin)
     if spec.layer_scalar and spec.block not in ("pre_norm", "sandwich"):

@@ -31,6 +31,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if spec.layer_num_heads and spec.qkv_layout == "separate":  # each layer's own query heads
             q = q_rows = spec.heads_of(layer) * spec.head_dim
             expected["q_proj"] = q_rows
+        if spec.layer_head_dim:  # each layer's own head width and KV heads (per_layer_config)
+            q = q_rows = spec.num_heads * spec.head_dim_of(layer)
+            kv = spec.kv_heads_of(layer) * spec.head_dim_of(layer)
+            expected.update(q_proj=q_rows, k_proj=kv, v_proj=kv)
         for role, rows in expected.items():
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
@@ -42,7 +46,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                            and info.shape == stored_shape(spec, role, (2 * q, spec.hidden_size)))
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.heads_of(layer)} query heads and "
-                    f"{spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size {spec.hidden_size} "
+                    f"{spec.kv_heads_of(layer)} KV heads of size {spec.head_dim_of(layer)} over hidden size "
+                    f"{spec.hidden_size} "
                     f"need {list(shape)}"
                     + (": twice the query rows, as where the query projection also emits an output gate per head "
                        "(Qwen3-Next's [query | gate] per head), a form the attention's code was not read as"
@@ -50,7 +55,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                     where,
                 )
     _scale_and_softcap(ckpt, spec)
-    if spec.qkv_layout != "latent" and spec.head_dim % 2:
+    if spec.qkv_layout != "latent" and any(spec.head_dim_of(i) % 2 for i in range(spec.num_layers)):
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
     _sliding_window(ckpt, spec)
     _chunks(ckpt, spec)

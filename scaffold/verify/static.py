@@ -236,6 +236,12 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             wanted = want[module]
             if module == query and spec.layer_num_heads and layer.isdigit() and int(layer) < spec.num_layers:
                 wanted = spec.heads_of(int(layer)) * spec.head_dim  # this layer's own query heads
+            if spec.layer_head_dim and layer.isdigit() and int(layer) < spec.num_layers:
+                # this layer's own head width and KV heads (per_layer_config)
+                own = {query: spec.num_heads, f"{attn}.{n['k_proj']}": spec.kv_heads_of(int(layer)),
+                       f"{attn}.{n['v_proj']}": spec.kv_heads_of(int(layer))}
+                if module in own:
+                    wanted = own[module] * spec.head_dim_of(int(layer))
             if rows != wanted:
                 problems.append(f"{name} has {rows} rows, the spec needs {wanted}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
@@ -246,6 +252,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     own_heads = (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_heads))))} query heads"
                  if spec.layer_num_heads else "")
+    if spec.layer_head_dim:
+        own_heads += (f"; layers' own head widths {'/'.join(map(str, sorted(set(spec.layer_head_dim))))} and KV heads "
+                      f"{'/'.join(map(str, sorted(set(spec.layer_num_kv_heads))))}")
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
                  if latent else f"q {spec.query_rows}"
