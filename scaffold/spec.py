@@ -790,8 +790,8 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     """
     for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name == "config_class":  # no extra bias; no config class of its own
-            continue
+        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar"):
+            continue  # no extra bias; no config class of its own; no value norm; no layer output scale
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)

@@ -716,12 +716,21 @@ class Interpreter:
         resolved = Resolve(False, 0).visit(copy.deepcopy(test))
         if not found["substituted"]:
             return None
-        each = [conditions.evaluate(resolved, self.config, {"__layer__": i})
-                for i in (range(layers) if self.layer is None else [self.layer])]
+        if self.layer is not None:  # one layer's branches (attention_layer_branches)
+            return conditions.evaluate(resolved, self.config, {"__layer__": self.layer})
+        each = [conditions.evaluate(resolved, self.config, {"__layer__": i}) for i in range(layers)]
         if None not in each and len(set(each)) == 2:
             # Decided in every layer, but not alike: the layers compute differently (Gemma 4's KV-shared layers).
             self.layer_branches.setdefault(getattr(test, "lineno", 0),
                                            (ast.unparse(test), [i for i, t in enumerate(each) if t]))
+        alone = conditions.evaluate(resolved, self.config, {})  # whatever the layer (`config.flag and ...`)
+        if alone is not None:
+            return alone
+        if any(isinstance(n, ast.Subscript) and any(isinstance(m, ast.Name) and m.id == "__layer__"
+                                                    for m in ast.walk(n.slice)) for n in ast.walk(resolved)):
+            # A per-layer config list (`config.no_rope_layers[layer_idx]`, layer_types): left undecided, for the
+            # readers of per-layer conditions (the rotary guard, the window) to follow per layer.
+            return None
         return each[0] if None not in each and len(set(each)) == 1 else None
 
 
