@@ -299,6 +299,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "attention sinks, one per head")]
         if spec.diff_lambdas and module == n["self_attn"] and kind in spec.diff_lambdas:
             return [(rest, None, "differential attention's vector, whole on every rank")]
+        if spec.layer_scalar and rest == spec.layer_scalar:
+            return [(rest, None, "the layer's output scale")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
         if spec.act_tensors and module == f"{n['mlp']}.{n['act_fn']}" and kind in spec.act_tensors:

@@ -107,6 +107,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # The float tensors of a checkpoint named otherwise than .weight or .bias: its generated tests take no
         # tensor with one of these suffixes for a quantization method's (qweight, scales, ...).
         "float_suffixes": float_suffixes(spec, moe),
+        # Each layer's own head width and KV heads: the config's per_layer_config as the code reads it, or the
+        # spec's lists where a --spec file set them.
+        "layer_head_dim": _layer_read(spec, "layer_head_dim"),
         "shared": shared,
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
@@ -185,15 +188,27 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "scaled": " * self.residual_multiplier" if spec.residual_multiplier is not None else "",
         # vLLM's RMSNorm adds the residual inside the norm (norm(x, residual) -> x, residual).
         # A layer whose attention reads the residual stream without its norm (an identity there) has no fused
-        # norm to add the residual in: such ports use the sequential forward.
+        # norm to add the residual in, nor one whose output is scaled after its residual adds (Gemma 4's
+        # layer_scalar): such ports use the sequential forward.
         "fused_residual": (spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich")
-                           and not spec.unnormed_attn_layers),
+                           and not spec.unnormed_attn_layers and not spec.layer_scalar),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
+
+
+def _layer_read(spec: Spec, field: str) -> str:
+    """The port's expression for one layer's value of a per-layer list field (layer_head_dim, ...)."""
+    values = getattr(spec, field)
+    if not values:
+        return ""
+    source = spec.source(field)
+    if source.kind != "override" and source.expr and source.expr.startswith("config.per_layer_config[layer_idx]."):
+        return source.expr
+    return f"{list(values)!r}[layer_idx]"
 
 
 def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
@@ -205,6 +220,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.norm_weight_name}")
     if spec.gate_extra_bias:
         out.append(f".{spec.gate_extra_bias}")
+    if spec.layer_scalar:
+        out.append(f".{spec.layer_scalar}")
     if moe and spec.moe_correction_bias:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:

@@ -190,6 +190,12 @@ def decisions(spec) -> list[str]:
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "")
                + (f"; q, k and v clamped to [-{spec.qkv_clip}, {spec.qkv_clip}] as projected"
                   if spec.qkv_clip is not None else "") + "."]
+    if spec.layer_head_dim:
+        dims = spec.source("layer_head_dim").expr or "layer_head_dim[layer_idx]"
+        kvs = spec.source("layer_num_kv_heads").expr or "layer_num_kv_heads[layer_idx]"
+        out.append(f"- head width and KV heads of each layer's own: `{dims}` "
+                   f"({', '.join(map(str, spec.layer_head_dim))}) and `{kvs}` "
+                   f"({', '.join(map(str, spec.layer_num_kv_heads))}), read by each layer's attention at run time.")
     if spec.layer_num_heads:
         out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
                    f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "
@@ -254,6 +260,9 @@ def decisions(spec) -> list[str]:
         out.append(f"- q/k norm {'over each head' if spec.qk_norm == 'per_head' else 'over the whole projection (gathered across tensor-parallel ranks)'}"
                    + (", without parameters (`RMSNorm(has_weight=False)`)" if spec.qk_norm_weightless else "")
                    + (", only in the layers that rotate q and k" if spec.qk_norm_rope_layers_only else "") + ".")
+    if spec.v_norm:
+        out.append(f"- an RMS norm without a scale over each value head, `{spec.names['self_attn']}.{spec.v_norm}` "
+                   f"({_md(spec.source('v_norm').detail)}).")
     out.append(f"- {_positions(spec)}.")
     if spec.attn_temperature_floor_scale is not None:
         out.append(f"- temperature tuning{' on the layers without rotary' if spec.attn_temperature_nope_only else ''}"
@@ -326,6 +335,8 @@ def decisions(spec) -> list[str]:
         scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")
     if spec.residual_multiplier is not None:
         scales.append(f"sublayer outputs x {spec.residual_multiplier:g} before the residual add")
+    if spec.layer_scalar:
+        scales.append(f"each layer's output x its own `{spec.layer_scalar}` ({_md(spec.source('layer_scalar').detail)})")
     if spec.logits_scale is not None:
         scales.append(f"logits x {spec.logits_scale:g}")
     if spec.final_logit_softcap is not None:

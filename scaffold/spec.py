@@ -236,6 +236,10 @@ class Spec:
     num_kv_heads: int = spec_field(0, group="sizes", limit=8192, probe="self_attn", config_key=True,
                                    doc="key/value heads")
     head_dim: int = spec_field(0, group="sizes", probe="self_attn", config_key=True, doc="the width of one head")
+    layer_head_dim: list[int] = spec_field(
+        [], group="sizes", probe="self_attn", omit_when_empty=True,
+        doc="each layer's own head width where the layers differ (Gemma 4's per_layer_config head_dim); empty: "
+            "head_dim in every layer")
     layer_num_heads: list[int] = spec_field([], group="sizes", probe="self_attn", omit_when_empty=True,
                                             doc="each layer's query heads, where the code builds every layer's "
                                                 "attention with a count of its own (Laguna's config."
@@ -243,9 +247,9 @@ class Spec:
                                                 "every layer")
     layer_num_kv_heads: list[int] = spec_field([], group="sizes", probe="self_attn", omit_when_empty=True,
                                                doc="each layer's KV heads, where the code builds them per layer "
-                                                   "(MiMo-V2's doubled on its sliding layers: the port evaluates "
-                                                   "the code's expression over config and layer_idx); empty: "
-                                                   "num_kv_heads in every layer")
+                                                   "(MiMo-V2's doubled on its sliding layers, Gemma 4's from "
+                                                   "per_layer_config: the port evaluates the code's expression over "
+                                                   "config and layer_idx); empty: num_kv_heads in every layer")
     intermediate_size: int = spec_field(0, group="sizes", probe="mlp", config_key=True, doc="the dense MLP's width")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
@@ -284,6 +288,10 @@ class Spec:
     qk_norm_weightless: bool = spec_field(
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="the q/k norms hold no scale while the layer norms do (Llama 4's L2 norm, one module for q and k)")
+    v_norm: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="the attention's module that norms the values over each head without a scale (Gemma 4's v_norm, an "
+            "RMS norm); empty: values as v_proj gives them")
     qk_norm_rope_layers_only: bool = spec_field(
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
@@ -568,6 +576,10 @@ class Spec:
         "weight", group="norms", probe=NORMS, identifier=True,
         doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "
             "loads it as vLLM's `weight`")
+    layer_scalar: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
+            "after both residual adds; empty: none")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -668,6 +680,10 @@ class Spec:
             return []
         return [i for i in range(self.num_layers) if i not in set(self.dense_layers)]
 
+    def head_dim_of(self, layer: int) -> int:
+        """The head width of one layer: its own (layer_head_dim) where the layers differ, else head_dim."""
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
     def heads_of(self, layer: int) -> int:
         """The query heads of one layer: its own count (layer_num_heads) where the layers differ, else num_heads."""
         return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
@@ -681,6 +697,10 @@ class Spec:
     def value_dim(self) -> int:
         """The width of one value head: v_head_dim where set, else head_dim."""
         return self.v_head_dim or self.head_dim
+
+    def value_dim_of(self, layer: int) -> int:
+        """The width of one value head in one layer: v_head_dim where set, else the layer's head width."""
+        return self.v_head_dim or self.head_dim_of(layer)
 
     @property
     def query_rows(self) -> int:
@@ -878,8 +898,8 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     """
     for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name == "config_class":  # no extra bias; no config class of its own
-            continue
+        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar"):
+            continue  # no extra bias; no config class of its own; no value norm; no layer output scale
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)
@@ -1108,6 +1128,15 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.qk_norm_weightless and spec.qk_norm != "per_head":
         raise SpecError("qk_norm_weightless is an RMS norm without a scale over each head: qk_norm must be "
                         "\"per_head\".", origin)
+    if spec.layer_head_dim and (len(spec.layer_head_dim) != spec.num_layers or spec.qkv_layout != "separate"
+                                or spec.layer_num_heads or any(d <= 0 or d % 2 for d in spec.layer_head_dim)):
+        raise SpecError(f"layer_head_dim must give each of the {spec.num_layers} layers an even positive head width, "
+                        "with separate q, k, v projections and no layer_num_heads.", origin)
+    if spec.v_norm and spec.norm_kind != "rms":
+        raise SpecError("v_norm is an RMS norm over each value head: norm_kind must be \"rms\".", origin)
+    if spec.layer_scalar and spec.block not in ("pre_norm", "sandwich"):
+        raise SpecError("layer_scalar multiplies the output of a layer with two residual adds in sequence: block must "
+                        "be \"pre_norm\" or \"sandwich\".", origin)
     if spec.qk_norm_rope_layers_only and spec.qk_norm == "none":
         raise SpecError("qk_norm_rope_layers_only needs a q/k norm (qk_norm is \"none\").", origin)
     if spec.is_moe and spec.num_experts <= 0:

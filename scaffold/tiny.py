@@ -53,6 +53,10 @@ def randomize(model, std: float) -> None:
             # changes which experts are chosen, so a port that drops it fails.
             if name.endswith("correction_bias"):
                 buffer.copy_(0.1 * torch.randn_like(buffer))
+            # Gemma 4 keeps each layer's output scale as a buffer (one at init): far from one, a port that drops it
+            # fails.
+            if name.endswith("layer_scalar"):
+                buffer.copy_(0.5 + torch.rand_like(buffer))
 
 
 def build_tiny(

@@ -236,6 +236,18 @@ ARCHITECTURES = {
     # int(hidden_size * intermediate_multiple_size) (3 here, not the 4 * hidden a default would give), partial
     # rotary, and an output bias the attention keeps as its own parameter (dense_bias), returned beside the output
     # projection's result and added by the layer, on the last layer only (layer_idx == config.num_hidden_layers - 1).
+    # Gemma 4 with one head width in every layer (global_head_dim = head_dim) and no per-layer input embeddings:
+    # scores unscaled (scaling = 1.0), a scale-free RMS norm over each value head (v_norm), q/k norms, sandwich norms
+    # scaling by weight (not 1 + weight), proportional rotary on the full layer (a quarter of the head, frequencies
+    # over the whole head) and default rotary on the sliding ones, and each layer's output times its own
+    # layer_scalar (random in the tiny checkpoint).
+    "gemma4_text-uniform": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                            "sliding_window": 8}),
+    # Gemma 4 Unified: the same forms, and each layer's own head width and KV heads read from
+    # config.per_layer_config[layer_idx] (the full-attention layer 2: 4 heads of 64 over one KV head; the sliding
+    # ones 4 heads of 32 over 2).
+    "gemma4_unified_text-sizes": ("gemma4_unified_text", {"sliding_window": 8, "per_layer_config": {
+        2: {"head_dim": 64, "num_key_value_heads": 1}}}),
     "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5}}),
@@ -424,6 +436,15 @@ EXPECTED_SPEC = {
                       "attention_sinks": "attention_sink_bias", "attention_sinks_layers": [1, 2],
                       "sliding_window_layers": [1, 2], "moe_sigmoid": True, "moe_routed_scaling_factor": 1.5,
                       "dense_layers": [0], "partial_rotary_factor": 0.25},
+    "gemma4_text-uniform": {"block": "sandwich", "qk_norm": "per_head", "norm_offset": 0.0, "v_norm": "v_norm",
+                            "layer_scalar": "layer_scalar", "attention_scale": 1.0, "sliding_window_layers": [0, 1],
+                            "rope_parameters": {"rope_type": "proportional", "rope_theta": 1000000.0},
+                            "sliding_rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                            "partial_rotary_factor": 0.25, "embedding_multiplier": 128**0.5},
+    "gemma4_unified_text-sizes": {"layer_head_dim": [32, 32, 64], "layer_num_kv_heads": [2, 2, 1],
+                                  "v_norm": "v_norm", "layer_scalar": "layer_scalar", "attention_scale": 1.0,
+                                  "block": "sandwich", "sliding_window_layers": [0, 1],
+                                  "rope_parameters": {"rope_type": "proportional", "rope_theta": 1000000.0}},
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
@@ -465,9 +486,20 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
-    # Gemma 4 reads each layer's head width and KV heads from config.per_layer_config[layer_idx]; the port builds
-    # every layer's attention from the same head width.
-    "gemma4_text-sizes": ("gemma4_text", {}, "per-layer attention sizes: Gemma4TextAttention"),
+    # Gemma 4's KV-shared layers take an earlier layer's keys and values; with attention_k_eq_v its full-attention
+    # layers take the keys as values: the attention computes differently from layer to layer.
+    "gemma4_text-kv-shared": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                              "num_kv_shared_layers": 1},
+                              "branches on `self.is_kv_shared_layer`, which holds in layer(s) 2 only"),
+    "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                           "attention_k_eq_v": True},
+                           "branches on `self.v_proj is not None`, which holds in layer(s) 0, 1 only"),
+    # Gemma 4 (its full-attention layer's heads 512 wide, read from per_layer_config) hands each layer a slice of a
+    # second embedding of the token ids (embed_tokens_per_layer, mixed with a projection of the token embedding)
+    # beside the hidden states.
+    "gemma4_text-per-layer-inputs": ("gemma4_text", {"vocab_size_per_layer_input": 256,
+                                                     "hidden_size_per_layer_input": 32},
+                                     "per-layer input embeddings: Gemma4TextModel builds embed_tokens_per_layer"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
     # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
     # clamp of q, k and v the port computes). d_model set directly: the config copies it into ffn_config before the
@@ -695,7 +727,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
              "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
-             "mimo_v2_flash",
+             "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",

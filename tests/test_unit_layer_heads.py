@@ -220,8 +220,18 @@ def test_mimo_v2_value_scale_config_json_does_not_decide_is_named(tmp_path):
     assert "has the values scaled by self.v_scale" in text
 
 
-def test_gemma4_per_layer_head_width_is_named(tmp_path):
-    ckpt = _odd_o_proj(tmp_path, "gemma4_text", {"per_layer_config": {"1": {"head_dim": 64}}}, (4 * 16, 4 * 64))
+def test_gemma4_per_layer_head_width_is_read_from_per_layer_config(tmp_path):
+    # Gemma 4 reads each layer's head width and KV heads from config.per_layer_config[layer_idx]: config.json's
+    # override of the layer, else the config's own value. The policy holds each layer to its own sizes.
+    ckpt = _odd_o_proj(tmp_path / "ok", "gemma4_text", {"per_layer_config": {"1": {"head_dim": 64}}},
+                       (4 * 16, 4 * 64))
+    sizes = policy.layer_sizes(ckpt)
+    assert sizes is not None and (sizes.head_dim, sizes.num_kv_heads) == ([16, 64], [2, 2])
+    assert "config.per_layer_config[layer_idx].head_dim" in sizes.evidence
+    policy.check(ckpt)
+    # An o_proj that is not the layer's own heads x its own width is still a contradiction.
+    ckpt = _odd_o_proj(tmp_path / "bad", "gemma4_text", {"per_layer_config": {"1": {"head_dim": 64}}},
+                       (4 * 16, 4 * 32))
     with pytest.raises(UnsupportedArchitecture, match=r"per-layer attention sizes: Gemma4TextAttention \(.*\) builds "
                                                       r"k_proj, o_proj, q_proj, v_proj with sizes of each layer's own "
                                                       r"\(from config\.per_layer_config\[layer_idx\]\.head_dim"):
@@ -308,3 +318,30 @@ def test_a_guarded_router_branch_counts_where_config_json_runs_it(boost, cap, ou
         return
     moe._routing_fields(spec, ckpt, path)
     assert spec.moe_routed_scaling_factor == outcome
+
+
+LAB_OWN_CONFIG = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
+    def __init__(self, config, idx):
+        super().__init__()
+        own = config.per_layer_config[idx]
+        self.width = own.head_dim
+        self.groups = own.num_key_value_heads
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.groups * self.width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.groups * self.width, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.width, config.hidden_size, bias=False)
+'''
+
+
+def test_a_lab_reading_its_layer_config_gets_each_layer_its_sizes_and_another_key_stays_refused(tmp_path):
+    extra = {"per_layer_config": {"0": {"head_dim": 32, "num_key_value_heads": 1}}}
+    ckpt = _odd_o_proj(tmp_path / "lab", "lab_own", extra, (4 * 32, 4 * 16), code=LAB_OWN_CONFIG)
+    sizes = policy.layer_sizes(ckpt)
+    assert sizes is not None and (sizes.head_dim, sizes.num_kv_heads) == ([32, 16], [1, 2])
+    assert "LabAttention (modeling_lab.py:" in sizes.evidence
+    # The heads themselves read per layer: not a size the port takes from per_layer_config.
+    heads = LAB_OWN_CONFIG.replace("config.num_attention_heads * self.width", "own.num_attention_heads * self.width")
+    ckpt = _odd_o_proj(tmp_path / "heads", "lab_own", extra, (4 * 32, 4 * 16), code=heads)
+    assert policy.layer_sizes(ckpt) is None
+    with pytest.raises(UnsupportedArchitecture, match=r"per-layer attention sizes: LabAttention"):
+        policy.check(ckpt)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import chunks, headsizes, window
+from scaffold.detect import chunks, dataflow, headsizes, window
 from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -30,23 +32,27 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if spec.layer_num_heads and spec.qkv_layout == "separate":  # each layer's own query heads
             q = q_rows = spec.heads_of(layer) * spec.head_dim
             expected["q_proj"] = q_rows
-        if spec.qkv_layout == "separate":  # each layer's own KV heads; values of their own width
-            expected["k_proj"] = spec.kv_heads_of(layer) * spec.head_dim
-            expected["v_proj"] = spec.kv_heads_of(layer) * spec.value_dim
+        if spec.qkv_layout == "separate":  # each layer's own head width and KV heads; values of their own width
+            if spec.layer_head_dim:  # per_layer_config
+                q = q_rows = spec.num_heads * spec.head_dim_of(layer)
+                expected["q_proj"] = q_rows
+            expected["k_proj"] = spec.kv_heads_of(layer) * spec.head_dim_of(layer)
+            expected["v_proj"] = spec.kv_heads_of(layer) * spec.value_dim_of(layer)
         for role, rows in expected.items():
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"tensor {name} is missing.", where)
-            o_cols = spec.heads_of(layer) * spec.value_dim if spec.qkv_layout == "separate" else q
+            o_cols = spec.heads_of(layer) * spec.value_dim_of(layer) if spec.qkv_layout == "separate" else q
             shape = stored_shape(spec, role, (rows, o_cols if role == "o_proj" else spec.hidden_size))
             if info.shape != shape:
                 doubled = (role == "q_proj" and spec.attn_output_gate != "in_query"
                            and info.shape == stored_shape(spec, role, (2 * q, spec.hidden_size)))
                 raise CheckpointError(
                     f"tensor {name} has shape {list(info.shape)}, but {spec.heads_of(layer)} query heads and "
-                    f"{spec.kv_heads_of(layer)} KV heads of size {spec.head_dim}"
-                    + (f" (values {spec.value_dim} wide)" if spec.value_dim != spec.head_dim else "")
+                    f"{spec.kv_heads_of(layer)} KV heads of size {spec.head_dim_of(layer)}"
+                    + (f" (values {spec.value_dim_of(layer)} wide)"
+                       if spec.value_dim_of(layer) != spec.head_dim_of(layer) else "")
                     + f" over hidden size {spec.hidden_size} need {list(shape)}"
                     + (": twice the query rows, as where the query projection also emits an output gate per head "
                        "(Qwen3-Next's [query | gate] per head), a form the attention's code was not read as"
@@ -54,7 +60,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                     where,
                 )
     _scale_and_softcap(ckpt, spec)
-    if spec.qkv_layout != "latent" and spec.head_dim % 2:
+    if spec.qkv_layout != "latent" and any(spec.head_dim_of(i) % 2 for i in range(spec.num_layers)):
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
     _sliding_window(ckpt, spec)
     _chunks(ckpt, spec)
@@ -165,6 +171,8 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
     elif (mult := _number(ckpt, "attention_multiplier")) is not None:
         spec.set("attention_scale", mult, Source("config", "config.json attention_multiplier",
                                                  "config.attention_multiplier"))
+    elif (constant := constant_scaling(modeling_sources(ckpt), spec.names.get("self_attn", "self_attn"))) is not None:
+        spec.set("attention_scale", constant[0], Source("code", constant[1]))
     else:
         spec.set("attention_scale", None, Source("default", "head_dim ** -0.5"))
     if (cap := _number(ckpt, "attn_logit_softcapping")) is not None:
@@ -172,6 +180,47 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
                                                    "config.attn_logit_softcapping"))
     else:
         spec.set("attn_logit_softcap", None, Source("default", "no attn_logit_softcapping in config.json"))
+
+
+def constant_scaling(sources: dict, attention: str) -> tuple[float, str] | None:
+    """(value, evidence) where the decoder's attention hands its attention function a score scale that __init__ sets
+    to a number (Gemma 4's `self.scaling = 1.0`, passed as `scaling=self.scaling`): the scale whatever head_dim is.
+    None where the scale is not such a constant (Llama's `self.head_dim**-0.5`, a config key read above)."""
+    found = dataflow.layer_class(sources) if sources else None
+    if found is None:
+        return None
+    _file, layer, _ = found
+    layer_init = next((f for f in layer.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    built = next((n.value for n in ast.walk(layer_init) if layer_init is not None and isinstance(n, ast.Assign)
+                  and len(n.targets) == 1 and ast.unparse(n.targets[0]) == f"self.{attention.split('.')[-1]}"
+                  and isinstance(n.value, ast.Call)), None)
+    cls = dataflow._class(sources, ast.unparse(built.func).rsplit(".", 1)[-1]) if built is not None else None
+    if cls is None:
+        return None
+    file, node = cls
+    methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+    if "__init__" not in methods or "forward" not in methods:
+        return None
+    assigned: dict[str, list[ast.expr]] = {}
+    for n in ast.walk(methods["__init__"]):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                and ast.unparse(n.targets[0].value) == "self":
+            assigned.setdefault(n.targets[0].attr, []).append(n.value)
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Attribute) \
+                and ast.unparse(n.target.value) == "self":
+            assigned.setdefault(n.target.attr, []).append(n.value)  # GPT-2's `self.scaling /= ...`: not one value
+    for call in (n for n in ast.walk(methods["forward"]) if isinstance(n, ast.Call)):
+        for kw in call.keywords:
+            if kw.arg not in ("scaling", "scale") or not isinstance(kw.value, ast.Attribute) \
+                    or ast.unparse(kw.value.value) != "self":
+                continue
+            values = assigned.get(kw.value.attr, [])
+            if len(values) == 1 and isinstance(values[0], ast.Constant) and isinstance(values[0].value, (int, float)) \
+                    and not isinstance(values[0].value, bool) and values[0].value > 0:
+                return float(values[0].value), (f"{file}:{values[0].lineno}: self.{kw.value.attr} = "
+                                                f"{values[0].value!r}, the scale forward hands the attention "
+                                                f"function (line {call.lineno}: {kw.arg}=self.{kw.value.attr})")
+    return None
 
 
 def _chunks(ckpt: Checkpoint, spec: Spec) -> None:

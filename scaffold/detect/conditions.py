@@ -85,6 +85,18 @@ def evaluate(test: ast.expr, config: dict[str, Any], local: dict[str, Any] | Non
         if isinstance(test.op, ast.And):
             return False if False in parts else (None if None in parts else True)
         return True if True in parts else (None if None in parts else False)
+    if isinstance(test, ast.Compare) and len(test.ops) > 1 and all(type(op) in _COMPARE for op in test.ops):
+        # A chained comparison (`layer_idx >= first_shared >= 0`): each adjacent pair, all of them holding.
+        operands = [test.left, *test.comparators]
+        parts = [evaluate(ast.Compare(left=a, ops=[op], comparators=[b]), config, local)
+                 for a, op, b in zip(operands, test.ops, operands[1:])]
+        return False if False in parts else (None if None in parts else True)
+    if (local is not None and isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], (ast.Is, ast.IsNot)) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None and _constructed(test.left, config, local) is not None):
+        # `self.v_proj is not None` of `self.v_proj = nn.Linear(...) if COND else None`: the branch COND selects.
+        built = _constructed(test.left, config, local)
+        return built if isinstance(test.ops[0], ast.IsNot) else not built
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARE:
         left, right = _value(test.left, config, local), _value(test.comparators[0], config, local)
         if left is _UNKNOWN or right is _UNKNOWN:
@@ -95,6 +107,22 @@ def evaluate(test: ast.expr, config: dict[str, Any], local: dict[str, Any] | Non
             return None
     value = _value(test, config, local)
     return None if value is _UNKNOWN else bool(value)
+
+
+def _constructed(node: ast.expr, config: dict[str, Any], local: dict[str, Any]) -> bool | None:
+    """True where `node`, its conditions decided, is a class's constructor call (`nn.Linear(...)`: an object, never
+    None), False where it is the constant None, else None."""
+    while isinstance(node, ast.IfExp):
+        truth = evaluate(node.test, config, local)
+        if truth is None:
+            return None
+        node = node.body if truth else node.orelse
+    if isinstance(node, ast.Constant) and node.value is None:
+        return False
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func).rsplit(".", 1)[-1]
+        return True if name[:1].isupper() else None
+    return None
 
 
 def selected(value: ast.expr, config: dict[str, Any] | None) -> ast.expr | None:

@@ -162,6 +162,9 @@ class Interpreter:
                                 if isinstance(n, ast.FunctionDef) and n is not self.init} if self.init else {}
         self.depth = 0
         self.inlined = 0
+        # line -> (test, the layers where it holds) of the branches config.json decides differently per layer
+        self.layer_branches: dict[int, tuple[str, list[int]]] = {}
+        self.layer: int | None = None  # the one layer index whose branches to take (attention_layer_branches)
         self.branch: list = []  # (test, polarity) of the undecided branches being run
         # Read a per-head pair view (…, heads, 2 * head_dim) cut in two as two pieces ("halves"): the attention's
         # query and output gate folded into one projection. Off elsewhere (an MLP cut that way stays unread).
@@ -673,8 +676,71 @@ class Interpreter:
         if isinstance(test, (ast.BoolOp, ast.Compare)):
             # `self.config.new_decoder_architecture and self.config.num_ln_in_parallel_attn == 2` (Falcon): config
             # values and the attributes the class copies from them, compared and combined.
-            return conditions.evaluate(config_reads(test, self.aliases), self.config)
-        return None
+            decided = conditions.evaluate(config_reads(test, self.aliases), self.config)
+            if decided is not None:
+                return decided
+        return self.layer_uniform(test)
+
+    def layer_uniform(self, test: ast.expr) -> bool | None:
+        """A test over what __init__ computed from the config and the layer's index (Gemma 4's
+        `self.is_kv_shared_layer`, `layer_idx >= num_hidden_layers - num_kv_shared_layers`; its `self.v_proj is not
+        None`, built unless `config.attention_k_eq_v` on a full-attention layer), with the same truth in every layer
+        of config.json's num_hidden_layers; else None (a layer that differs is not decided)."""
+        layers = self.config.get("num_hidden_layers")
+        if self.init is None or not isinstance(layers, int) or isinstance(layers, bool) or not 0 < layers <= 1024:
+            return None
+        counts: dict[str, int] = {}
+        for node in subtree(self.init):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and _dotted(target.value) == "self":
+                        counts[target.attr] = counts.get(target.attr, 0) + 1
+        attrs = {a: v for a, v in self.attr_values.items() if counts.get(a) == 1 and a != "config"}
+        local = _init_locals(self.init)
+        bases = {n.value.id for n in subtree(self.init) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+        # The __init__ parameters read as plain values (the layer's index), not as objects (the config).
+        index = {a.arg for a in self.init.args.args[1:] + self.init.args.kwonlyargs} - bases
+        found = {"substituted": False}
+
+        class Resolve(ast.NodeTransformer):
+            def __init__(self, inside: bool, depth: int):
+                self.inside, self.depth = inside, depth
+
+            def deeper(self, value: ast.expr) -> ast.AST:
+                found["substituted"] = True
+                return Resolve(True, self.depth + 1).visit(copy.deepcopy(value)) if self.depth < 8 else value
+
+            def visit_Attribute(self, node):
+                if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in attrs:
+                    return self.deeper(attrs[node.attr])
+                return self.generic_visit(node)
+
+            def visit_Name(self, node):
+                if self.inside and node.id in local:
+                    return self.deeper(local[node.id])
+                if self.inside and node.id in index:
+                    return ast.Name(id="__layer__", ctx=ast.Load())
+                return node
+
+        resolved = Resolve(False, 0).visit(copy.deepcopy(test))
+        if not found["substituted"]:
+            return None
+        if self.layer is not None:  # one layer's branches (attention_layer_branches)
+            return conditions.evaluate(resolved, self.config, {"__layer__": self.layer})
+        each = [conditions.evaluate(resolved, self.config, {"__layer__": i}) for i in range(layers)]
+        if None not in each and len(set(each)) == 2:
+            # Decided in every layer, but not alike: the layers compute differently (Gemma 4's KV-shared layers).
+            self.layer_branches.setdefault(getattr(test, "lineno", 0),
+                                           (ast.unparse(test), [i for i, t in enumerate(each) if t]))
+        alone = conditions.evaluate(resolved, self.config, {})  # whatever the layer (`config.flag and ...`)
+        if alone is not None:
+            return alone
+        if any(isinstance(n, ast.Subscript) and any(isinstance(m, ast.Name) and m.id == "__layer__"
+                                                    for m in ast.walk(n.slice)) for n in ast.walk(resolved)):
+            # A per-layer config list (`config.no_rope_layers[layer_idx]`, layer_types): left undecided, for the
+            # readers of per-layer conditions (the rotary guard, the window) to follow per layer.
+            return None
+        return each[0] if None not in each and len(set(each)) == 1 else None
 
 
 ENCODER_INPUT = "encoder"  # cross-attention inputs (encoder_hidden_states): a decoder-only model gets none
@@ -857,6 +923,9 @@ class Attention:
     qk_norm_after_rope: bool | None = None
     qk_norm_evidence: str = ""
     qk_norm_per_head: bool = True  # the queries reach their norm viewed as heads, not as the flat projection
+    # The one module forward applies to the values alone (Gemma 4's v_norm), and FILE:LINE of that call.
+    v_norm: str | None = None
+    v_norm_evidence: str = ""
     # A projection of the layer's input whose activation multiplies the attention output (AfMoE's gate_proj:
     # `output * torch.sigmoid(gate_states)` before o_proj), and FILE:LINE of the product; None when none.
     output_gate: str | None = None
@@ -955,6 +1024,11 @@ def linears(file: str, cls: ast.ClassDef, classes: frozenset | set = frozenset(L
     out = {}
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     for attr, value in _init_assignments(init).items():
+        if (isinstance(value, ast.IfExp) and isinstance(value.body, ast.Call)
+                and isinstance(value.orelse, ast.Constant) and value.orelse.value is None):
+            # `nn.Linear(...) if not self.use_alternative_attention else None` (Gemma 4's v_proj): the projection
+            # where it is built; forward's `self.v_proj is not None` says where it is used.
+            value = value.body
         if isinstance(value, ast.Call) and _dotted(value.func).rsplit(".", 1)[-1] in classes:
             bias = next((ast.unparse(k.value) for k in value.keywords if k.arg == "bias"), None)
             if bias is None:
@@ -1346,9 +1420,13 @@ def _qk_norms(events: Events, keys: dict, file: str) -> dict:
     """The one module applied to the queries alone and the one applied to the keys alone, if so; after the
     rotary embedding when a call that took q and k together (apply_rotary_pos_emb(q, k, cos, sin)) came first."""
     alone = {r: {(attr, line) for attr, line, origins in events.modules if {o.key for o in origins} == {keys[r]}}
-             for r in "qk"}
+             for r in "qkv"}
+    values = {}
+    if len({a for a, _ in alone["v"]}) == 1 and keys["v"] not in (keys["q"], keys["k"]):
+        v_norm, v_line = min(alone["v"], key=lambda x: x[1])
+        values = {"v_norm": v_norm, "v_norm_evidence": _where(file, v_line, f"{v_norm} on the values")}
     if not (len({a for a, _ in alone["q"]}) == 1 and len({a for a, _ in alone["k"]}) == 1):
-        return {}
+        return values
     (q_norm, q_line), (k_norm, _) = min(alone["q"], key=lambda x: x[1]), min(alone["k"], key=lambda x: x[1])
     together = [line for line, args in events.calls
                 if {keys["q"], keys["k"]} <= {o.key for a in args for o in a}
@@ -1359,7 +1437,8 @@ def _qk_norms(events: Events, keys: dict, file: str) -> dict:
     flat = all(o.stage == "flat" for attr, line, origins in events.modules if attr == q_norm and line == q_line
                for o in origins)
     return {"q_norm": q_norm, "k_norm": k_norm, "qk_norm_after_rope": after, "qk_norm_per_head": not flat,
-            "qk_norm_evidence": _where(file, q_line, f"{where} {q_norm} on the queries, {k_norm} on the keys".strip())}
+            "qk_norm_evidence": _where(file, q_line, f"{where} {q_norm} on the queries, {k_norm} on the keys".strip()),
+            **values}
 
 
 def _qkv_roles(events: Events) -> dict:
@@ -1508,6 +1587,46 @@ def _builder_return(tree: ast.Module, at: ast.AST, name: str) -> str | None:
             for sub in subtree(node):
                 if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call):
                     return _dotted(sub.value.func)
+    return None
+
+
+def attention_layer_branches(sources: dict, config: dict, list_attr: str | None = None) -> str | None:
+    """Where the forward of a module the decoder layer builds (its attention) branches on a test config.json decides
+    differently from layer to layer, over what __init__ computed from the layer's index (Gemma 4's
+    `if self.is_kv_shared_layer:`, its `self.v_proj is not None` under attention_k_eq_v): FILE:LINE and the test,
+    with the layers where it holds; None where every layer takes the same branches. The port builds every layer's
+    attention alike."""
+    found = layer_class(sources, list_attr)
+    if found is None:
+        return None
+    _file, cls, _ = found
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    for attr, value in _init_assignments(init).items():
+        sub = _submodule_class(sources, conditions.selected(value, config) or value)
+        if sub is None or not linears(sub[0], sub[1], set(linear_classes(sources))):
+            continue
+        producers = set(linears(sub[0], sub[1], set(linear_classes(sources))))
+
+        def run(layer: int | None, sub=sub, producers=producers):
+            interp = Interpreter(sources, sub[0], sub[1], producers, config)
+            interp.layer = layer
+            try:
+                interp.run_method("forward", [frozenset(), frozenset(), frozenset()])
+                roles = _qkv_roles(interp.events)
+                return interp, tuple(tuple(sorted(map(repr, roles[r]))) for r in "qkv")
+            except Undecided:
+                return interp, None
+
+        whole, _ = run(None)
+        if not whole.layer_branches:
+            continue
+        # Branches taken differently per layer change the computation where q, k, v come from elsewhere.
+        per_layer = {i: run(i)[1] for i in range(config["num_hidden_layers"])}
+        if len(set(per_layer.values())) > 1:
+            line, (test, on) = min(whole.layer_branches.items())
+            return _where(sub[0], line, f"{sub[1].name}.forward branches on `{test}`, which holds in layer(s) "
+                                        f"{', '.join(map(str, on))} only, and q, k, v come from other sources there "
+                                        f"({attr})")
     return None
 
 

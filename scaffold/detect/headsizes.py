@@ -52,6 +52,7 @@ class HeadSizes:
     value_scale_expr: str | None = None
     value_scale_line: int = 0
     problems: list[str] = field(default_factory=list)
+    head_dim = ()  # the q/k head width is config.json's in every layer (policy.check_shapes reads it per layer)
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:

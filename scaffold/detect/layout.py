@@ -439,6 +439,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # The norms' tensors as a layer that builds them all holds them.
     norm_ref = next(i for i in sorted(per_layer) if all(i not in f.layers for f in identities.values()))
     code_attn = flow.attention_flow if flow is not None else None
+    if sources and (branches := dataflow.attention_layer_branches(sources, ckpt.config,
+                                                                 names["layers"].rsplit(".", 1)[-1])):
+        # Gemma 4's KV-shared layers (keys and values of an earlier layer) and keys reused as values (k_eq_v).
+        raise _unsupported(f"attention that computes differently from layer to layer: {branches}; the port builds "
+                           "every layer's attention alike", where, spec.model_type)
     # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
     # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
     attn = flow.attention_path if code_attn is not None else first("self_attn")
@@ -571,6 +576,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise _unsupported(f"per-layer attention sizes ({spec.source('layer_num_heads').expr}[layer_idx] heads) with "
                            "q/k norms over all heads, whose width differs per layer", where, spec.model_type)
 
+    _value_norm(spec, sources, code_attn, layer0, attn, ckpt.config, where)
     _temperature(spec, sources, code_attn, ckpt.config, where)
 
     # The MLP: dense in layer 0, or a mixture of experts whose dense parts (the MLP of
@@ -654,6 +660,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref)
     if transform is not None:
         _head_norm(ckpt, spec, names, sources, flow, head_norm_built)
+    scalar = layer_output_scalar(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
+    spec.set("layer_scalar", scalar[0] if scalar else "",
+             Source("code", f"{scalar[1]}: the layer's output times a one-element tensor of its own") if scalar
+             else Source("default", "the layer's output as its residual adds leave it"))
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
     # Norms inside the sublayers (BitNet's attn_sub_norm before o_proj, ffn_sub_norm before down_proj).
     try:
@@ -674,6 +684,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if "attn_gate" in names:
         claimed.add(f"{attn}.{names['attn_gate']}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
+    if spec.layer_scalar:
+        claimed.add(spec.layer_scalar)
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:
@@ -1285,6 +1297,69 @@ def _temperature(spec: Spec, sources: dict, attn: dataflow.Attention | None, con
     spec.set("attn_temperature_nope_only", tuning.nope_only,
              Source("code", f"{tuning.evidence}, only where the rotary embedding does not run" if tuning.nope_only
                     else f"{tuning.evidence}, in every layer"))
+
+
+def layer_output_scalar(sources: dict, layers_attr: str | None, layer0: dict) -> tuple[str, str] | None:
+    """(attribute, evidence) where the decoder layer's forward multiplies the value it returns, last, by a tensor of
+    its own that the checkpoint holds with one element (Gemma 4's `hidden_states *= self.layer_scalar`, a buffer):
+    the statement that last assigns the returned name before the return (`x *= self.s`, `x = x * self.s`), or the
+    return itself (`return x * self.s`). None where the layer's output is not so scaled."""
+    found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    if found is None:
+        return None
+    file, cls, _ = found
+    forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+    if forward is None or not forward.body or not isinstance(forward.body[-1], ast.Return):
+        return None
+    ret = forward.body[-1]
+
+    def own(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            info = layer0.get(node.attr)
+            if info is not None and tuple(info.shape) in ((1,), ()):
+                return node.attr
+        return None
+
+    def product(node: ast.AST, name: str | None) -> str | None:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                if own(b) and (name is None or (isinstance(a, ast.Name) and a.id == name)):
+                    return own(b)
+        return None
+
+    if (attr := product(ret.value, None)) is not None:
+        return attr, f"{file}:{ret.lineno}: {ast.unparse(ret)}"
+    if not isinstance(ret.value, ast.Name):
+        return None
+    name = ret.value.id
+    last = next((stmt for stmt in reversed(forward.body[:-1]) if any(
+        isinstance(t, ast.Name) and t.id == name
+        for t in (stmt.targets if isinstance(stmt, ast.Assign) else
+                  [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []))), None)
+    attr = None
+    if isinstance(last, ast.AugAssign) and isinstance(last.op, ast.Mult):
+        attr = own(last.value)
+    elif isinstance(last, ast.Assign):
+        attr = product(last.value, name)
+    return (attr, f"{file}:{last.lineno}: {ast.unparse(last)}") if attr else None
+
+
+def _value_norm(spec: Spec, sources: dict, code_attn, layer0: dict, attn: str, config: dict, where) -> None:
+    """The module the attention's code applies to the values alone (Gemma 4's v_norm): ported as an RMS norm over each
+    value head without a scale where the checkpoint holds no tensor of it and its class computes an RMS norm;
+    refused by name otherwise (a scale of its own, a centered norm), never dropped."""
+    v_norm = code_attn.v_norm if code_attn is not None else None
+    if not v_norm:
+        spec.set("v_norm", "", Source("default", "values as the value projection gives them"))
+        return
+    held = sorted(r for r in layer0 if r.startswith(f"{attn}.{v_norm}."))
+    code = norm_code(sources, v_norm, config)
+    if held or code is None or code.centered:
+        what = f"holds {', '.join(held)}" if held else "is not an RMS norm the code shows"
+        raise _unsupported(f"a norm over the values ({code_attn.v_norm_evidence}) that {what}; the port norms the "
+                           "values only as an RMS norm over each head without a scale", where, spec.model_type)
+    spec.set("v_norm", v_norm, Source("code", f"{code_attn.v_norm_evidence} ({code.cls}, an RMS norm; the checkpoint "
+                                              f"holds no tensor of it: no scale), over each value head"))
 
 
 def weightless_norm_attributes(sources: dict) -> set[str]:

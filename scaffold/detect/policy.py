@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import headsizes, sourcecode
+from scaffold.detect import headsizes, layerinputs, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -22,7 +23,7 @@ def check(ckpt: Checkpoint) -> None:
     """Refuse a checkpoint no native port expresses, or whose tensors contradict its config.json."""
     unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file)
     try:
-        check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt))
+        check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt), layer_sizes(ckpt))
     except CheckpointError as exc:
         # Attention tensors that contradict heads x head_dim: where the code builds them so, that is the feature.
         sizes = head_sizes(ckpt) if ".self_attn." in exc.problem else None
@@ -38,8 +39,15 @@ def check(ckpt: Checkpoint) -> None:
         explained = attention_sizes_explained(ckpt) if ".self_attn." in exc.problem else None
         if explained is None:
             raise
-        raise unsupported(f"{explained} ({exc.problem.rstrip('.')})", ckpt.config_file,
+        # The other form of its own the model holds, named too: porting the sizes alone would not make it port.
+        besides = layerinputs.per_layer_inputs(sourcecode.modeling_sources(ckpt), ckpt.tensors)
+        raise unsupported(f"{explained} ({exc.problem.rstrip('.')})"
+                          + (f"; besides, {besides.short()}" if besides else ""), ckpt.config_file,
                           ckpt.config.get("model_type")) from None
+    # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE).
+    found = layerinputs.per_layer_inputs(sourcecode.modeling_sources(ckpt), ckpt.tensors)
+    if found is not None:
+        raise unsupported(str(found), ckpt.config_file, ckpt.config.get("model_type"))
 
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:
@@ -163,8 +171,15 @@ def _embedding_width(config: dict, info: TensorInfo | None, name: str, vocab: in
             "and out with project_in and project_out), which the port does not build.", where)
 
 
+def layer_sizes(ckpt: Checkpoint) -> LayerSizes | None:
+    """per_layer_config_sizes where the layers' head widths or KV heads differ, else None."""
+    found = per_layer_config_sizes(ckpt)
+    return found if found is not None and (len(set(found.head_dim)) > 1 or len(set(found.num_kv_heads)) > 1) else None
+
+
 def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
-                 per_layer: list[tuple[str, str, list[int]]] = (), sizes: headsizes.HeadSizes | None = None) -> None:
+                 per_layer: list[tuple[str, str, list[int]]] = (),
+                 sizes: headsizes.HeadSizes | LayerSizes | None = None) -> None:
     """Shapes the config fixes for every decoder of this layout, whatever the family.
 
     The detectors check the attention and MLP projections in detail; this covers the
@@ -182,6 +197,11 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
     head_dim = config.get("head_dim") if _is_int(config.get("head_dim")) else None
     if head_dim is None and hidden and heads and hidden % heads == 0:
         head_dim = hidden // heads
+
+    def dim_of(name: str) -> int | None:
+        """The head width of the layer `name` belongs to (its own, where per_layer_config sizes it)."""
+        layer = name.split(".")[2] if sizes is not None else ""
+        return sizes.head_dim[int(layer)] if layer.isdigit() and int(layer) < len(sizes.head_dim) else head_dim
 
     def need(name: str, shape: tuple, why: str) -> None:
         info = tensors.get(name)
@@ -210,17 +230,19 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
             value = config["v_head_dim"]
             need(name, (hidden, heads * value), f"{heads} heads of values {value} wide (v_head_dim) and {hkey} {hidden}")
         elif _O_PROJ.match(name) and heads and head_dim:
-            here = layer_heads[int(name.split(".")[2])] if layer_heads else heads
-            width = sizes.v_width if sizes is not None and sizes.v_width else head_dim
+            here, dim = layer_heads[int(name.split(".")[2])] if layer_heads else heads, dim_of(name)
+            width = sizes.v_width if sizes is not None and sizes.v_width else dim
             need(name, (hidden, here * width), f"{here} heads of size {width} and {hkey} {hidden}")
         if heads and head_dim and _QK_NORM.match(name):
             _, kv = _first_int(config, "num_key_value_heads", "num_kv_heads")
+            if sizes is not None:
+                kv = sizes.kv_heads[int(name.split(".")[2])]
             query_heads = layer_heads[int(name.split(".")[2])] if layer_heads else heads
-            heads_here = query_heads if ".q_norm." in name else kv or query_heads
-            if info.shape not in ((head_dim,), (heads_here * head_dim,), (heads_here, head_dim)):
+            heads_here, dim = query_heads if ".q_norm." in name else kv or query_heads, dim_of(name)
+            if info.shape not in ((dim,), (heads_here * dim,), (heads_here, dim)):
                 raise CheckpointError(
-                    f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{head_dim}], "
-                    f"one over all heads [{heads_here * head_dim}], one per head [{heads_here}, {head_dim}].",
+                    f"tensor {name!r} has shape {list(info.shape)}; a norm shared by the heads needs [{dim}], "
+                    f"one over all heads [{heads_here * dim}], one per head [{heads_here}, {dim}].",
                     where,
                 )
         module = name.rsplit(".", 1)[0]
@@ -251,9 +273,10 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
             if len(counts) > max(here, there) and counts[here] != counts[there]:
                 continue  # a module sized per layer: scaffold.detect.layout checks each layer against its count
             kv = sizes.kv_heads if sizes is not None else []
+            dims = sizes.head_dim if sizes is not None else []
             if (match.group(3).startswith("self_attn.") and len(kv) > max(here, there)
-                    and kv[here] != kv[there]):
-                continue  # KV heads of each layer's own: scaffold.detect.attention checks each layer's k and v
+                    and (kv[here], dims[here] if dims else 0) != (kv[there], dims[there] if dims else 0)):
+                continue  # heads of each layer's own: scaffold.detect.attention checks each layer's projections
             raise CheckpointError(
                 f"tensor {name!r} has shape {list(info.shape)} but {other!r} has {list(shape)}; the same module "
                 "must have the same shape in every layer.",
@@ -287,6 +310,64 @@ def attention_sizes_explained(ckpt: Checkpoint) -> str | None:
     return None
 
 
+# The per-layer reads of transformers' heterogeneous configs (`config.per_layer_config[layer_idx].K`: the layer's
+# override of K in config.json's per_layer_config, else the config's own K) a port builds each layer's attention from.
+PER_LAYER_CONFIG = re.compile(r"^(?:self\.)?config\.per_layer_config\[\w+\]\.(head_dim|num_key_value_heads)$")
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """Each layer's head width and KV heads, where the attention's __init__ reads them from per_layer_config."""
+
+    head_dim: list[int]
+    num_kv_heads: list[int]
+    evidence: str
+    v_width = None  # values as wide as the layer's heads
+
+    @property
+    def kv_heads(self) -> list[int]:
+        return self.num_kv_heads
+
+
+def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
+    """The attention's head width and KV heads of each layer, where the class that builds o_proj sizes its projections
+    from `config.per_layer_config[layer_idx].head_dim` / `.num_key_value_heads` alone (Gemma 4's) and config.json
+    holds per_layer_config as overrides by layer index; None otherwise (another per-layer value stays refused)."""
+    config = ckpt.config
+    overrides, layers = config.get("per_layer_config"), config.get("num_hidden_layers")
+    if not isinstance(overrides, dict) or not _is_int(layers) or not _is_int(config.get("head_dim")) \
+            or not _is_int(config.get("num_key_value_heads")):
+        return None
+    if not all(isinstance(k, str) and k.isdigit() and int(k) < layers and isinstance(v, dict)
+               for k, v in overrides.items()):
+        return None
+    for file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
+        for cls in sourcecode.subtree(tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            built = _projections(init) if init is not None else {}
+            if "o_proj" not in built:
+                continue
+            found: dict = {}
+            explained = _explain(cls.name, file, init, built, config, found)
+            if explained is None or found["value_width"] or not found["own"]:
+                continue
+            reads = set().union(*found["own"].values())
+            if not all(PER_LAYER_CONFIG.match(r) for r in reads):
+                return None
+
+            def value(layer: int, key: str) -> object:
+                return overrides.get(str(layer), {}).get(key, config[key])
+
+            dims = [value(i, "head_dim") for i in range(layers)]
+            kv = [value(i, "num_key_value_heads") for i in range(layers)]
+            if not all(_is_int(v) and v > 0 for v in dims + kv):
+                return None
+            return LayerSizes(dims, kv, explained)
+    return None
+
+
 def _projections(init: ast.FunctionDef) -> dict[str, ast.Call]:
     """`self.P = nn.Linear(IN, OUT, ...)` of an __init__ for the attention's projections (either branch of an
     `X if cond else None`)."""
@@ -300,7 +381,8 @@ def _projections(init: ast.FunctionDef) -> dict[str, ast.Call]:
     return out
 
 
-def _explain(cls: str, file: str, init: ast.FunctionDef, built: dict[str, ast.Call], config: dict) -> str | None:
+def _explain(cls: str, file: str, init: ast.FunctionDef, built: dict[str, ast.Call], config: dict,
+             found: dict | None = None) -> str | None:
     defined: dict[str, ast.AST] = {}  # local or self attribute -> the expression assigned to it
     for node in sourcecode.subtree(init):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -348,6 +430,8 @@ def _explain(cls: str, file: str, init: ast.FunctionDef, built: dict[str, ast.Ca
         if widths:
             value_width[proj] = widths
     where = f"{cls} ({file}:{init.lineno})"
+    if found is not None:
+        found.update(own=own, value_width=value_width, where=where)
     parts = []
     if own:
         values = sorted(set().union(*own.values()))

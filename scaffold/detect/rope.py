@@ -30,7 +30,7 @@ from scaffold.detect.sourcecode import (
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_THETA = 10000.0
 NEEDS_ORIGINAL_MAX = ("longrope", "yarn", "llama3")
 
@@ -116,6 +116,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     params["rope_theta"] = float(params["rope_theta"])
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
+    _proportional_unscaled(params, where)
     factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", params.get("partial_rotary_factor")))
     # The spec field partial_rotary_factor is the one source of truth; the template adds it back.
     params.pop("partial_rotary_factor", None)
@@ -394,11 +395,24 @@ def _checked(params: dict, where) -> dict:
     params["rope_theta"] = float(theta)
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
+    _proportional_unscaled(params, where)
     factor = params.get("partial_rotary_factor")
     if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1):
         raise CheckpointError(f"partial_rotary_factor must be in (0, 1], not {factor!r}.", where)
     # A layer type's own partial_rotary_factor stays in its set: vLLM's get_rope reads it from there.
     return params
+
+
+def _proportional_unscaled(params: dict, where) -> None:
+    """Proportional rotary (Gemma 4's full-attention layers: frequencies over the whole head width, zero past the
+    rotated share) as vLLM's get_rope builds it (Gemma4RotaryEmbedding), which reads no `factor`; transformers
+    divides the frequencies by one, so a factor other than 1 is refused by name."""
+    if params.get("rope_type") != "proportional":
+        return
+    factor = params.get("factor", 1.0)
+    if factor != 1.0:
+        raise UnsupportedArchitecture(f"proportional rotary with factor {factor!r}: transformers divides its "
+                                      "frequencies by the factor, vLLM's Gemma4RotaryEmbedding reads none.", where)
 
 
 def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:

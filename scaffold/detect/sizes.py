@@ -14,7 +14,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configreads, dataflow, positions
+from scaffold.detect import codekeys, configreads, dataflow, policy, positions
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
@@ -110,6 +110,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
     _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(sources, spec.source("num_heads").expr))),
               reads)
+    layer_sizes = policy.per_layer_config_sizes(ckpt)
+    if layer_sizes is not None and spec.source("num_kv_heads").kind == "default":
+        # The attention reads its KV heads as config.per_layer_config[layer_idx].num_key_value_heads (Gemma 4
+        # Unified's): config.json's num_key_value_heads where a layer does not override it.
+        set_from_config(spec, ckpt, "num_kv_heads", ("num_key_value_heads",), int)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
         if getattr(spec, name) <= 0:
             raise CheckpointError(f"{spec.source(name).detail} must be positive, not {getattr(spec, name)}.", where)
@@ -131,6 +136,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk, nk = spec.source("hidden_size").expr, spec.source("num_heads").expr
         spec.set("head_dim", spec.hidden_size // spec.num_heads,
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
+    _layer_sizes(spec, layer_sizes)
     found = (_mlp_width(sources, spec, ckpt.config, aliases)
              or _layer_mlp_width(sources or modeling_sources(ckpt), ckpt.config, aliases))
     key, _ = config_value(ckpt, *keys("intermediate_size"))
@@ -196,6 +202,21 @@ def _config_key(node: ast.AST) -> str | None:
     if isinstance(node, ast.Attribute) and codekeys._is_config(node.value):
         return node.attr
     return None
+
+
+def _layer_sizes(spec: Spec, found: policy.LayerSizes | None) -> None:
+    """Each layer's head width and KV heads where the attention reads them from per_layer_config and they differ
+    between layers (Gemma 4's full-attention layers: global_head_dim); the port reads them the same way."""
+    if found is None or (len(set(found.head_dim)) == 1 and len(set(found.num_kv_heads)) == 1):
+        spec.set("layer_head_dim", [], Source("default", "every layer's heads are head_dim wide"))
+        spec.set("layer_num_kv_heads", [], Source("default", "every layer has num_kv_heads KV heads"))
+        return
+    spec.set("layer_head_dim", list(found.head_dim),
+             Source("code", f"{found.evidence}: per_layer_config's head_dim of each layer, else head_dim",
+                    "config.per_layer_config[layer_idx].head_dim"))
+    spec.set("layer_num_kv_heads", list(found.num_kv_heads),
+             Source("code", f"{found.evidence}: per_layer_config's num_key_value_heads of each layer, else "
+                            "num_key_value_heads", "config.per_layer_config[layer_idx].num_key_value_heads"))
 
 
 def _divisions(sources: dict, numerator: str | None):

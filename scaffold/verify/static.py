@@ -72,6 +72,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
+        if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
+            params[f"{p}{spec.layer_scalar}"] = (None,)
         if spec.qkv_layout == "latent":
             # The low-rank query's and the latent's down-projections fused in one parameter (shards 0, 1), or the
             # queries' own projection beside the latent's; the latent's norm and expansion. The latent norms are
@@ -248,8 +250,11 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             if module == query and spec.layer_num_heads and layer.isdigit() and int(layer) < spec.num_layers:
                 wanted = spec.heads_of(int(layer)) * spec.head_dim  # this layer's own query heads
             if module in (key, value) and spec.layer_num_kv_heads and layer.isdigit() \
-                    and int(layer) < spec.num_layers:  # this layer's own KV heads
-                wanted = spec.kv_heads_of(int(layer)) * (spec.head_dim if module == key else spec.value_dim)
+                    and int(layer) < spec.num_layers:  # this layer's own KV heads (and head width)
+                wanted = spec.kv_heads_of(int(layer)) * (spec.head_dim_of(int(layer)) if module == key
+                                                         else spec.value_dim_of(int(layer)))
+            if module == query and spec.layer_head_dim and layer.isdigit() and int(layer) < spec.num_layers:
+                wanted = spec.num_heads * spec.head_dim_of(int(layer))  # this layer's own head width
             if rows != wanted:
                 problems.append(f"{name} has {rows} rows, the spec needs {wanted}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
@@ -262,6 +267,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                  if spec.layer_num_heads else "")
     own_heads += (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_kv_heads))))} KV heads"
                   if spec.layer_num_kv_heads else "")
+    own_heads += (f"; layers' own head widths {'/'.join(map(str, sorted(set(spec.layer_head_dim))))}"
+                  if spec.layer_head_dim else "")
     v_rows = spec.num_kv_heads * spec.value_dim
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
