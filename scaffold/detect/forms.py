@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
 from scaffold.detect import dataflow, sourcecode
+from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
 from scaffold.errors import NonFloatTensor
@@ -107,10 +108,6 @@ def blocking_forms(sources: dict[str, str], config: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ shared readings of the code
-def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
-    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-
-
 def _classes(sources: dict) -> dict[str, tuple[str, ast.ClassDef]]:
     return sourcecode._classes(sources)
 
@@ -146,15 +143,6 @@ def _appended(cls: ast.ClassDef) -> dict[str, str]:
                 and node.args and isinstance(node.args[0], ast.Call)):
             out.setdefault(node.func.value.attr, _dotted(node.args[0].func).rsplit(".", 1)[-1])
     return out
-
-
-def _parameters(cls: ast.ClassDef) -> set[str]:
-    """self.X = nn.Parameter(...) in __init__."""
-    init = _method(cls, "__init__")
-    return {node.targets[0].attr for node in (subtree(init) if init is not None else ())
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-            and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)
-            and _dotted(node.value.func).rsplit(".", 1)[-1] == "Parameter"}
 
 
 def _layer_lists(cls: ast.ClassDef, classes: dict, stacks: bool = False) -> dict[str, str]:
