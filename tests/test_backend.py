@@ -93,6 +93,19 @@ def test_transformers_source_is_read_without_importing_transformers(tiny):
                      ("rms_norm", "post_attention_layernorm")]
 
 
+@pytest.mark.parametrize(("model_type", "file"), [("gemma4_text", "gemma4/modeling_gemma4.py"),
+                                                  ("cohere_compass_text", "cohere_compass/modeling_cohere_compass.py"),
+                                                  ("gemma3_text", "gemma3/modeling_gemma3.py")])
+def test_transformers_source_of_a_type_living_in_another_types_folder_is_found(model_type, file):
+    """gemma4_text is defined in transformers/models/gemma4/: the backend's rules read that file (they said
+    "transformers has no models/gemma4_text/ folder")."""
+    from scaffold.checkpoint import Checkpoint, TokenizerInfo
+
+    config = {"model_type": model_type, "architectures": ["LabForCausalLM"]}
+    comp = check(Checkpoint(Path("/lab"), config, {}, [], None, TokenizerInfo(), {}))
+    assert comp.to_json()["files"][0] == f"transformers/models/{file}", comp.to_json()["rules"][:1]
+
+
 def test_inspect_shows_compliance_section(tiny):
     ckpt = tiny("llama", "LlamaForCausalLM")
     text = scaffold("inspect", ckpt).stdout

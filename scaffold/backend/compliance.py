@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect.identity import transformers_model_types
+from scaffold.detect.identity import transformers_model_types, transformers_module_name
 from scaffold.text import markdown_text
 
 MOE_EXPERTS_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
@@ -136,9 +136,12 @@ def transformers_modeling_file(model_type: str) -> Path | None:
     if found is None or not found.submodule_search_locations:
         return None
     root = Path(next(iter(found.submodule_search_locations))) / "models"
-    name = model_type.replace("-", "_")
-    path = root / name / f"modeling_{name}.py"
-    return path if path.exists() else None
+    # The folder may be named for another type (gemma4_text and gemma4_unified_text live in gemma4).
+    for name in dict.fromkeys((model_type.replace("-", "_"), transformers_module_name(model_type))):
+        path = root / name / f"modeling_{name}.py"
+        if path.exists():
+            return path
+    return None
 
 
 @dataclass
