@@ -105,6 +105,25 @@ def test_a_lab_clamping_the_keys_alone_or_after_the_rotary_embedding_is_named():
     assert "bounds not -c and c of one config value" in late.qkv_clamp_problem
 
 
+# Qwen v1's form: q, k and v quantized for the KV cache by a helper that clamps to bounds computed from the data,
+# not clamped to a config value.
+QUANTIZED = LAB_CODE.replace(
+    "        q = torch.clamp(self.wq(x), -self.limit, self.limit)",
+    "        q = quantize(self.wq(x))").replace(
+    "        k = torch.clamp(self.wk(x), -self.limit, self.limit)",
+    "        k = quantize(self.wk(x))").replace(
+    "        v = torch.clamp(self.wv(x), -self.limit, self.limit)",
+    "        v = quantize(self.wv(x))").replace(
+    "class LabAttention(nn.Module):",
+    "def quantize(x):\n    lo, hi = x.min(), x.max()\n    return torch.clamp(x, lo, hi)\n\n\nclass LabAttention(nn.Module):")
+
+
+def test_a_clamp_to_bounds_from_the_data_is_no_qkv_clip():
+    assert QUANTIZED.count("quantize(self.w") == 3
+    flow = _attention("", "LabAttention", {"attention": {"qkv_limit": 0.25}}, {"modeling_lab.py": QUANTIZED})
+    assert not flow.qkv_clamp and not flow.qkv_clamp_problem
+
+
 def _lab_checkpoint(tmp_path, code: str, limit):
     shape = Shape(architecture="LabForCausalLM", model_type="lab_clamp", layers=2)
     names = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo"}

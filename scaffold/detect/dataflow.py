@@ -1376,6 +1376,16 @@ def _qkv_clamp(interp: Interpreter, srcs: dict, file: str) -> dict:
     config value c for all."""
     clamped = [(line, origins, node, exprs) for line, origins, node, exprs in interp.events.clamps
                if {o.src for o in origins} & set(srcs.values())]
+
+    def reads_config(node: ast.Call, exprs: dict) -> bool:
+        bounds = _clamp_bounds(node)
+        return any(config_path(b, interp, {"__expr__": exprs}) is not None
+                   or _negated_path(b, interp, {"__expr__": exprs}) is not None
+                   for b in (bounds.get("max"), bounds.get("min")) if b is not None)
+
+    # Only a clamp whose bounds the config sets is a clip_qkv: Qwen v1's KV-cache quantization clamps q, k and v
+    # to bounds computed from the data (quantize_cache_v, under `if self.use_cache_quantization:`).
+    clamped = [c for c in clamped if reads_config(c[2], c[3])]
     if not clamped:
         return {}
     line, _, node, exprs = clamped[0]
