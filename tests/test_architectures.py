@@ -666,6 +666,22 @@ def check_port(name: str, workdir: Path) -> None:
         assert spec.get(field) == pytest.approx(value), f"{field}: detected {spec.get(field)!r}, expected {value!r}"
 
 
+def served_at_tp2(name: str, workdir: Path) -> dict:
+    """Port the row `name`, serve it live at tensor_parallel_size 2 through `scaffold verify --tp 2`, and hold it to
+    parity with transformers; the checks by name, for what each test adds."""
+    ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
+    out = workdir / f"port-{name}-tp2"
+    scaffold("new", ckpt, "-o", out, "--force")
+    report = json.loads(scaffold("verify", out, "--tp", "2", "--json").stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+    print(f"{name} TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
+    return checks
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.extended  # the full suite runs demolm at TP 2 (test_end_to_end)
@@ -673,18 +689,9 @@ def test_moe_port_sharded_over_two_ranks_matches_transformers(workdir):
     """The static sharding proof does not simulate FusedMoE's expert loader, so this serves a MoE
     port live at tensor_parallel_size 2 (routed experts split by their intermediate rows, the
     shared expert's gate/up merged and split, its sigmoid gate replicated) against transformers."""
-    ckpt = checkpoint_for("qwen2_moe", ARCHITECTURES, workdir)
-    out = workdir / "port-qwen2_moe-tp2"
-    scaffold("new", ckpt, "-o", out, "--force")
-    report = json.loads(scaffold("verify", out, "--tp", "2", "--json").stdout)
-    checks = {c["name"]: c for c in report["checks"]}
-    assert report["passed"], json.dumps(report, indent=2)
-    assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
+    checks = served_at_tp2("qwen2_moe", workdir)
     # The simulated proof leaves out FusedMoE's experts, and says the live run above covered them.
     assert "the parity below ran sharded over 2 ranks" in checks["tensor-parallel sharding"]["detail"]
-    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
-    assert checks["parity: greedy continuation"]["status"] == "pass"
-    print(f"qwen2_moe TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
 
 
 @pytest.mark.engine
@@ -693,18 +700,9 @@ def test_moe_port_sharded_over_two_ranks_matches_transformers(workdir):
 def test_differential_attention_sharded_over_two_ranks_matches_transformers(workdir):
     """DiffLlama's pairs (head i with i + H/2) and value halves cross the ranks of vLLM's contiguous head sharding:
     the port gathers v and the attention outputs; served live at tensor_parallel_size 2 against transformers."""
-    ckpt = checkpoint_for("diffllama", ARCHITECTURES, workdir)
-    out = workdir / "port-diffllama-tp2"
-    scaffold("new", ckpt, "-o", out, "--force")
-    report = json.loads(scaffold("verify", out, "--tp", "2", "--json").stdout)
-    checks = {c["name"]: c for c in report["checks"]}
-    assert report["passed"], json.dumps(report, indent=2)
-    assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
+    checks = served_at_tp2("diffllama", workdir)
     # 4 heads over 2 KV heads: TP 4 would replicate the KV heads, which the port does not serve.
     assert "TP=4: not servable (differential attention" in checks["tensor-parallel sharding"]["detail"]
-    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
-    assert checks["parity: greedy continuation"]["status"] == "pass"
-    print(f"diffllama TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
 
 
 # Each case runs the CLI in a subprocess (1.5 to 4 s): the quick tier keeps every second one, the full suite all.
