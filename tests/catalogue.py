@@ -164,6 +164,10 @@ def out_of_scope(model_type: str) -> str | None:
         return f"encoder-decoder: sub-configs {', '.join(coders)}"
     if config is None:
         return None
+    decoder_half = decoder_of_encoder_decoder(modeling_source(model_type),
+                                              f"modeling_{model_type.replace('-', '_')}.py")
+    if decoder_half:
+        return f"encoder-decoder: {decoder_half}"
     layer_types = getattr(config, "layer_types", None)
     if isinstance(layer_types, (list, tuple)):
         other = sorted({t for t in layer_types if isinstance(t, str) and not ATTENTION_LAYER_TYPES.match(t)})
@@ -184,6 +188,23 @@ def out_of_scope(model_type: str) -> str | None:
         found = re.search(pattern, source)
         if found:
             return f"non-attention mixer: {kind} ({found.group(0)} in the modeling code)"
+    return None
+
+
+def decoder_of_encoder_decoder(source: str, file: str) -> str | None:
+    """The causal-LM class declares itself the decoder taken out of an encoder-decoder: its __init__ sets
+    `config.is_encoder_decoder = False` on the config it is given (TrOCR's, whose config is only the decoder's and
+    so does not say is_encoder_decoder itself; Bart's and Marian's do the same, out of scope by their configs)."""
+    if not source:
+        return None
+    for cls in ast.parse(source).body:
+        if not (isinstance(cls, ast.ClassDef) and re.search(r"(ForCausalLM|LMHeadModel)$", cls.name)):
+            continue
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is False
+                    and any(isinstance(t, ast.Attribute) and t.attr == "is_encoder_decoder" for t in node.targets)):
+                return (f"its decoder half: {cls.name}.__init__ sets config.is_encoder_decoder = False "
+                        f"({file}:{node.lineno})")
     return None
 
 

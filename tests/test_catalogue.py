@@ -98,3 +98,23 @@ def test_catalogue_out_of_scope_reasons_are_current():
             assert row["status"] == "out of scope" and row["detail"] == reason, (name, reason, row["detail"])
         else:
             assert row["status"] != "out of scope", (name, row["detail"])
+
+
+def test_decoder_half_of_an_encoder_decoder_is_read_from_the_causal_lm_class():
+    """TrOCR's config is the decoder's alone (no is_encoder_decoder); its causal-LM class says what it is."""
+    from catalogue import decoder_of_encoder_decoder
+
+    lab = '''
+class LabDecoderForCausalLM(LabPreTrainedModel):
+    def __init__(self, config):
+        config = copy.deepcopy(config)
+        config.is_decoder = True
+        config.is_encoder_decoder = False
+        super().__init__(config)
+'''
+    assert decoder_of_encoder_decoder(lab, "modeling_lab.py") == (
+        "its decoder half: LabDecoderForCausalLM.__init__ sets config.is_encoder_decoder = False (modeling_lab.py:6)")
+    # A decoder-only model whose layers may build cross-attention by config (GPT-2's add_cross_attention) is not one.
+    plain = lab.replace("config.is_encoder_decoder = False", "config.add_cross_attention = False")
+    assert decoder_of_encoder_decoder(plain, "modeling_lab.py") is None
+    assert out_of_scope("gpt2") is None
