@@ -180,6 +180,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "literals": literal_rope or literal_layers or literal_no_rope or literal_tie or literal_chunks,
         # MoE ports whose listed layers keep a dense MLP.
         "dense_layers": moe and bool(spec.dense_layers),
+        # The decoder layer's own condition for a dense MLP (over config and layer_idx), read by the port at run
+        # time (DeepSeek-V3's `layer_idx >= config.first_k_dense_replace`, negated); else the listed layers.
+        "dense_condition": (spec.source("dense_layers").expr
+                            if moe and spec.dense_layers and spec.source("dense_layers").kind == "code"
+                            and "dense_layers" not in overridden else None),
         # Qwen2-MoE's shared expert is scaled by a sigmoid gate; DeepSeek-V3's form adds it ungated.
         "shared_gate": shared and "shared_expert_gate" in spec.names,
         **routing_choices(spec),

@@ -140,3 +140,29 @@ def test_a_sibling_of_another_structure_fails_the_static_checks(workdir):
     assert checks["mapping coverage"]["status"] == "FAIL"
     assert "qkv_proj.bias" in checks["mapping coverage"]["detail"]
     assert "qkv_bias" in checks["spec matches checkpoint"]["detail"]
+
+
+# A MoE family whose dense layers the decoder layer's code chooses by config (GLM-4-MoE's first_k_dense_replace):
+# the port reads the condition, so a sibling with more dense layers and another depth loads as its config says.
+MOE_FAMILY = ("glm4_moe", {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                           "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+                           "norm_topk_prob": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
+
+
+@pytest.mark.engine
+@pytest.mark.extended
+def test_moe_port_serves_a_sibling_with_other_dense_layers(workdir):
+    model_type, common = MOE_FAMILY
+    arch = "FamilyGlm4MoeForCausalLM"
+    ckpt = family_member(workdir, model_type, arch, "moe-base", {**common, "first_k_dense_replace": 1})
+    other = family_member(workdir, model_type, arch, "moe-sibling",
+                          {**common, "first_k_dense_replace": 2, "num_hidden_layers": 4})
+    out = workdir / "port-family-moe"
+    scaffold("new", ckpt, "-o", out, "--force")
+    text = next(out.glob("*/model.py")).read_text()
+    assert "DENSE_LAYERS" not in text and "if layer_idx < config.first_k_dense_replace:" in text
+    report = json.loads(scaffold("verify", out, "--checkpoint", other, "--json").stdout)
+    checks = parity_checks(report)
+    detail = checks["spec matches checkpoint"]["detail"]
+    assert "read from its config at run time" in detail and "dense_layers" in detail, detail
+    print("moe sibling max |dlogp|", checks["parity: log-probabilities"]["max_delta"])

@@ -24,6 +24,7 @@ from scaffold.checkpoint import Checkpoint
 from scaffold.detect import (
     codekeys,
     dataflow,
+    denselayers,
     gluformula,
     renamings,
     routing,
@@ -143,7 +144,11 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
     else:
         spec.set("moe_output_norm", None, Source("default", "the MoE block's output is not normed"))
         spec.set("moe_output_norm_on_layer", False, Source("default", "no MoE output norm"))
-    spec.set("dense_layers", dense, Source("tensor", dense_why))
+    condition = (denselayers.code_dense_layers(sourcecode.modeling_sources(ckpt), ckpt.config,
+                                               names.get("layers", "layers").rsplit(".", 1)[-1], mlp,
+                                               spec.num_layers, dense) if dense else None)
+    spec.set("dense_layers", dense, Source("tensor", dense_why) if condition is None else
+             Source("code", f"{condition.evidence}; {dense_why}: the layers where {condition.expr}", condition.expr))
     return claimed
 
 

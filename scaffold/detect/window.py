@@ -215,12 +215,28 @@ def lift_to_layer(sources: dict, flow, layers_attr: str | None, init: ast.Functi
         expr = _lift(expr, None, _bind(callee_init, call))
         callee_init = _init(holder)
         expr = _lift(expr, callee_init, {})
-    # The layer list: `Layer(config, layer_id=i) for i in range(config.num_layers)`: the loop variable is the
-    # layer's index.
+    return _to_layer_list(sources, layer_file, list_line, callee_init, expr)
+
+
+def lift_from_layer(sources: dict, layers_attr: str | None, expr: ast.expr) -> ast.expr | None:
+    """`expr`, written in the decoder layer's __init__ (DeepSeek-V3's `layer_idx >= config.first_k_dense_replace`
+    choosing its MLP), followed to what it reads of the config and the layer's index; None where it cannot be."""
+    layer_found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
+    if layer_found is None:
+        return None
+    layer_file, layer_cls, list_line = layer_found
+    init = _init(layer_cls)
+    return _to_layer_list(sources, layer_file, list_line, init, _lift(expr, init, {}))
+
+
+def _to_layer_list(sources: dict, layer_file: str, list_line: int, layer_init: ast.FunctionDef | None,
+                   expr: ast.expr) -> ast.expr | None:
+    """The layer list: `Layer(config, layer_id=i) for i in range(config.num_layers)`: the loop variable is the
+    layer's index, the layer's constructor parameters what the list passes."""
     element = _list_element(sources, layer_file, list_line)
     if element is None:
         return None
     call, index = element
-    expr = _lift(expr, None, {**_bind(callee_init, call)})
+    expr = _lift(expr, None, {**_bind(layer_init, call)})
     expr = _Substitute({index: ast.Name("layer_idx", ast.Load())} if index else {}, {}, {}).visit(expr)
     return expr

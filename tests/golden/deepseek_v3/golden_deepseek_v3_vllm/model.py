@@ -79,8 +79,6 @@ def quantization_mapper(quant_config: QuantizationConfig | None) -> WeightsMappe
 
 # Architecture conventions from scaffold_spec.toml; everything the config decides
 # (sizes, rotary parameters, sliding-window layers, tied head) is read from it.
-# Decoder layers with a dense MLP; the others route tokens to experts.
-DENSE_LAYERS = frozenset([0])
 # The checkpoint's names for the projections of one expert, in FusedMoE's roles:
 # gate (w1, through the activation), down (w2) and up (w3).
 EXPERT_PROJECTIONS = {
@@ -369,7 +367,8 @@ class GoldenDeepseekV3DecoderLayer(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.self_attn",
         )
-        if extract_layer_index(prefix) in DENSE_LAYERS:
+        layer_idx = extract_layer_index(prefix)
+        if layer_idx < config.first_k_dense_replace:
             self.mlp = GoldenDeepseekV3MLP(
                 hidden_size,
                 config.intermediate_size,
