@@ -523,8 +523,9 @@ UNSUPPORTED = {
                                  "through self.experts")),
     "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
                                                        "moe_intermediate_size": 64},
-                                     ("several attention computations in one decoder layer: "
-                                      "LongcatFlashDecoderLayer.forward calls LongcatFlashMLA 2 times")),
+                                     ("2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
+                                      "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp "
+                                      "(LongcatFlashMoE) reads post_attention_layernorm[0]'s output")),
     "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2},
                           ("an attention mask computed from parameters of the attention (A, dt_proj): "
                            "DogeAttention.forward")),

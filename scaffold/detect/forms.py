@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import dataflow, sourcecode
+from scaffold.detect import dataflow, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
@@ -456,10 +456,15 @@ def _exclusive(forward: ast.FunctionDef) -> dict[int, set[tuple[int, str]]]:
 
 
 def several_attentions(sources: dict, config: dict) -> str | None:
+    """The layer calls attention at more than one place, or in a loop over a list of attentions; with the
+    sublayers it runs and a shortcut beside them read by `sublayers` (LongCat-Flash's), and identity experts
+    inside that shortcut named as also unported."""
     found = _attention_calls(sources)
-    if found is None or len(found[3]) < 2:
+    if found is None:
         return None
     file, cls, forward, calls = found
+    if len(calls) < 2:
+        return _looped_attention(file, cls, forward, sources)
     # Calls in the two branches of one `if` run one at a time: the layer computes one of them.
     where = _exclusive(forward)
     kept: list[tuple[ast.Call, str]] = []
@@ -474,8 +479,38 @@ def several_attentions(sources: dict, config: dict) -> str | None:
     built = _built(cls)
     sites = ", ".join(f"{_where(file, c)}: self.{ast.unparse(c.func).removeprefix('self.')}(...)" for c, _ in calls)
     kinds = sorted({built[a][0] for _, a in calls})
-    return (f"several attention computations in one decoder layer: {cls.name}.forward calls {', '.join(kinds)} "
-            f"{len(calls)} times ({sites}); the port's decoder layer computes one attention")
+    message = (f"several attention computations in one decoder layer: {cls.name}.forward calls {', '.join(kinds)} "
+               f"{len(calls)} times ({sites})")
+    return message + _sublayers_tail(sources, config, cls, forward, built)
+
+
+def _sublayers_tail(sources: dict, config: dict, cls: ast.ClassDef, forward: ast.FunctionDef, built: dict) -> str:
+    attention = {a for a, (c, _) in built.items() if c in _attention_classes(sources)}
+    found = sublayers.sublayers(cls, forward, attention, built)
+    if found is None:
+        return "; the port's decoder layer computes one attention"
+    tail = f"; {found.describe()}; the port's decoder layer computes one attention and one MLP"
+    classes = _classes(sources)
+    behind = [sublayers.identity_experts(classes, found.shortcut_class, config) if found.shortcut_class else None]
+    behind += [sublayers.scaled_inputs(classes, c) for c in sorted({built[a][0] for a in attention})]
+    behind = [b for b in behind if b]
+    return tail + (f". Also unported behind it: {'; and '.join(behind)}" if behind else "")
+
+
+def _looped_attention(file: str, cls: ast.ClassDef, forward: ast.FunctionDef, sources: dict) -> str | None:
+    """An attention called once in the forward's text, inside a loop over a list of attention modules."""
+    built = _built(cls)
+    attention = {a for a, (c, _) in built.items() if c in _attention_classes(sources)}
+    found = sublayers.looped(cls, forward, attention)
+    if found is None:
+        return None
+    loop, attr, layout = found
+    if layout.count in ("0", "1"):
+        return None
+    return (f"several attention computations in one decoder layer: {cls.name}.forward calls {built[attr][0]} "
+            f"{layout.count} times, in a loop over self.{attr} ({_where(file, loop)}: for {ast.unparse(loop.target)} "
+            f"in {_line(loop.iter, 50)}); {layout.describe()}; the port's decoder layer computes one attention and "
+            "one MLP")
 
 
 def reversible_residual(sources: dict, config: dict) -> str | None:

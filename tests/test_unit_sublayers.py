@@ -1,0 +1,225 @@
+"""A decoder layer of several attention/MLP sublayers and a shortcut beside them (scaffold.detect.sublayers), named
+in forms.several_attentions' refusal: on transformers' LongCat-Flash and on lab modules that compute the same form
+under other names, unrolled or in a loop, with identity experts written otherwise."""
+
+from __future__ import annotations
+
+import ast
+
+from helpers import LAB_PRELUDE, transformers_code
+
+from scaffold.detect import forms, sublayers
+from scaffold.detect.sourcecode import _classes
+
+LAB_PARTS = '''class LabAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k, v = self.wqkv(x).chunk(3, dim=-1)
+        q, k = apply_rope(q, k, cos, sin)
+        return self.wo(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+class LabFFN(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_in = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        a, b = self.w_in(x).chunk(2, dim=-1)
+        return self.w_out(F.silu(a) * b)
+
+
+class LabBank(nn.Module):
+    """Experts past the real ones pass the token on as it is."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_real = config.real_experts
+        self.n_null = config.null_experts
+        self.n_all = self.n_real + self.n_null
+        self.score = nn.Linear(config.hidden_size, self.n_all, bias=False)
+        self.ffns = nn.ModuleList([LabFFN(config) for _ in range(self.n_real)])
+
+    def forward(self, x):
+        probs = self.score(x).softmax(-1)
+        w, which = probs.topk(2, dim=-1)
+        out = torch.zeros_like(x)
+        for slot in range(2):
+            for e in range(self.n_all):
+                sel = which[..., slot] == e
+                if e > self.n_real - 1:
+                    y = x[sel]
+                else:
+                    y = self.ffns[e](x[sel])
+                out[sel] += w[..., slot][sel, None] * y
+        return out
+
+
+'''
+
+LAB_UNROLLED = LAB_PARTS + '''class LabBlock(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attns = nn.ModuleList([LabAttention(config), LabAttention(config)])
+        self.ffns = nn.ModuleList([LabFFN(config), LabFFN(config)])
+        self.pre_norms = nn.ModuleList([LabRMSNorm(config.hidden_size) for _ in range(2)])
+        self.mid_norms = nn.ModuleList([LabRMSNorm(config.hidden_size) for _ in range(2)])
+        self.bank = LabBank(config)
+
+    def forward(self, x, cos, sin, mask):
+        h = self.pre_norms[0](x)
+        x = x + self.attns[0](h, cos, sin, mask)
+        h = self.mid_norms[0](x)
+        side = self.bank(h)
+        x = x + self.ffns[0](h)
+        x = x + self.attns[1](self.pre_norms[1](x), cos, sin, mask)
+        x = x + self.ffns[1](self.mid_norms[1](x))
+        return x + side
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList([LabBlock(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+LAB_LOOPED = LAB_PARTS + '''class LabBlock(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attns = nn.ModuleList([LabAttention(config) for _ in range(2)])
+        self.ffns = nn.ModuleList([LabFFN(config) for _ in range(2)])
+        self.n1 = nn.ModuleList([LabRMSNorm(config.hidden_size) for _ in range(2)])
+        self.n2 = nn.ModuleList([LabRMSNorm(config.hidden_size) for _ in range(2)])
+
+    def forward(self, x, cos, sin, mask):
+        for attn, ffn, pre, mid in zip(self.attns, self.ffns, self.n1, self.n2):
+            x = x + attn(pre(x), cos, sin, mask)
+            x = x + ffn(mid(x))
+        return x
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList([LabBlock(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+
+def lab(code: str) -> dict[str, str]:
+    return {"modeling_lab.py": LAB_PRELUDE + code}
+
+
+def _layer(sources: dict, name: str):
+    _file, cls = _classes(sources)[name]
+    forward = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    built = forms._built(cls)
+    attention = {a for a, (c, _) in built.items() if c in forms._attention_classes(sources)}
+    return cls, forward, attention, built
+
+
+def test_longcat_flash_runs_two_sublayers_and_a_shortcut_moe():
+    code = transformers_code("longcat_flash")
+    found = sublayers.sublayers(*_layer(code, "LongcatFlashDecoderLayer"))
+    assert found.count == "2"
+    assert found.parts == ("input_layernorm", "self_attn", "post_attention_layernorm", "mlps")
+    assert found.shortcut_class == "LongcatFlashMoE"
+    assert found.shortcut.startswith("self.mlp (LongcatFlashMoE) reads post_attention_layernorm[0]'s output")
+    assert "is added to the states after sublayer 1" in found.shortcut
+    assert "residual + hidden_states + shortcut_mlp_output" in found.shortcut
+
+
+def test_longcat_flash_identity_experts_are_named_where_config_json_has_them():
+    classes = _classes(transformers_code("longcat_flash"))
+    found = sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 256})
+    assert found.startswith("identity experts: LongcatFlashExperts.forward hands a token's state on unchanged for "
+                            "expert indices expert_idx >= self.num_routed_experts (modeling_longcat_flash.py:")
+    assert "config.json zero_expert_num = 256" in found and "Triton kernel" in found
+    assert sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
+
+
+def test_the_refusal_names_the_sublayers_the_shortcut_and_the_identity_experts():
+    found = forms.several_attentions(transformers_code("longcat_flash"), {"zero_expert_num": 256})
+    assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
+                            "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
+    assert ("; 2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
+            "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp (LongcatFlashMoE)") in found
+    assert "; the port's decoder layer computes one attention and one MLP. Also unported behind it: identity " in found
+
+
+def test_a_lab_block_written_otherwise_is_read_the_same():
+    code = lab(LAB_UNROLLED)
+    found = sublayers.sublayers(*_layer(code, "LabBlock"))
+    assert found.count == "2" and found.parts == ("pre_norms", "attns", "mid_norms", "ffns")
+    assert found.shortcut.startswith("self.bank (LabBank) reads mid_norms[0]'s output")
+    assert "after sublayer 1" in found.shortcut and "return x + side" in found.shortcut
+    message = forms.several_attentions(code, {"real_experts": 4, "null_experts": 2})
+    assert "LabBlock.forward calls LabAttention 2 times" in message
+    assert ("identity experts: LabBank.forward hands a token's state on unchanged for expert indices "
+            "e > self.n_real - 1") in message and "config.json null_experts = 2" in message
+    assert "Also unported" not in forms.several_attentions(code, {"real_experts": 4, "null_experts": 0})
+
+
+def test_a_shortcut_that_is_not_added_back_is_no_shortcut():
+    code = lab(LAB_UNROLLED.replace("        return x + side\n", "        return x * side.sigmoid()\n"))
+    found = sublayers.sublayers(*_layer(code, "LabBlock"))
+    assert found.count == "2" and found.shortcut is None
+
+
+def test_a_lab_block_looping_over_its_sublayers_is_named():
+    found = forms.several_attentions(lab(LAB_LOOPED), {})
+    assert found.startswith("several attention computations in one decoder layer: LabBlock.forward calls "
+                            "LabAttention 2 times, in a loop over self.attns (modeling_lab.py:")
+    assert "2 sublayers in sequence, sublayer i calling n1[i], attns[i], n2[i], ffns[i]" in found
+    one = LAB_LOOPED.replace("for _ in range(2)", "for _ in range(1)")
+    assert forms.several_attentions(lab(one), {}) is None
+
+
+def test_a_plain_layer_has_no_sublayers():
+    code = transformers_code("llama")
+    assert sublayers.sublayers(*_layer(code, "LlamaDecoderLayer")) is None
+    assert sublayers.identity_experts(_classes(transformers_code("mixtral")), "MixtralSparseMoeBlock", {}) is None
+
+
+def test_longcat_flash_mla_lora_scales_are_named():
+    found = sublayers.scaled_inputs(_classes(transformers_code("longcat_flash")), "LongcatFlashMLA")
+    assert found.startswith("values scaled by numbers of the attention's own: LongcatFlashMLA.forward computes "
+                            "q_pass * self.mla_scale_q_lora, q_rot * self.mla_scale_q_lora, "
+                            "k_pass * self.mla_scale_kv_lora (modeling_longcat_flash.py:")
+    assert "self.mla_scale_kv_lora = (config.hidden_size / self.kv_lora_rank) ** 0.5" in found
+    # DeepSeek's MLA hands its only number to the attention function.
+    assert sublayers.scaled_inputs(_classes(transformers_code("deepseek_v3")), "DeepseekV3Attention") is None
+
+
+LAB_GAINED = LAB_PRELUDE + '''import math
+
+
+class LabLatentAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down = nn.Linear(config.hidden_size, config.latent, bias=False)
+        self.up = nn.Linear(config.latent, 3 * config.hidden_size, bias=False)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.gain = math.sqrt(config.hidden_size / config.latent)
+        self.temperature = config.head_dim ** -0.5
+
+    def forward(self, x, mask):
+        q, k, v = self.up(self.down(x)).chunk(3, dim=-1)
+        q = self.gain * q
+        return self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.temperature))
+'''
+
+
+def test_a_lab_attention_scaling_its_queries_by_its_own_number_is_named():
+    found = sublayers.scaled_inputs(_classes({"modeling_lab.py": LAB_GAINED}), "LabLatentAttention")
+    assert "LabLatentAttention.forward computes self.gain * q (modeling_lab.py:" in found
+    assert "self.gain = math.sqrt(config.hidden_size / config.latent)" in found
+    handed = LAB_GAINED.replace("q = self.gain * q", "q = q").replace("scale=self.temperature",
+                                                                       "scale=self.temperature * self.gain")
+    assert sublayers.scaled_inputs(_classes({"modeling_lab.py": handed}), "LabLatentAttention") is None
