@@ -237,3 +237,22 @@ def test_a_labs_p_norm_in_a_local_is_read_with_its_order_and_guard():
     # A norm of a fixed order (not read from the config) stays refused by name.
     fixed = LAB_ROUTER.replace("top.norm(self.order, dim=-1, keepdim=True)", "top.norm(2, dim=-1, keepdim=True)")
     assert "routing weights divided by a norm" in routing({"modeling_lab.py": fixed}, "pool").problem()
+
+
+def test_dbrx_p_null_divides_nothing_and_the_port_reads_p_at_run_time(tmp_path):
+    """moe_normalize_expert_weights null: the code's `is not None` guard skips the division, so the weights are not
+    renormalized; the port still reads p from the config (moe_pnorm) and refuses a config with another p."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.tiny import build_tiny
+
+    build_tiny("dbrx", tmp_path / "ckpt", architecture="LabDbrxForCausalLM", overrides={
+        "d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
+        "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
+                       "moe_normalize_expert_weights": None}})
+    spec = detect(read_checkpoint(tmp_path / "ckpt"))
+    assert (spec.moe_pnorm, spec.moe_norm_p, spec.moe_renormalize) == (True, None, False)
+    assert spec.source("moe_norm_p").expr == "config.ffn_config.moe_normalize_expert_weights"
+    assert (spec.layer_block, spec.experts_layout, spec.flat_in_out) == ("norm_attn_norm", "flattened", ["flat_down"])
+    assert spec.source("num_kv_heads").expr == "config.attn_config.kv_n_heads"
+    assert spec.source("num_experts_per_tok").expr == "config.ffn_config.moe_top_k"
