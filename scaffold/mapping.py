@@ -93,11 +93,20 @@ def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
     """Tensors holding one projection of every expert ([experts, rows, columns], experts_layout "stacked"), by
     their name inside a decoder layer -> every (vLLM parameter, (expert, shard id), note) they fill: the gate and
     up halves of each expert's rows go to w1 and w3 of w13_weight, the down tensor's to w2_weight."""
-    if not spec.is_moe or spec.experts_layout != "stacked":
+    if not spec.is_moe or spec.experts_layout not in ("stacked", "flattened"):
         return {}
     n = spec.names
     mlp, inter = n["mlp"], spec.moe_intermediate_size
     experts = f"{mlp}.{n['experts']}"
+    if spec.experts_layout == "flattened":
+        # [experts x rows, columns]: expert e's rows e * R to (e + 1) * R, R = rows // experts.
+        out = {}
+        for role, shard in (("flat_gate", "w1"), ("flat_up", "w3"), ("flat_down", "w2")):
+            t = " transposed" if role in spec.flat_in_out else ""
+            out[f"{mlp}.{n[role]}"] = [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard),
+                                        f"expert {e}, {shard}: its slice of the rows{t}")
+                                       for e in range(spec.num_experts)]
+        return out
     halves = (("w1", 0), ("w3", inter)) if spec.expert_gate_up_order == "gate_first" else (("w3", 0), ("w1", inter))
     # Experts stored [in, out]: the halves are columns of each expert's slice, transposed on load.
     rows, t = ("columns", " transposed") if spec.expert_storage == "in_out" else ("rows", "")

@@ -102,8 +102,13 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "gated": gated,
         "moe": moe,
         # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.
-        "stacked_experts": moe and spec.experts_layout == "stacked",
-        "stacked_projections": stacked_projections(spec) if moe and spec.experts_layout == "stacked" else {},
+        "stacked_experts": moe and spec.experts_layout in ("stacked", "flattened"),
+        "stacked_projections": (stacked_projections(spec) if moe and spec.experts_layout in ("stacked", "flattened")
+                                else {}),
+        "flat_experts": moe and spec.experts_layout == "flattened",
+        # The expert count read from a sub-config (DBRX's ffn_config.moe_num_experts): vLLM finds none.
+        "experts_in_sub_config": moe and (spec.source("num_experts").expr or "").count(".") > 1,
+        "flat_in_out": tuple(spec.names[r] for r in spec.flat_in_out) if moe else (),
         # The float tensors of a checkpoint named otherwise than .weight or .bias: its generated tests take no
         # tensor with one of these suffixes for a quantization method's (qweight, scales, ...).
         "float_suffixes": float_suffixes(spec, moe),
@@ -235,7 +240,7 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     if spec.o_bias_param:
         out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
-    if moe and spec.experts_layout == "stacked":
+    if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     return tuple(dict.fromkeys(out))
 
@@ -245,6 +250,8 @@ def stacked_projections(spec: Spec) -> dict[str, tuple[str, ...]]:
     hold, in row order, as the port's load_weights hands them on (swigluoai's gate-and-up tensors are rearranged
     first into a w1 half and a w3 half)."""
     n = spec.names
+    if spec.experts_layout == "flattened":  # one projection each, [experts x rows, columns]
+        return {n["flat_gate"]: ("gate_proj",), n["flat_up"]: ("up_proj",), n["flat_down"]: ("down_proj",)}
     gate_up = (("gate_proj", "up_proj") if spec.expert_gate_up_order == "gate_first"
                or spec.expert_activation == "swigluoai" else ("up_proj", "gate_proj"))
     out = {n["stacked_gate_up"]: gate_up, n["stacked_down"]: ("down_proj",)}

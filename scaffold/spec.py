@@ -109,6 +109,9 @@ NAME_ROLES = (
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
     "expert_down_proj", "shared_expert", "shared_expert_gate", "stacked_gate_up", "stacked_down",
     "stacked_gate_up_bias", "stacked_down_bias",
+    # Experts stored flattened (experts_layout "flattened", DBRX's w1, v1, w2): one 2-D tensor per projection,
+    # [experts x rows, columns], each expert's slice its rows; the three tensors' paths inside the block.
+    "flat_gate", "flat_up", "flat_down",
     # GPT-2 layouts: the learned absolute position table added to the token embedding (wpe), present only
     # where position_scheme is "learned".
     "embed_positions",
@@ -154,12 +157,14 @@ NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", 
 # Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
-BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down", "stacked_gate_up_bias", "stacked_down_bias")
+BLOCK_NESTED_ROLES = ("router", "stacked_gate_up", "stacked_down", "stacked_gate_up_bias", "stacked_down_bias",
+                      "flat_gate", "flat_up", "flat_down")
 # The MLP's projections where the MLP is an nn.Sequential (CTRL's ffn): the checkpoint names them by their index
 # ("0", "2"); the port calls them by their role and maps the checkpoint's names onto them on load.
 NUMBERED_ROLES = ("up_proj", "down_proj")
 STACKED_ROLES = ("stacked_gate_up", "stacked_down")
 STACKED_BIAS_ROLES = ("stacked_gate_up_bias", "stacked_down_bias")
+FLAT_ROLES = ("flat_gate", "flat_up", "flat_down")
 
 
 # ------------------------------------------------------------ field declarations
@@ -476,6 +481,15 @@ class Spec:
     moe_intermediate_size: int = spec_field(0, group="moe", probe="mlp", doc="one expert's width")
     moe_renormalize: bool = spec_field(True, group="moe", probe="mlp",
                                        doc="the top-k routing weights are rescaled to sum to 1")
+    moe_norm_p: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the order p of the norm the code divides the top-k weights by, read at run time where moe_pnorm is set "
+            "(DBRX's ffn_config.moe_normalize_expert_weights): 1 divides by their sum, FusedMoE's renormalize; "
+            "None divides by nothing; the port refuses any other p")
+    moe_pnorm: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the top-k weights are divided by their p-norm under `if p is not None` (moe_norm_p); False: as "
+            "moe_renormalize says")
     shared_expert_intermediate_size: int = spec_field(0, group="moe", probe="mlp",
                                                       doc="the shared expert's width; 0: none")
     shared_expert_on_layer: bool = spec_field(
@@ -518,9 +532,15 @@ class Spec:
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="sparsemixer routing: the jitter_eps its masks read (config.router_jitter_noise in PhiMoE)")
     experts_layout: str = spec_field(
-        "per_expert", group="moe", probe="mlp", choices=("per_expert", "stacked"), omit_when_empty=True,
+        "per_expert", group="moe", probe="mlp", choices=("per_expert", "stacked", "flattened"), omit_when_empty=True,
         doc="per_expert: one tensor per expert and projection (MLP.experts.N.PROJ.weight); stacked: one 3-D "
-            "tensor per projection holding every expert (names.stacked_gate_up, names.stacked_down)")
+            "tensor per projection holding every expert (names.stacked_gate_up, names.stacked_down); flattened: "
+            "one 2-D tensor per projection, [experts x rows, columns] (names.flat_gate, flat_up, flat_down: "
+            "DBRX's w1, v1, w2)")
+    flat_in_out: list[str] = spec_field(
+        [], group="moe", probe="mlp", omit_when_empty=True,
+        doc="flattened experts: the tensors (by role: flat_gate, flat_up, flat_down) whose expert slices the code multiplies as the right-hand "
+            "matrix (x @ w[e], [in, out]: DBRX's w2), transposed by the port when it loads")
     expert_gate_up_order: str = spec_field(
         "gate_first", group="moe", probe="mlp", choices=("gate_first", "up_first", "interleaved"),
         omit_when_empty=True,
@@ -576,6 +596,10 @@ class Spec:
         "weight", group="norms", probe=NORMS, identifier=True,
         doc="the parameter the checkpoint's norms keep their scale in (a lab's `scale`, `gamma`); the port "
             "loads it as vLLM's `weight`")
+    layer_block: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a module of the decoder layer holding the attention's norm, the attention and the MLP's norm (DBRX's "
+            "norm_attn_norm), read as the usual layer: its modules load onto the port's layer; empty: none")
     layer_scalar: str = spec_field(
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
@@ -898,8 +922,8 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     """
     for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar"):
-            continue  # no extra bias; no config class of its own; no value norm; no layer output scale
+        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block"):
+            continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)
@@ -1146,7 +1170,17 @@ def validate_names(spec: Spec, origin: str) -> None:
             if role not in names:
                 raise SpecError(f"spec field 'names' needs a module name for role {role!r} (the model has "
                                 f"{spec.num_experts} experts).", origin)
-        if spec.experts_layout == "stacked":
+        if spec.experts_layout == "flattened":
+            for role in FLAT_ROLES:
+                if role not in names:
+                    raise SpecError(f"experts_layout is \"flattened\" but 'names' has no tensor name for role "
+                                    f"{role!r}.", origin)
+        if not set(spec.flat_in_out) <= set(FLAT_ROLES):
+            raise SpecError(f"flat_in_out names roles among {FLAT_ROLES} only, not {spec.flat_in_out!r}.", origin)
+        if spec.experts_layout == "flattened" and (spec.expert_bias or spec.expert_activation != "act_and_mul"):
+            raise SpecError("expert_bias and expert_activation are read for experts stored 3-D (experts_layout "
+                            "\"stacked\") only.", origin)
+        elif spec.experts_layout == "stacked":
             for role in STACKED_ROLES + (STACKED_BIAS_ROLES if spec.expert_bias else ()):
                 if role not in names:
                     raise SpecError(f"experts_layout is \"stacked\" but 'names' has no tensor name for role {role!r}.",
@@ -1186,7 +1220,7 @@ def port_names(names: dict[str, str]) -> dict[str, str]:
     checkpoint."""
     return {role: value.rsplit(".", 1)[-1] if role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
             else role if role in NUMBERED_ROLES and value.isdigit() else value
-            for role, value in names.items() if role not in STACKED_ROLES + STACKED_BIAS_ROLES}
+            for role, value in names.items() if role not in STACKED_ROLES + STACKED_BIAS_ROLES + FLAT_ROLES}
 
 
 def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
@@ -1219,6 +1253,8 @@ def renamed_substrings(spec: Spec) -> dict[str, str]:
     module's tensor matches."""
     names = spec.names
     out = {}
+    if spec.layer_block:  # a block nested in the layer (DBRX's norm_attn_norm): its modules are the layer's own
+        out[f".{spec.layer_block}."] = "."
     if names.get("attn_inner"):
         out[f".{attention_module(names)}."] = f".{names['self_attn']}."
     # The numbered children of an nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`).
@@ -1264,10 +1300,19 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
     return out
 
 
-def stacked_shapes(spec: Spec) -> dict[str, tuple[int, int, int]]:
+def stacked_shapes(spec: Spec) -> dict[str, tuple[int, ...]]:
     """The 3-D expert tensors' shapes, by their name inside a layer: [experts, rows, columns] of each expert's
-    [out, in] weight, or [experts, in, out] where the code multiplies them as right-hand matrices."""
+    [out, in] weight, or [experts, in, out] where the code multiplies them as right-hand matrices; experts stored
+    flattened, [experts x rows, columns]."""
     n, experts, inter, hidden = spec.names, spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
+    if spec.experts_layout == "flattened":
+        # [experts x rows, columns]: each expert's [width, hidden] slice, or [hidden, width] where stored [in, out]
+        # for the gate and up; the down projection's [hidden, width], or [width, hidden] where stored [in, out].
+        def flat(role: str) -> tuple[int, int]:
+            in_out = role in spec.flat_in_out
+            rows, cols = (hidden, inter) if (role == "flat_down") != in_out else (inter, hidden)
+            return experts * rows, cols
+        return {f"{n['mlp']}.{n[role]}": flat(role) for role in FLAT_ROLES}
     gate_up, down = (experts, 2 * inter, hidden), (experts, hidden, inter)
     if spec.expert_storage == "in_out":
         gate_up, down = (experts, hidden, 2 * inter), (experts, inter, hidden)

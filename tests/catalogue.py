@@ -75,11 +75,12 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "reformer": ({"is_decoder": True, "axial_pos_embds_dim": [64, 64], "axial_pos_shape": [16, 32]},
                  "its LM head is causal only as a decoder (the class refuses otherwise), and its axial position "
                  "embedding must add up to BASE's hidden size and cover its positions"),
-    "dbrx": ({"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+    "dbrx": ({"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
               "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
              "its attention and expert sizes live in sub-configs (attn_config without rope_theta cannot be built), "
-             "and d_model must be set as itself: the config copies it into ffn_config (the experts' width) before "
-             "the hidden_size alias applies"),
+             "d_model must be set as itself: the config copies it into ffn_config (the experts' width) before "
+             "the hidden_size alias applies, and clip_qkv set (DBRX's 8): with its default null, transformers' "
+             "DbrxAttention calls clamp(min=None, max=None), which torch refuses"),
     "cohere_compass_text": ({"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0,
                                                         "mrope_section": [6, 6, 4]}
                                                  for kind in ("full_attention", "sliding_attention")}},

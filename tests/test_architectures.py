@@ -163,6 +163,13 @@ ARCHITECTURES = {
     # (vLLM's swigluoai), a router with a bias, attention sinks, sliding layers with a window shorter than the
     # prompts, YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
+    # DBRX: the layer's norms and attention in a block of their own (norm_attn_norm, inlined and read as the usual
+    # pre-norm layer), experts stored flattened (w1, v1, w2: [experts x width, hidden], w2's slices [in, out]), its
+    # sizes in sub-configs (attn_config.kv_n_heads, ffn_config.*), the top-k weights divided by their 1-norm (the
+    # sum), q, k and v clamped below the values' range. d_model set directly: the config copies it into ffn_config
+    # before the hidden_size alias applies, and the experts are built that wide.
+    "dbrx": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
+                      "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}}),
     # GPT-Neo: the attention's projections one module below a wrapper (attn.attention.q_proj), scores not scaled
     # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
     # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
@@ -448,6 +455,10 @@ EXPECTED_SPEC = {
     "gpt_oss": {"expert_activation": "swigluoai", "expert_gate_up_order": "interleaved", "expert_storage": "in_out",
                 "expert_bias": True, "router_bias": True, "expert_swiglu_alpha": 1.702, "expert_swiglu_limit": 7.0,
                 "attention_sinks": "sinks", "sliding_window": 8},
+    "dbrx": {"layer_block": "norm_attn_norm", "experts_layout": "flattened", "flat_in_out": ["flat_down"],
+             "moe_pnorm": True, "moe_norm_p": 1.0, "moe_renormalize": True, "qkv_clip": 0.3, "qkv_layout": "fused",
+             "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+             "norm_kind": "layer", "norm_bias": False},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -500,15 +511,12 @@ UNSUPPORTED = {
     "gemma4_text-per-layer-inputs": ("gemma4_text", {"vocab_size_per_layer_input": 256,
                                                      "hidden_size_per_layer_input": 32},
                                      "per-layer input embeddings: Gemma4TextModel builds embed_tokens_per_layer"),
-    # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
-    # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
-    # clamp of q, k and v the port computes). d_model set directly: the config copies it into ffn_config before the
-    # hidden_size alias applies, and the experts are built that wide.
-    "dbrx-norm-attn-block": ("dbrx", {"d_model": 128,
-                                      "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
-                                      "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}},
-                             ("attention inside a block that also holds the layer norms: norm_attn_norm "
-                              "(DbrxNormAttentionNorm")),
+    # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2): FusedMoE divides by the
+    # sum, the 1-norm only.
+    "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
+                              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
+                                             "moe_normalize_expert_weights": 2.0}},
+                     "routing weights divided by a norm: DbrxFFN"),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
     "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
@@ -725,7 +733,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 
 # The generated packages' own weight-mapping tests, on the layouts that differ most from Llama's.
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
-             "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
+             "dbrx", "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
              "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
              "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a

@@ -88,13 +88,6 @@ def test_the_same_lab_block_with_softmax_scores_ports():
     assert found.problem() is None
 
 
-def test_dbrx_weights_divided_by_a_norm_are_refused_by_name():
-    """DBRX divides its top-k weights by torch.norm(p=moe_normalize_expert_weights): FusedMoE divides by the sum."""
-    problem = routing(transformers_source("dbrx"), "experts").problem()
-    assert problem is not None and problem.startswith("routing weights divided by a norm: DbrxFFN (transformers/models/dbrx/"), problem
-    assert "torch.norm(" in problem
-
-
 @pytest.mark.parametrize("division", [
     "weights / weights.norm(dim=-1, keepdim=True)",
     # the norm in a local of its own first, under another function's name

@@ -151,14 +151,15 @@ class LabModel(nn.Module):
 '''
 
 
-def test_a_lab_decoder_with_flattened_experts_is_refused_by_that_name(tmp_path):
-    import pytest
+def test_a_lab_decoder_with_flattened_experts_is_read_as_that_layout(tmp_path):
+    """The lab's flattened experts in a whole decoder: gate, up and down read from what LabExperts computes (down
+    multiplied as the right-hand matrix), the count and width from the config keys its declaration multiplies
+    (through a tuple of locals)."""
     from ckpt_factory import Shape, config_for, tensors_for
     from helpers import detect_until, read
 
     from scaffold.checkpoint import read_checkpoint
     from scaffold.detect import layout
-    from scaffold.errors import UnsupportedArchitecture
 
     shape = Shape(architecture="LabForCausalLM", model_type="lab_flat", layers=2)
     tensors = {k: v for k, v in tensors_for(shape).items() if ".mlp." not in k}
@@ -168,9 +169,11 @@ def test_a_lab_decoder_with_flattened_experts_is_refused_by_that_name(tmp_path):
     read(tmp_path, shape, tensors=tensors,
          config={**config_for(shape), "n_experts": 4, "d_ff": 32, "d_model": shape.hidden, "top_k": 2})
     (tmp_path / "modeling_lab.py").write_text(LAB_DECODER_MOE)
-    with pytest.raises(UnsupportedArchitecture, match=(
-            r"experts stored flattened \(gate, up, down of LabExperts: one 2-D parameter each for all experts "
-            rf"\(modeling_lab.py:{_line(LAB_DECODER_MOE, 'self.gate = nn.Parameter(')}\), viewed per expert "
-            rf"\(modeling_lab.py:{_line(LAB_DECODER_MOE, 'g = self.gate.reshape(')}\)\): the port's experts load one "
-            "matrix per expert or a 3-D tensor")):
-        detect_until(read_checkpoint(tmp_path), layout)
+    spec = detect_until(read_checkpoint(tmp_path), layout)
+    assert spec.experts_layout == "flattened" and spec.flat_in_out == ["flat_down"]
+    assert {r: spec.names[r] for r in ("mlp", "experts", "flat_gate", "flat_up", "flat_down")} == {
+        "mlp": "mlp", "experts": "experts", "flat_gate": "experts.gate", "flat_up": "experts.up",
+        "flat_down": "experts.down"}
+    assert (spec.num_experts, spec.moe_intermediate_size) == (4, 32)
+    assert (spec.source("num_experts").expr, spec.source("moe_intermediate_size").expr) == ("config.n_experts",
+                                                                                          "config.d_ff")

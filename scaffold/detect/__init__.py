@@ -18,6 +18,7 @@ from typing import Any
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import (
     attention,
+    blocks,
     forms,
     head,
     identity,
@@ -78,6 +79,7 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
         spec.pin(values, origin or "", sources)
     # The detectors read norms by their `weight`; a lab's norms may keep it as `scale` (the port maps it back).
     ckpt = normparams.view(ckpt, spec)
+    ckpt = blocks.view(ckpt, spec)
     for detector in DETECTORS:
         try:
             detector.detect(ckpt, spec)

@@ -13,9 +13,13 @@
 from __future__ import annotations
 
 import ast
+import re
+from dataclasses import replace
 
+from scaffold.checkpoint import Checkpoint
 from scaffold.detect import dataflow, subconfigs
-from scaffold.detect.sourcecode import _dotted, subtree
+from scaffold.detect.sourcecode import _dotted, modeling_sources, subtree
+from scaffold.spec import Source, Spec
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
@@ -68,6 +72,33 @@ def norm_attention_block(sources: dict, layers_attr: str | None, layer0: dict, c
                     f"{several[0].lineno}: {ast.unparse(several[0].value)}); the port's decoder layer keeps its "
                     "norms beside the attention" + _behind(sources, layer0, config or {}).replace(f"{file}:", "line "))
     return None
+
+
+def view(ckpt: Checkpoint, spec: Spec) -> Checkpoint:
+    """`ckpt` with the tensors of a block nested in the decoder layer (DBRX's norm_attn_norm) named as the layer's
+    own, where the code reads as the usual layer with the block inlined (scaffold.detect.nested), and
+    spec.layer_block set; `ckpt` itself otherwise. The port's loader drops the same prefix (renamed_substrings)."""
+    sources = modeling_sources(ckpt)
+    found = dataflow.layer_block(sources) if sources else None
+    if found is None:
+        spec.set("layer_block", "", Source("default", "the decoder layer holds its sublayers itself"))
+        return ckpt
+    inside = re.compile(rf"\.(\d+)\.{re.escape(found.attr)}\.")
+    tensors = {}
+    for name, info in ckpt.tensors.items():
+        flat = inside.sub(r".\1.", name, count=1)
+        if flat != name:
+            if flat in ckpt.tensors:
+                return ckpt  # the layer holds a module of the same name: not the block's alone
+            info = replace(info, name=flat)
+        tensors[flat] = info
+    if tensors.keys() == ckpt.tensors.keys():
+        spec.set("layer_block", "", Source("default", "the decoder layer holds its sublayers itself"))
+        return ckpt
+    spec.set("layer_block", found.attr, Source(
+        "code", f"{found.evidence}: {found.block} holds norms around the attention; its forward inlined into the "
+                "layer's reads as the usual layer"))
+    return replace(ckpt, tensors=tensors)
 
 
 def _behind(sources: dict, layer0: dict, config: dict) -> str:

@@ -22,10 +22,14 @@ def unsupported(feature: str, where, model_type: str | None) -> UnsupportedArchi
 
 
 def config_value(ckpt: Checkpoint, *keys: str) -> tuple[str | None, Any]:
-    """The first of `keys` present (and not null) in config.json, with its key."""
+    """The first of `keys` present (and not null) in config.json, with its key; a key `K.Y` reads Y of the sub-config
+    K (DBRX's `ffn_config.moe_num_experts`: config.json's K is a dict, the loaded config's an object with Y)."""
     for key in keys:
         if ckpt.config.get(key) is not None:
             return key, ckpt.config[key]
+        outer, dot, inner = key.partition(".")
+        if dot and isinstance(ckpt.config.get(outer), dict) and ckpt.config[outer].get(inner) is not None:
+            return key, ckpt.config[outer][inner]
     return None, MISSING
 
 

@@ -28,7 +28,7 @@ import copy
 import re
 from dataclasses import dataclass, field, replace
 
-from scaffold.detect import conditions
+from scaffold.detect import conditions, nested
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, config_aliases, config_reads, subtree
 
@@ -1568,7 +1568,21 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
         hits = [h for h in hits if h[3] in built]
     if len({h[1].name for h in hits}) != 1:
         return None
-    return hits[0][0], hits[0][1], hits[0][2]
+    # A norm-attention block nested in the layer (DBRX's norm_attn_norm): the layer with the block inlined, the
+    # class every detector reads (scaffold.detect.nested; layer_block names the block).
+    inlined = nested.inline_block(sources, hits[0][0], hits[0][1])
+    return hits[0][0], inlined.cls if inlined is not None else hits[0][1], hits[0][2]
+
+
+def layer_block(sources: dict, list_attr: str | None = None) -> nested.Inlined | None:
+    """The block nested in the decoder layer that layer_class inlines (DBRX's norm_attn_norm); None where none."""
+    found = layer_class(sources, list_attr)
+    if found is None:
+        return None
+    file, cls, _ = found
+    original = next((c for c in subtree(next(t for f, t in _parsed(sources) if f == file))
+                     if isinstance(c, ast.ClassDef) and c.name == cls.name), None)
+    return nested.inline_block(sources, file, original) if original is not None and original is not cls else None
 
 
 def _built_by_causal_lm(sources: dict) -> set[str]:
@@ -1723,6 +1737,17 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
         on_layer = mlp is not None and mlp.kind == "plain"
         if not on_layer:
             mlp = None
+    if attention is not None and mlp is None and nested.inline_block(sources, file, cls) is None and any(
+            isinstance(c, ast.ClassDef) and c.name == cls.name and c is not cls
+            for _, tree in _parsed(sources) for c in tree.body):
+        # A layer read with its nested block inlined (DBRX's), whose norms no conventional name gives: the one
+        # other module of the layer built from a class of the code holding modules of its own (DbrxFFN's router
+        # and experts, where no MLP class of the code decides) is the MLP sublayer the norms are read around.
+        blocks_ = [a for a, v in subs.items() if a != attn_attr and (c := _submodule_class(sources, v)) is not None
+                   and any(isinstance(x, ast.Call) and not _dotted(x.func).endswith(("Parameter", "Dropout"))
+                           for x in _init_assignments(_method_of(c[1], "__init__")).values())]
+        if len(blocks_) == 1:
+            mlp_attr = blocks_[0]
     # The modules the MLP reads from and writes to: its own on the layer, else the MLP module.
     mlp_in, mlp_out = (mlp.up, mlp.down) if on_layer else (mlp_attr, mlp_attr)
     # The norms around the attention need only know which module it is, not its q, k and v (Falcon's fused
@@ -1848,6 +1873,10 @@ def _wrapped_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict
     if not any(Origin("<input>") in origins for _, origins in calls) or {o.src for o in out} != {attr}:
         return None
     return attr, _where(file, calls[0][0], f"{cls.name} hands its input to self.{attr} ({inner_cls.name})"), flow
+
+
+def _method_of(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
 def _undecided_layer(file: str, cls: ast.ClassDef, why: list) -> Layer:

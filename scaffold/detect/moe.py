@@ -31,9 +31,10 @@ from scaffold.detect import (
     routingmath,
     sourcecode,
     stacked,
+    subconfigs,
     submodules,
 )
-from scaffold.detect.common import config_value, set_from_config, unsupported
+from scaffold.detect.common import MISSING, config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec, shared_projection_roles, stacked_shapes
@@ -57,6 +58,9 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     stacked = _stacked_layout(ckpt, spec, names, prefix, per_layer)
     if stacked is not None:
         return stacked
+    flat = _flattened_layout(ckpt, spec, names, prefix, per_layer)
+    if flat is not None:
+        return flat
     sparse: dict[int, dict] = {}
     groups: dict[str, tuple | None] = {}  # each name inside a layer matched once, not once per layer
     for layer, tensors in per_layer.items():
@@ -299,6 +303,62 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                          else f"every layer has {mlp}'s 3-D expert tensors")
 
 
+def _flattened_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
+                      per_layer: dict[int, dict]) -> set[str] | None:
+    """find_layout for experts stored flattened (DBRX's w1, v1, w2: one 2-D parameter per projection, [experts x
+    width, hidden], viewed per expert; scaffold.detect.subconfigs): which tensor is the gate, the up and the down
+    projection and how each expert's slice is multiplied, read from the code; the expert count and width from
+    the config keys the declaration multiplies. None where no layer has such tensors; refused where the code's
+    product is not down(act(gate(x)) * up(x))."""
+    sources = sourcecode.modeling_sources(ckpt)
+    if not sources:
+        return None
+    where = ckpt.config_file
+    sparse = {}
+    for layer, tensors in per_layer.items():
+        flat = subconfigs.flattened_experts(sources, tensors)
+        if flat is not None:
+            sparse[layer] = flat
+    if not sparse:
+        return None
+    first = min(sparse)
+    flat, tensors = sparse[first], per_layer[first]
+    read = subconfigs.flattened_roles(sources, flat, ckpt.config)
+    if isinstance(read, str):
+        raise unsupported(f"experts stored flattened ({flat.describe()}): {read}", where, spec.model_type)
+    held = {rest.rsplit(".", 1)[-1]: rest for rest, info in tensors.items()
+            if rest.rsplit(".", 1)[-1] in flat.params and len(info.shape) == 2}
+    parts = {held[p].split(".")[0] for p in flat.params if p in held}
+    if set(held) != set(flat.params) or len(parts) != 1 or any(held[p].count(".") < 2 for p in flat.params):
+        raise unsupported(f"experts stored flattened ({flat.describe()}) under the tensors "
+                          f"{', '.join(sorted(held.values()))}, not one block's", where, spec.model_type)
+    mlp = parts.pop()
+    experts = held[read.gate].split(".")[1]
+    if not (read.width and read.count):
+        raise unsupported(f"experts stored flattened ({flat.describe()}) whose count and width no config key gives "
+                          f"({flat.declared})", where, spec.model_type)
+    count = config_value(ckpt, read.count)[1]
+    router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
+    if router is None:
+        router = _deeper_router(tensors, mlp, count, first, where)
+    roles = {"flat_gate": read.gate, "flat_up": read.up, "flat_down": read.down}
+    names.update(mlp=mlp, router=router, experts=experts, expert_gate_proj="gate_proj", expert_up_proj="up_proj",
+                 expert_down_proj="down_proj", **{r: held[p][len(mlp) + 1:] for r, p in roles.items()})
+    spec.set("experts_layout", "flattened",
+             Source("code", f"{flat.declared}: one 2-D parameter per projection holding every expert's rows, "
+                            f"{flat.viewed}"))
+    spec.set("flat_in_out", [r for r, p in roles.items() if p in read.in_out],
+             Source("code", f"{read.evidence}: {', '.join(sorted(read.in_out)) or 'none'} multiplied as the "
+                            "right-hand matrix (x @ w[e])"))
+    spec.set("num_experts", count, Source("config", f"config.json {read.count}", f"config.{read.count}"))
+    set_from_config(spec, ckpt, "moe_intermediate_size", (read.width,), int)
+    claimed = {f"{mlp}.{router}"} | {f"{mlp}.{names[r]}" for r in roles}
+    dense = sorted(set(per_layer) - set(sparse))
+    return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
+                         f"layers without the flattened expert tensors of {mlp}" if dense
+                         else f"every layer has {mlp}'s flattened expert tensors")
+
+
 def _clamped_shared_expert(ckpt: Checkpoint, spec: Spec, tensors: dict, mlp: str, clamped: tuple[str, str, str],
                            dense: list[int]) -> str:
     """The shared expert computing a clamped SwiGLU, when it is vLLM's SwigluOAIAndMul over the halves of one
@@ -520,14 +580,22 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     per_token = ("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k")
     _one_for_every_layer(ckpt, spec, counts, "expert count")
     _one_for_every_layer(ckpt, spec, per_token, "top-k")
-    set_from_config(spec, ckpt, "num_experts", counts, int)
-    set_from_config(spec, ckpt, "num_experts_per_tok", per_token, int)
     sources = sourcecode.modeling_sources(ckpt)
+    # The same keys read from a sub-config (DBRX's ffn_config.moe_top_k), where the code reads them there.
+    reads = subconfigs.subconfig_reads(sources, ckpt.config) if sources else None
+    inside = reads.reads if reads is not None else ()
+    counts += tuple(r for r in inside if r.split(".", 1)[1] in counts)
+    per_token += tuple(r for r in inside if r.split(".", 1)[1] in per_token)
+    flattened = spec.experts_layout == "flattened"  # count and width read from the declaration (find_layout)
+    if not flattened:
+        set_from_config(spec, ckpt, "num_experts", counts, int)
+    set_from_config(spec, ckpt, "num_experts_per_tok", per_token, int)
     key = expert_width_key(sources, n["experts"], ckpt.config)
     if key is None:
         key, _ = config_value(ckpt, "moe_intermediate_size")
-    _one_for_every_layer(ckpt, spec, (key or "intermediate_size",), "expert width")
-    set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
+    if not flattened:
+        _one_for_every_layer(ckpt, spec, (key or "intermediate_size",), "expert width")
+        set_from_config(spec, ckpt, "moe_intermediate_size", (key or "intermediate_size",), int)
     key, _ = config_value(ckpt, "norm_topk_prob")
     if key is not None:
         set_from_config(spec, ckpt, "moe_renormalize", (key,), bool)
@@ -543,6 +611,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if not 0 < spec.num_experts_per_tok <= spec.num_experts:
         raise CheckpointError(f"config.json routes each token to {spec.num_experts_per_tok} of "
                               f"{spec.num_experts} experts.", where)
+    if spec.experts_layout == "flattened":
+        # The experts' activation, from their own class (DBRX's ACT2FN[config.ffn_act_fn.get("name", "silu")]).
+        layer = f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}."
+        flat = subconfigs.flattened_experts(sources, {k[len(layer):]: v for k, v in ckpt.tensors.items()
+                                                      if k.startswith(layer)})
+        name, evidence = subconfigs.flat_activation(sources, flat, ckpt.config) if flat else (None, "")
+        if name is None:
+            raise unsupported(f"experts stored flattened whose activation the code builds otherwise than from a "
+                              f"name ({evidence or 'no ACT2FN[...] in their class'})", where, spec.model_type)
+        spec.set("hidden_act", name, Source("code", f"{evidence}: {name!r} with config.json's values"))
     if spec.expert_activation == "act_and_mul" and spec.hidden_act not in MOE_ACTIVATIONS:
         raise unsupported(f"gated experts with activation {spec.hidden_act!r} (the port's FusedMoE computes "
                           f"{', '.join(MOE_ACTIVATIONS)})", where, spec.model_type)
@@ -564,13 +642,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         path = None
     if path is not None:
         _routing_fields(spec, ckpt, path)
+        if path.norm_division:
+            _norm_division(spec, ckpt, path)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
     shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
     if spec.router_bias:
         shapes[f"{mlp}.{n['router']}.bias"] = (experts,)
-    if spec.experts_layout == "stacked":
+    if spec.experts_layout in ("stacked", "flattened"):
         shapes.update(stacked_shapes(spec))
     else:
         for e in range(experts):
@@ -706,6 +786,43 @@ def _sparsemixer_fields(spec: Spec, ckpt: Checkpoint, mixer: routingmath.SparseM
         spec.set("moe_jitter_eps", float(mixer.jitter), spec.source("moe_jitter_eps"))
     else:
         spec.set("moe_jitter_eps", float(mixer.jitter), Source("code", mixer.evidence))
+
+
+def _norm_division(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:
+    """Top-k weights divided by their p-norm, p an attribute of the block copied from the config (DBRX's
+    `router_top_value / torch.norm(router_top_value, p=self.moe_normalize_expert_weights, ...)` under `if
+    self.moe_normalize_expert_weights is not None`). Softmax and sigmoid scores are non-negative, so for p = 1 the
+    norm is their sum: FusedMoE's renormalize. p null in config.json skips the division where the code guards it so.
+    Any other p, or a p the config does not give, is refused; the port reads p at run time and refuses one other
+    than 1 or None there too (moe_pnorm)."""
+    where = f"{path.block} ({path.where})"
+    keys = path.config_keys(frozenset({path.norm_p_attr}))
+    refusal = (f"routing weights divided by a norm: {where} divides them by a norm of theirs "
+               f"({path.norm_division})")
+    if len(keys) != 1:
+        raise unsupported(f"{refusal}, of an order p no config key gives; the port's FusedMoE renormalizes them by "
+                          "their sum", ckpt.config_file, spec.model_type)
+    key = keys[0]
+    value = config_value(ckpt, key)[1]
+    guarded = path.norm_guard == path.norm_p_attr
+    value = None if value is MISSING else value
+    if value is None and not guarded:
+        raise unsupported(f"{refusal}, p = config.{key} null, which torch.norm reads as its default order 2; the "
+                          "port's FusedMoE renormalizes them by their sum", ckpt.config_file, spec.model_type)
+    if value is not None and (isinstance(value, bool) or value != 1 or path.scoring is None):
+        raise unsupported(f"{refusal}, p = config.{key} = {value!r}, where the port's FusedMoE renormalizes them "
+                          "by their sum (p = 1 of non-negative scores)", ckpt.config_file, spec.model_type)
+    if not guarded:
+        raise unsupported(f"{refusal}, p = config.{key}, divided whatever p is: the port divides only under "
+                          "`if p is not None`", ckpt.config_file, spec.model_type)
+    detail = (f"{where} divides its top-k {path.scoring} weights by their p-norm ({path.norm_division}) where "
+              f"config.{key} is not None")
+    spec.set("moe_pnorm", True, Source("code", detail))
+    spec.set("moe_norm_p", None if value is None else float(value),
+             Source("config", f"config.json {key}", f"config.{key}"))
+    spec.set("moe_renormalize", value is not None,
+             Source("code", f"{detail}: p = {value!r} " + ("is their sum (non-negative scores)" if value is not None
+                                                           else "divides by nothing")))
 
 
 def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:

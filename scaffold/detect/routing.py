@@ -50,6 +50,10 @@ class Routing:
     divides: bool = False  # some division on the path (a renormalization of the top-k weights, among others)
     # "line N: code" where the path divides by a norm (DBRX's torch.norm(p=...)), not by a sum
     norm_division: str | None = None
+    # That norm's order as `p=self.A` (DBRX's moe_normalize_expert_weights), and the `if self.B is not None:` guard
+    # around the division (B; "" where it is not guarded so)
+    norm_p_attr: str | None = None
+    norm_guard: str = ""
     # A softmax over what the top-k chose (Mixtral's top-k then softmax: the weights sum to one, as renormalized)
     softmax_after_topk: bool = False
     # A top-k of softmax or sigmoid scores (Jamba's softmax then top-k)
@@ -82,7 +86,7 @@ class Routing:
                     f"what its experts take by the router's scores with {top_k} experts per token, where vLLM's "
                     "FusedMoE applies the weights to the input (apply_router_weight_on_input) for one expert per "
                     "token only")
-        if self.norm_division:
+        if self.norm_division and not self.norm_p_attr:
             return (f"routing weights divided by a norm: {self.block} ({self.where}) divides them by a norm of "
                     f"theirs ({self.norm_division}), where the port's FusedMoE renormalizes them by their sum")
         if self.standard:
@@ -119,10 +123,21 @@ def _self_attr(node: ast.AST) -> str | None:
 def _config_attrs(cls: ast.ClassDef) -> set[tuple[str, str]]:
     """(A, KEY) for every `self.A = config.KEY` (or `self.config.KEY`) of the class's __init__."""
     out = set()
-    for stmt in subtree(_method(cls, "__init__") or cls):
+    init = _method(cls, "__init__")
+    # The config as the __init__ names its parameter (config, a lab's cfg).
+    param = init.args.args[1].arg if init is not None and len(init.args.args) > 1 else "config"
+
+    def is_config(node: ast.AST) -> bool:
+        return _is_config(node) or isinstance(node, ast.Name) and node.id == param
+
+    for stmt in subtree(init or cls):
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and (attr := _self_attr(stmt.targets[0]))
-                and isinstance(stmt.value, ast.Attribute) and _is_config(stmt.value.value)):
-            out.add((attr, stmt.value.attr))
+                and isinstance(stmt.value, ast.Attribute)):
+            if is_config(stmt.value.value):
+                out.add((attr, stmt.value.attr))
+            elif isinstance(stmt.value.value, ast.Attribute) and is_config(stmt.value.value.value):
+                # `self.A = config.K.Y` (DBRX's config.ffn_config.moe_normalize_expert_weights): the key K.Y
+                out.add((attr, f"{stmt.value.value.attr}.{stmt.value.attr}"))
     return out
 
 
@@ -147,6 +162,8 @@ class _Uses:
     divides: bool = False
     guarded: dict[str, tuple] = field(default_factory=dict)
     norm_division: str | None = None
+    norm_p_attr: str | None = None
+    norm_guard: str = ""
     softmax_after_topk: bool = False
     scores_then_topk: bool = False
 
@@ -154,8 +171,15 @@ class _Uses:
         self.softmax_after_topk |= _order(body, ("topk",), ("softmax",))
         self.scores_then_topk |= _order(body, ("softmax", "sigmoid"), ("topk",))
         # Locals assigned a norm (`denominator = torch.norm(weights, p=..., dim=-1)`), for the divisions below.
-        normed = {t.id for node in subtree(body) if isinstance(node, ast.Assign) and _calls_norm(node.value)
-                  for t in node.targets if isinstance(t, ast.Name)}
+        normed = {t.id: node.value for node in subtree(body) if isinstance(node, ast.Assign)
+                  and _calls_norm(node.value) for t in node.targets if isinstance(t, ast.Name)}
+        # `if self.B is not None:` bodies: node id -> B
+        not_none: dict[int, str] = {}
+        for node in subtree(body):
+            if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+                    and isinstance(node.test.ops[0], ast.IsNot) and isinstance(node.test.comparators[0], ast.Constant)
+                    and node.test.comparators[0].value is None and (attr := _self_attr(node.test.left))):
+                not_none.update((id(sub), attr) for stmt in node.body for sub in subtree(stmt))
         guard_of: dict[int, tuple] = {}
         for node in subtree(body):
             guard = _constant_guard(node)
@@ -170,6 +194,13 @@ class _Uses:
                         isinstance(n, ast.Name) and n.id in normed for n in subtree(divisor))):
                     code = ast.unparse(node)
                     self.norm_division = f"line {node.lineno}: {code if len(code) <= 90 else code[:87] + '...'}"
+                    norms = [c for name in NORMS for c in _calls(divisor, name)] or [
+                        c for n in subtree(divisor) if isinstance(n, ast.Name) and n.id in normed
+                        for name in NORMS for c in _calls(normed[n.id], name)]
+                    orders = {_self_attr(_norm_order(c)) for c in norms}
+                    # One norm whose order is an attribute of the block's (the config's value, read by moe.py).
+                    self.norm_p_attr = orders.pop() if len(norms) == 1 and None not in orders else None
+                    self.norm_guard = not_none.get(id(node), "")
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
             if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
@@ -198,6 +229,18 @@ def _calls(node: ast.AST, name: str) -> list[ast.Call]:
 def _calls_norm(node: ast.AST) -> bool:
     """Whether the expression calls a norm (`torch.norm(x, p=...)`, `x.norm(...)`, `torch.linalg.vector_norm`)."""
     return any(_calls(node, name) for name in NORMS)
+
+
+def _norm_order(call: ast.Call) -> ast.AST | None:
+    """The p of `torch.norm(x, p)`, `torch.norm(x, p=...)`, `x.norm(p)` or `torch.linalg.vector_norm(x, ord=...)`;
+    None where the call gives none (its default order, 2)."""
+    given = [kw.value for kw in call.keywords if kw.arg in ("p", "ord")]
+    if given:
+        return given[0]
+    on_tensor = isinstance(call.func, ast.Attribute) and _dotted(call.func).rsplit(".", 1)[0] not in (
+        "torch", "torch.linalg", "linalg")
+    args = call.args if on_tensor else call.args[1:]
+    return args[0] if args else None
 
 
 def _operands(call: ast.Call) -> list[ast.AST]:
@@ -401,5 +444,5 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                        tuple(sorted((attr, *guard) for attr, guard in uses.guarded.items()
                                     if attr not in uses.factor)),
                        _weighted_input(forward, experts, file), uses.divides, uses.norm_division,
-                       uses.softmax_after_topk, uses.scores_then_topk)
+                       uses.norm_p_attr, uses.norm_guard, uses.softmax_after_topk, uses.scores_then_topk)
     return None

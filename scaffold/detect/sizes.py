@@ -14,7 +14,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configreads, dataflow, policy, positions
+from scaffold.detect import codekeys, configreads, dataflow, policy, positions, subconfigs
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
@@ -108,7 +108,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
-    _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(sources, spec.source("num_heads").expr))),
+    _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(sources, spec.source("num_heads").expr,
+                                                                        ckpt.config, modeling_sources(ckpt)))),
               reads)
     layer_sizes = policy.per_layer_config_sizes(ckpt)
     if layer_sizes is not None and spec.source("num_kv_heads").kind == "default":
@@ -242,13 +243,25 @@ def _divisor(sources: dict, config: dict, numerator: str | None) -> tuple[codeke
     return codekeys.CodeExpr(f"config.{key}", (key,), file, line), value
 
 
-def _kv_keys(sources: dict, heads: str | None) -> tuple[str, ...]:
+def _kv_keys(sources: dict, heads: str | None, config: dict | None = None,
+             library: dict | None = None) -> tuple[str, ...]:
     """Config keys the code uses as the KV head count: the divisor of the head count (query heads per KV
     group), or a key assigned to an attention attribute named for KV heads (`self.n_kv_heads = config.K`)."""
     keys = [key for key, _file, _line in _divisions(sources, heads)]
+    # Keys read from a sub-config (DBRX's `self.num_key_value_heads = attn_config.kv_n_heads`, attn_config =
+    # config.attn_config): "K.Y" where the code reads K.Y on the assignment's line.
     for _file, _cls, _func, attr, value in codekeys.self_assignments(sources):
         if re.fullmatch(r"(num_|n_)?(kv|key_value)_?(heads?|groups?)?", attr) and (key := _config_key(value)):
             keys.append(key)
+    # Keys read from a sub-config (DBRX's `self.num_key_value_heads = attn_config.kv_n_heads`, attn_config =
+    # config.attn_config): "K.Y" where the code reads K.Y on the assignment's line (transformers' own file too).
+    code = sources or library
+    reads = subconfigs.subconfig_reads(code, config) if config and code else None
+    at = {where: read for read, where in reads.at} if reads is not None else {}
+    for file, _cls, _func, attr, value in codekeys.self_assignments(code) if at else ():
+        if (re.fullmatch(r"(num_|n_)?(kv|key_value)_?(heads?|groups?)?", attr) and isinstance(value, ast.Attribute)
+                and (read := at.get(f"{file}:{value.lineno}", "")).endswith(f".{value.attr}")):
+            keys.append(read)
     return tuple(dict.fromkeys(keys))
 
 

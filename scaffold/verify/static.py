@@ -213,7 +213,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     if spec.is_moe:
         want[f"{mlp}.{n['router']}"] = spec.num_experts
     stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
-    if spec.is_moe and spec.experts_layout == "stacked":
+    if spec.is_moe and spec.experts_layout in ("stacked", "flattened"):
         stacked = stacked_shapes(spec)
     elif spec.is_moe:
         for e in range(spec.num_experts):
@@ -236,7 +236,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             seen.add(rest)
             if tuple(info.shape) != stacked[rest]:
                 problems.append(f"{name} has shape {list(info.shape)}, the spec needs {list(stacked[rest])} "
-                                "(experts, rows, columns)")
+                                + ("(experts x rows, columns)" if spec.experts_layout == "flattened"
+                                   else "(experts, rows, columns)"))
             continue
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
@@ -261,7 +262,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"
-                      + (" (3-D tensors, cut per expert)" if stacked else "")
+                      + ((" (2-D tensors of every expert's rows, cut per expert)" if spec.experts_layout == "flattened"
+                         else " (3-D tensors, cut per expert)") if stacked else "")
                       + (f"; dense MLP gate/up {inter} rows each" if spec.has_dense_mlp else ""))
     own_heads = (f"; layers of {'/'.join(map(str, sorted(set(spec.layer_num_heads))))} query heads"
                  if spec.layer_num_heads else "")
@@ -318,7 +320,16 @@ def check_expert_roles(report: Report, spec: Spec, model_file) -> None:
             want["ckpt_gate_proj_name"]:
         wrong.insert(0, "the experts' gate and up projections are swapped")
     stacked = ""
-    if spec.experts_layout == "stacked":
+    if spec.experts_layout == "flattened":
+        # One 2-D tensor per projection: which per-expert projection each one's rows hold.
+        expect = {n["flat_gate"]: (n["expert_gate_proj"],), n["flat_up"]: (n["expert_up_proj"],),
+                  n["flat_down"]: (n["expert_down_proj"],)}
+        table = module_constant(model_file, "STACKED_EXPERTS")
+        if not isinstance(table, dict) or {k: tuple(v) for k, v in table.items()} != expect:
+            wrong.insert(0, f"STACKED_EXPERTS is {table!r}, the checkpoint's flattened expert tensors hold "
+                            f"{expect!r}")
+        stacked = f" (flattened: {n['flat_gate']}, {n['flat_up']}, {n['flat_down']})"
+    elif spec.experts_layout == "stacked":
         # The 3-D tensors: which per-expert projections each one's rows hold, in row order.
         halves = (n["expert_gate_proj"], n["expert_up_proj"])
         if spec.expert_gate_up_order != "gate_first" and spec.expert_activation != "swigluoai":
