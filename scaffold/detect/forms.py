@@ -11,8 +11,9 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
   is added to another stream, a second argument of the layer.
 - Several attention computations in one decoder layer (LongCat-Flash's two per layer): the layer calls attention
   modules at more than one place (cross-attention to an encoder's states is named elsewhere, scaffold.detect.layout).
-- Routed attention (JetMoE's mixture of attention heads): the attention computes its queries or output through a
-  module that routes each token to top-k experts.
+- (Not refused here: routed attention, JetMoE's mixture of attention heads, the attention computing its queries or
+  output through a module that routes each token to top-k experts. `routed_attention` finds it, and
+  scaffold.detect.moa reads it with the checkpoint's tensors, ported or refused by name there.)
 - An attention mask computed from the attention's own parameters (Doge's dynamic mask: dt_proj and A over the
   values, then a top-k of the keys): vLLM's attention masks by position only.
 - Learned residual scales (Doge's `self.input_residual * residual + hidden_states`): the residual multiplied by a
@@ -901,4 +902,4 @@ def parallel_lists(sources: dict, config: dict) -> str | None:
 
 
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
-           several_attentions, routed_attention, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
+           several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
