@@ -736,7 +736,9 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              # Differential attention's four vectors, loaded whole on every rank.
              "diffllama",
              # The rotary frequencies reordered, and M-RoPE's rows of positions built by the port.
-             "cohere_compass_text")
+             "cohere_compass_text",
+             # A mixture of attention heads' banks (each rank its KV heads' slice) and the MoE block's bias.
+             "jetmoe")
 
 
 @pytest.mark.engine
@@ -813,6 +815,8 @@ DEFAULTS = {
     "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
     "attention_chunk_size": None, "chunked_layers": [],
     "layer_num_heads": [],  # left out when every layer has num_heads
+    # Left out when absent: JetMoE's mixture of attention heads and its MoE block's output bias.
+    "moa_top_k": 0, "moa_num_experts": 0, "moa_moe_bias": None,
     # Left out when absent: MiMo-V2's forms.
     "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
     # Left out when absent: differential attention (DiffLlama's).
