@@ -1,6 +1,6 @@
 """JetMoE's mixture of attention heads (MoA), computed the way a vLLM port would, against transformers' own module.
 
-Not a port: the design check for one. transformers' JetMoeAttention (float32, eager, real module with random weights)
+The design check the port (the routed_attention partial) was written from. transformers' JetMoeAttention (float32, eager, real module with random weights)
 is run on random hidden states; beside it, the same weights go through the computation a generated vLLM model
 would run, in plain torch:
 
