@@ -315,6 +315,10 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
         if spec.act_tensors and module == f"{n['mlp']}.{n['act_fn']}" and kind in spec.act_tensors:
             return [(rest, None, f"the activation's {kind}")]
         return None
+    if (routed := _routed_attention(spec, rest)) is not None:
+        return routed
+    if spec.moa_moe_bias and rest == f"{n['mlp']}.{spec.moa_moe_bias}":
+        return [(rest, None, "the MoE block's output bias, whole on every rank, added after the ranks' sum")]
     targets = _in_layer(spec, rest, module, kind, modules)
     if targets is not None and kind == "weight" and module in modules.transposed:
         return [(param, shard, "; ".join(filter(None, ("stored [in, out], transposed on load", note))))
@@ -325,6 +329,25 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
         swapped = "each head's rotated halves swapped on load (rotary by -theta)"
         return [(param, shard, "; ".join(filter(None, (note, swapped)))) for param, shard, note in targets]
     return targets
+
+
+def _routed_attention(spec: Spec, rest: str) -> Targets | None:
+    """A mixture of attention heads' tensor (qkv_layout "routed"), loaded under its own name; None for others."""
+    if spec.qkv_layout != "routed":
+        return None
+    n = spec.names
+    routed = f"{n['self_attn']}.{n['moa']}"
+    notes = {
+        f"{routed}.{n['moa_q_bank']}.weight": "the query experts [experts, KV heads x head_dim, hidden]: each rank "
+                                              "its KV heads' rows",
+        f"{routed}.{n['moa_o_bank']}.weight": "the output experts [experts, hidden, KV heads x head_dim]: each rank "
+                                              "its KV heads' columns",
+        f"{routed}.{n['moa_router']}.weight": "the attention's router, whole on every rank",
+        f"{routed}.{n['moa_bias']}": "the attention output's bias, whole on every rank, added after the ranks' sum",
+        f"{n['self_attn']}.{n['qkv_proj']}.weight": "keys then values (chunk(2)): each rank its KV heads' rows of "
+                                                    "both",
+    }
+    return [(rest, None, notes[rest])] if rest in notes else None
 
 
 def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) -> Targets | None:

@@ -135,6 +135,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "act_call": activation_call(spec),
         # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
         "latent": spec.qkv_layout == "latent",
+        # A mixture of attention heads (JetMoE's): the routed_attention partial.
+        "routed": spec.qkv_layout == "routed",
         "alibi": spec.position_scheme == "alibi",
         # GPT-2 layouts: a learned absolute position table added to the token embedding.
         "learned": spec.position_scheme == "learned",
@@ -204,7 +206,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                            and not spec.unnormed_attn_layers and not spec.layer_scalar),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
-        "split": spec.qkv_layout not in ("separate", "latent") or (gated and spec.gate_up_layout == "fused"),
+        "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
     }
@@ -354,12 +356,13 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     The version fallbacks (Attention, FusedMoE) are code, in the header partial.
     """
     moe, alibi, mlp_class, latent = flags["moe"], flags["alibi"], flags["mlp_class"], flags["latent"]
+    routed = flags["routed"]  # its own rank, an all-reduce of the output experts, banks loaded per rank
     low_rank_q = latent and bool(spec.q_lora_rank)
     # A norm over a tensor-parallel-sharded width: q/k norms over all heads, norms inside a sublayer.
     sharded_norm = spec.qk_norm == "full" or bool(flags["sub_norm"])
     gate_bias = bool(spec.gate_extra_bias)
     # Parameters the port loads with a per-rank slice of their own (the gate bias, the attention sinks).
-    sliced = gate_bias or bool(spec.attention_sinks)
+    sliced = gate_bias or bool(spec.attention_sinks) or routed
     # The MLP's activation, and a plain one for a transform before the head (spec.head_act).
     activations = ({flags["act_call"].split("(", 1)[0] if flags["act_call"] else
                     "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
@@ -390,6 +393,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff),
             ("get_tensor_model_parallel_world_size", True),
             ("tensor_model_parallel_all_gather", sharded_norm or diff),
+            ("tensor_model_parallel_all_reduce", routed),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
@@ -402,10 +406,11 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
              or spec.attn_output_gate not in ("none", "in_query")),
-            ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q),
-            ("QKVParallelLinear", not latent),
-            ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None),
-            ("RowParallelLinear", True),
+            ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
+            ("QKVParallelLinear", not latent and not routed),
+            ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
+             or routed),
+            ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
         *([Import("vllm.model_executor.layers.mla", ("MLAModules", "MultiHeadLatentAttentionWrapper"))]

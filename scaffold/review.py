@@ -164,6 +164,25 @@ def _latent(spec) -> str:
             "is YaRN-scaled.")
 
 
+def _routed(spec) -> str:
+    """What the port's mixture of attention heads computes, with the checkpoint's module names."""
+    n = spec.names
+    routed = f"{n['self_attn']}.{n['moa']}"
+    return (f"- attention: a mixture of attention heads ({_md(spec.source('qkv_layout').detail)}): "
+            f"`{routed}.{n['moa_router']}` picks {spec.moa_top_k} of {spec.moa_num_experts} experts per token "
+            f"(top-k of its logits, then a softmax over them); each chosen expert's rows of "
+            f"`{routed}.{n['moa_q_bank']}` make one group of {spec.num_kv_heads} query heads, computed for every "
+            f"expert and the chosen gathered ({spec.moa_num_experts} / {spec.moa_top_k} times the work of the chosen "
+            f"alone); keys and values from `{n['self_attn']}.{n['qkv_proj']}` (`MergedColumnParallelLinear`, keys "
+            f"then values), shared by the groups: the modeling code tiles them, so its query head j x "
+            f"{spec.num_kv_heads} + h reads KV head h, and the port hands vLLM's `Attention` "
+            f"({spec.num_heads} heads over {spec.num_kv_heads}) its queries in [KV head, group] order and the "
+            f"output back; each group's output goes through its expert's columns of `{routed}.{n['moa_o_bank']}`, "
+            f"weighted by its gate, summed, plus `{routed}.{n['moa_bias']}`. Under tensor parallelism each rank "
+            "holds its KV heads (rows of both banks' experts, of the keys and the values), the output is all-reduced "
+            "and the bias added once; KV heads fewer than the ranks are refused by an assertion.")
+
+
 def decisions(spec) -> list[str]:
     """What the port computes, in the order a reader meets it in model.py."""
     n = spec.names
@@ -184,6 +203,8 @@ def decisions(spec) -> list[str]:
     }.get(spec.qkv_layout)
     if spec.qkv_layout == "latent":
         out = [_latent(spec)]
+    elif spec.qkv_layout == "routed":
+        out = [_routed(spec)]
     else:
         out = [f"- attention: {how} ({q} + {kv} + {kv} rows{', with bias' if spec.qkv_bias else ''}); "
                f"scale {'head_dim ** -0.5' if spec.attention_scale is None else _md(spec.source('attention_scale').detail)}"
@@ -246,6 +267,10 @@ def decisions(spec) -> list[str]:
                    f"{spec.o_bias_param}`, added by the layer to `{spec.names['o_proj']}`'s output "
                    f"({_md(spec.source('o_bias_param').detail)}): loaded as `{spec.names['o_proj']}`'s bias on layers "
                    f"{spec.o_bias_layers}, the only ones that hold it.")
+    if spec.moa_moe_bias:
+        out.append(f"- a bias the MoE block adds to its output, `{spec.names['mlp']}.{spec.moa_moe_bias}` "
+                   f"({_md(spec.source('moa_moe_bias').detail)}), after the experts' all-reduce (whole on every "
+                   "rank).")
     if spec.moe_output_norm:
         out.append(f"- a norm over the MoE block's output, `{spec.names['mlp']}.{spec.moe_output_norm}` "
                    f"({_md(spec.source('moe_output_norm').detail)}), applied after the experts' all-reduce"

@@ -143,6 +143,12 @@ NAME_ROLES = (
     "head_transform",
     "head_dense",
     "head_norm",
+    # A mixture of attention heads (qkv_layout "routed", JetMoE's MoA): the module inside the attention that
+    # routes each token (moa: experts), its router's linear (moa_router, a path inside it: router.layer), the
+    # modules whose 3-D weights make the queries ([experts, kv heads x head_dim, hidden]: moa_q_bank) and the
+    # output ([experts, hidden, kv heads x head_dim]: moa_o_bank), and its bias on the output (moa_bias); the
+    # keys' and values' projection is qkv_proj.
+    *("moa", "moa_router", "moa_q_bank", "moa_o_bank", "moa_bias"),
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -154,6 +160,9 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # relative to the base model (lm_head: from the root). The port keeps the last
 # component as its attribute and maps the checkpoint's names onto it on load.
 NESTED_ROLES = ("embed_tokens", "layers", "norm", "lm_head", "embed_positions", "embed_norm")
+# A mixture of attention heads' router may sit one module deeper in its routed module (JetMoE's router.layer): the
+# port builds the same path, so the checkpoint's name loads as it is.
+ROUTED_NESTED_ROLES = ("moa_router",)
 # Roles inside the MoE block whose checkpoint module may sit one module deeper (HunYuan-MoE's gate.wg,
 # AfMoE's router.gate): a dotted path relative to the block. The port keeps the last component as its
 # attribute and maps the checkpoint's name onto it on load.
@@ -267,9 +276,12 @@ class Spec:
 
     # Attention.
     qkv_layout: str = spec_field("separate", group="attention", probe="self_attn",
-                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "latent"),
+                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "latent",
+                                          "routed"),
                                  doc="q, k, v as three tensors, or one fused tensor and how it is cut, or "
-                                     "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's)")
+                                     "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's), or "
+                                     "routed: a mixture of attention heads (JetMoE's: queries and output from the "
+                                     "top-k experts a router picks per token, keys and values shared)")
     qkv_blocks: int = spec_field(0, group="attention", probe="self_attn", omit_when_empty=True,
                                  doc="qkv_layout \"blocked\": the fused rows form this many equal blocks, each "
                                      "holding its share of the q, k and v heads (CodeGen's mp_num = 4)")
@@ -363,6 +375,14 @@ class Spec:
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="a norm (names.attn_sub_norm, built as the layer's norms are) over the whole attention output, every "
             "head, before the output projection (BitNet's attn_sub_norm)")
+    # A mixture of attention heads (qkv_layout "routed"); 0 elsewhere.
+    moa_top_k: int = spec_field(0, group="attention", probe="self_attn", limit=64, omit_when_empty=True,
+                                doc="qkv_layout \"routed\": the experts each token's queries and output come from "
+                                    "(JetMoE's num_experts_per_tok); the attention has top_k x num_kv_heads query "
+                                    "heads")
+    moa_num_experts: int = spec_field(0, group="attention", probe="self_attn", limit=8192, omit_when_empty=True,
+                                      doc="qkv_layout \"routed\": the attention experts (JetMoE's "
+                                          "num_local_experts)")
     # Multi-head latent attention's sizes (qkv_layout "latent"); 0 elsewhere.
     q_lora_rank: int = spec_field(0, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
                                   doc="the low-rank query's width; 0: the queries come from one projection")
@@ -505,6 +525,10 @@ class Spec:
         False, group="moe", probe="mlp", omit_when_empty=True,
         doc="the checkpoint keeps moe_output_norm on the decoder layer (transformers renames it into the block on "
             "load); the port keeps it in its MoE block and maps the names on load")
+    moa_moe_bias: str | None = spec_field(
+        None, group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="a bias the MoE block adds to its output (after the experts' weighted sum), by its name in the block "
+            "(JetMoE's mlp.bias, beside its mixture of attention heads); None: none")
     # The DeepSeek-V3 routing fields are left out of scaffold_spec.toml where a model routes by softmax top-k.
     moe_sigmoid: bool = spec_field(False, group="moe", probe="mlp", omit_when_empty=True,
                                    doc="the router scores the experts with a sigmoid, not a softmax")
@@ -1006,7 +1030,7 @@ def validate_names(spec: Spec, origin: str) -> None:
         if role not in NAME_ROLES:
             raise SpecError(f"spec field 'names' has unknown role {role!r}; known roles: {', '.join(NAME_ROLES)}.",
                             origin)
-        nested = role in NESTED_ROLES or role in BLOCK_NESTED_ROLES
+        nested = role in NESTED_ROLES or role in BLOCK_NESTED_ROLES or role in ROUTED_NESTED_ROLES
         pattern = MODULE_NAME if nested else IDENTIFIER
         if role in NUMBERED_ROLES and isinstance(value, str) and value.isdigit() and value.isascii() \
                 and len(value) < 4:
@@ -1138,6 +1162,19 @@ def validate_names(spec: Spec, origin: str) -> None:
         for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(spec, size) <= 0:
                 raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
+    if (spec.qkv_layout == "routed") != bool(spec.moa_top_k and spec.moa_num_experts):
+        raise SpecError("moa_top_k and moa_num_experts are set (positive) for qkv_layout \"routed\" only, and both "
+                        f"are needed there (qkv_layout {spec.qkv_layout!r}).", origin)
+    if spec.qkv_layout == "routed":
+        for role in ("moa", "moa_router", "moa_q_bank", "moa_o_bank", "moa_bias"):
+            if role not in names:
+                raise SpecError(f"qkv_layout is \"routed\" but 'names' has no module name for role {role!r}.", origin)
+        if names["moa_router"].count(".") > 1:
+            raise SpecError(f"names.moa_router = {names['moa_router']!r}: the port builds a router at most one "
+                            "module deep.", origin)
+        if spec.num_heads != spec.moa_top_k * spec.num_kv_heads:
+            raise SpecError(f"qkv_layout is \"routed\" but num_heads {spec.num_heads} is not moa_top_k "
+                            f"{spec.moa_top_k} x num_kv_heads {spec.num_kv_heads}.", origin)
     if bool(spec.attention_chunk_size) != bool(spec.chunked_layers):
         raise SpecError("attention_chunk_size and chunked_layers go together: a chunk size for the chunked layers.",
                         origin)

@@ -190,6 +190,10 @@ ARCHITECTURES = {
     # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
     # (ACT_FNS[config.afn]), a head tied to the token embedding.
     "openai-gpt": ("openai-gpt", {}),
+    # JetMoE: a mixture of attention heads (each token's queries and output from the top-2 of 4 experts a router
+    # picks, keys and values shared and tiled over the 2 query groups: 4 query heads over 2 KV heads), and a MoE
+    # whose experts are banks of 3-D weights run per expert, plus a bias on the block's output.
+    "jetmoe": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     # NanoChat: a rotary embedding that turns by -theta (rotate_half returns cat((x2, -x1))), computed with vLLM's
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
@@ -412,6 +416,8 @@ EXPECTED_SPEC = {
                            "head_dense_bias": True, "norm_kind": "layer", "norm_bias": True, "hidden_act": "gelu",
                            "gate_up_layout": "fused", "gate_up_order": "gate_first", "sliding_window": 8,
                            "sliding_window_layers": [1, 2], "tie_word_embeddings": True, "lm_head_bias": True},
+    "jetmoe": {"qkv_layout": "routed", "moa_top_k": 2, "moa_num_experts": 4, "moa_moe_bias": "bias",
+               "experts_layout": "stacked", "num_experts": 4, "moe_renormalize": True},
     "openai-gpt": {"block": "residual_norm", "hidden_act": "gelu_new", "position_scheme": "learned",
                    "norm_kind": "layer"},
     "opt-post-ln": {"block": "residual_norm", "position_scheme": "learned", "position_offset": 2, "mlp_on_layer": True,
@@ -526,9 +532,6 @@ UNSUPPORTED = {
     "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
                                          "axial_pos_shape": [16, 32]},
                             "reversible residual streams: ReformerLayer.forward adds the attention's output"),
-    "jetmoe-routed-attention": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2},
-                                ("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
-                                 "through self.experts")),
     "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
                                                        "moe_intermediate_size": 64},
                                      ("2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
@@ -742,7 +745,9 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              # Differential attention's four vectors, loaded whole on every rank.
              "diffllama",
              # The rotary frequencies reordered, and M-RoPE's rows of positions built by the port.
-             "cohere_compass_text")
+             "cohere_compass_text",
+             # A mixture of attention heads' banks (each rank its KV heads' slice) and the MoE block's bias.
+             "jetmoe")
 
 
 @pytest.mark.engine
@@ -819,6 +824,8 @@ DEFAULTS = {
     "attn_temperature_floor_scale": None, "attn_temperature_scale": None, "attn_temperature_nope_only": False,
     "attention_chunk_size": None, "chunked_layers": [],
     "layer_num_heads": [],  # left out when every layer has num_heads
+    # Left out when absent: JetMoE's mixture of attention heads and its MoE block's output bias.
+    "moa_top_k": 0, "moa_num_experts": 0, "moa_moe_bias": None,
     # Left out when absent: MiMo-V2's forms.
     "layer_num_kv_heads": [], "attn_value_scale": None, "attention_sinks_layers": [],
     # Left out when absent: differential attention (DiffLlama's).

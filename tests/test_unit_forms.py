@@ -178,7 +178,9 @@ def test_jetmoe_routes_its_queries_through_attention_experts():
     assert found.startswith("routed attention (a mixture of attention heads): JetMoeAttention.forward computes "
                             "through self.experts, which routes each token to top-k experts (JetMoeMoA built at "
                             "modeling_jetmoe.py:")
-    assert "JetMoeTopKGating's top-k at modeling_jetmoe.py:" in found and "self.experts.map(hidden_states)" in found
+    assert "JetMoeTopKGating's top-k at modeling_jetmoe.py:" in found
+    assert "self.experts.map(hidden_states) before the attention (modeling_jetmoe.py:" in found
+    assert "self.experts.reduce(attn_output, topo_info) on the attention's output (modeling_jetmoe.py:" in found
 
 
 LAB_ROUTED = '''class LabHeadRouter(nn.Module):
@@ -213,6 +215,99 @@ def test_a_lab_attention_whose_queries_come_from_routed_experts_is_named():
     assert "LabAttention.forward computes through self.query_bank, which routes" in found
     assert "(LabHeadRouter built at modeling_lab.py:" in found and "LabHeadRouter's top-k at modeling_lab.py:" in found
     assert forms.routed_attention({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# A lab's mixture of attention heads written otherwise: no config key names experts, the router is F.linear over a
+# parameter and torch.topk of its softmax, the queries and the output both come from a bank of per-head
+# projections the router's choice indexes, and the attention runs in a function of the module's own.
+LAB_BANKS = '''class LabBankRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.pick = config.banks_per_token
+        self.route = nn.Parameter(torch.empty(config.n_banks, config.hidden_size))
+        self.w_in = nn.Parameter(torch.empty(config.n_banks, config.hidden_size, config.hidden_size))
+        self.w_out = nn.Parameter(torch.empty(config.n_banks, config.hidden_size, config.hidden_size))
+
+    def choose(self, x):
+        probs = F.softmax(F.linear(x, self.route), dim=-1)
+        top = torch.topk(probs, self.pick, dim=-1)
+        return top.values / top.values.sum(-1, keepdim=True), top.indices
+
+    def project_in(self, x, which):
+        return torch.einsum("btd,btkde->btke", x, self.w_in[which])
+
+    def project_out(self, y, weights, which):
+        return torch.einsum("btk,btke->bte", weights, torch.einsum("btkd,btkde->btke", y, self.w_out[which]))
+
+
+def attend(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1) @ v
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.banks = LabBankRouter(config)
+        self.shared_kv = nn.Linear(config.hidden_size, 2 * config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        weights, which = self.banks.choose(x)
+        k, v = self.shared_kv(x).chunk(2, dim=-1)
+        q, k = apply_rope(self.banks.project_in(x, which), k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.banks.project_out(y, weights, which)
+
+
+''' + LAB_DECODER
+
+# Not a router: a top-k of the keys each query scores highest (a product of queries and keys, DeepSeek-V3.2's
+# indexer's kind), chosen among tokens rather than among a projection's outputs.
+LAB_TOP_KEYS = '''class LabKeyPicker(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.keep = config.keys_kept
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        scores = self.wq(x) @ self.wk(x).transpose(-1, -2)
+        return scores.topk(self.keep, dim=-1).indices
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.picker = LabKeyPicker(config)
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        keep = self.picker(x)
+        mask = mask.masked_fill(~torch.zeros_like(mask, dtype=torch.bool).scatter(-1, keep, True), float("-inf"))
+        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+        return F.scaled_dot_product_attention(q, k, self.wv(x), attn_mask=mask)
+
+
+''' + LAB_DECODER
+
+
+def test_a_lab_bank_of_query_and_output_projections_is_named_whatever_its_names():
+    found = forms.routed_attention(lab(LAB_BANKS), {})
+    assert found.startswith("routed attention (a mixture of attention heads): LabAttention.forward computes through "
+                            "self.banks, which routes each token to top-k experts (LabBankRouter built at "
+                            "modeling_lab.py:")
+    assert "LabBankRouter's top-k at modeling_lab.py:" in found
+    assert "self.banks.project_in(x, which) before the attention (modeling_lab.py:" in found
+    assert "self.banks.project_out(y, weights, which) on the attention's output (modeling_lab.py:" in found
+    assert "each token's queries and output are computed by the projections of the top-k experts" in found
+    # The router's choice alone, taken out (a fixed bank): no form named.
+    fixed = LAB_BANKS.replace("top = torch.topk(probs, self.pick, dim=-1)", "top = probs.max(dim=-1)")
+    assert forms.routed_attention(lab(fixed), {}) is None
+
+
+def test_a_top_k_of_the_keys_is_not_routed_attention():
+    assert forms.routed_attention(lab(LAB_TOP_KEYS), {}) is None
 
 
 # ------------------------------------------------------------------ a mask from the attention's own parameters

@@ -22,6 +22,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if spec.qkv_layout == "latent":
         # scaffold.detect.latent checked layer 0's projections; the policy check holds every layer to layer 0's shapes.
         expected = {}
+    elif spec.qkv_layout == "routed":
+        _routed_shapes(ckpt, spec)
+        expected = {}
     elif spec.qkv_layout == "separate":
         expected = {"q_proj": q_rows, "k_proj": kv, "v_proj": spec.num_kv_heads * spec.value_dim}
     else:  # fused or interleaved: one tensor
@@ -64,6 +67,28 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
     _sliding_window(ckpt, spec)
     _chunks(ckpt, spec)
+
+
+def _routed_shapes(ckpt: Checkpoint, spec: Spec) -> None:
+    """Every layer's mixture of attention heads (qkv_layout "routed"): the experts' query and output banks, the
+    router, the output bias and the shared keys' and values' projection, sized from the config."""
+    n, kv, hidden, experts = spec.names, spec.num_kv_heads * spec.head_dim, spec.hidden_size, spec.moa_num_experts
+    attn = attention_module(n)
+    routed = f"{attn}.{n['moa']}"
+    shapes = {f"{routed}.{n['moa_q_bank']}.weight": (experts, kv, hidden),
+              f"{routed}.{n['moa_o_bank']}.weight": (experts, hidden, kv),
+              f"{routed}.{n['moa_router']}.weight": (experts, hidden), f"{routed}.{n['moa_bias']}": (hidden,),
+              f"{attn}.{n['qkv_proj']}.weight": (2 * kv, hidden)}
+    for layer in range(spec.num_layers):
+        for rest, shape in shapes.items():
+            name = f"{n['model']}.{n['layers']}.{layer}.{rest}"
+            info = ckpt.tensors.get(name)
+            if info is None:
+                raise CheckpointError(f"tensor {name} is missing.", ckpt.config_file)
+            if tuple(info.shape) != shape:
+                raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but {experts} attention experts "
+                                      f"of {spec.num_kv_heads} KV heads of size {spec.head_dim} over hidden size "
+                                      f"{hidden} need {list(shape)}.", ckpt.config_file)
 
 
 def _head_sizes(ckpt: Checkpoint, spec: Spec) -> None:

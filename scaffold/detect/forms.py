@@ -11,8 +11,9 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
   is added to another stream, a second argument of the layer.
 - Several attention computations in one decoder layer (LongCat-Flash's two per layer): the layer calls attention
   modules at more than one place (cross-attention to an encoder's states is named elsewhere, scaffold.detect.layout).
-- Routed attention (JetMoE's mixture of attention heads): the attention computes its queries or output through a
-  module that routes each token to top-k experts.
+- (Not refused here: routed attention, JetMoE's mixture of attention heads, the attention computing its queries or
+  output through a module that routes each token to top-k experts. `routed_attention` finds it, and
+  scaffold.detect.moa reads it with the checkpoint's tensors, ported or refused by name there.)
 - An attention mask computed from the attention's own parameters (Doge's dynamic mask: dt_proj and A over the
   values, then a top-k of the keys): vLLM's attention masks by position only.
 - Learned residual scales (Doge's `self.input_residual * residual + hidden_states`): the residual multiplied by a
@@ -587,22 +588,130 @@ def residual_scales(sources: dict, config: dict) -> str | None:
 
 
 # ------------------------------------------------------------------ inside the attention
-def _routes_to_experts(classes: dict, name: str, experts: bool = False, depth: int = 0) -> tuple[str, ast.Call] | None:
-    """(class, its topk call) where a class (or a module it builds, three deep) routes tokens to experts: a top-k
-    under a class that reads a config key of experts (JetMoE's MoA reads num_local_experts, its gating calls topk)."""
+_PRODUCTS = {"matmul", "einsum", "bmm", "baddbmm", "mm"}
+
+
+def _router_topk(cls: ast.ClassDef) -> ast.Call | None:
+    """A router in one of the class's methods: a top-k over scores a projection of the class's own computes from
+    each token (self.P(x) with P a linear layer built in __init__, or F.linear / a product with a parameter of its
+    own, then only per-row transforms: .float(), softmax, a scale; no product of two computed tensors, which a top-k
+    of keys, DeepSeek-V3.2's indexer, has), whose chosen indices the method reads after it: the top-k picks among P's outputs, one per expert, for
+    each token. Names play no part (JetMoE's `self.layer(hidden_states).float().topk(...)`, a lab's
+    `torch.topk(self.score(x).softmax(-1), k)`)."""
+    linears = {a for a, (c, _line) in _built(cls).items() if c.endswith("Linear")}
+    params = _parameters(cls)
+
+    def own_param(node: ast.AST) -> bool:
+        node = node.value if isinstance(node, ast.Subscript) else node
+        return isinstance(node, ast.Attribute) and _dotted(node.value) == "self" and node.attr in params
+
+    def products(expr: ast.AST) -> list[tuple[ast.AST, list[ast.AST]]]:
+        out = []
+        for n in subtree(expr):
+            if isinstance(n, ast.Call) and _callee(n) in _PRODUCTS | {"linear"}:
+                out.append((n, [*n.args, *(k.value for k in n.keywords)]))
+            elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
+                out.append((n, [n.left, n.right]))
+        return out
+
+    def from_projection(expr: ast.AST, scores: set[str]) -> bool:
+        found = products(expr)
+        if any(not any(own_param(a) for a in operands) for _n, operands in found):
+            return False  # a product of two computed tensors (scores of keys), not a projection of each token
+        return bool(found) or any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and _dotted(n.func.value) == "self"
+            and n.func.attr in linears or isinstance(n, ast.Name) and n.id in scores for n in subtree(expr))
+
+    for func in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        scores: set[str] = set()
+        statements = list(_statements(func.body))
+        for at, stmt in enumerate(statements):
+            if isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
+                continue  # their bodies come next, on their own
+            for call in (n for n in subtree(stmt) if isinstance(n, ast.Call) and _callee(n) == "topk"):
+                receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+                scored = call.args[0] if receiver is None or _dotted(receiver) == "torch" and call.args else receiver
+                if scored is None or not from_projection(scored, scores):
+                    continue
+                chosen = _chosen_indices(stmt, call)
+                later = [n for s in statements[at + 1:] for n in subtree(s)]
+                if chosen == "" or chosen is not None and any(_reads_indices(n, *chosen) for n in later):
+                    return call
+            if isinstance(stmt, ast.Assign) and from_projection(stmt.value, scores):
+                scores |= {n.id for t in stmt.targets for n in subtree(t) if isinstance(n, ast.Name)}
+    return None
+
+
+def _chosen_indices(stmt: ast.stmt, call: ast.Call) -> tuple[str, bool] | str | None:
+    """Where the top-k's indices go: "" where the statement reads them in place (`.indices`, `[1]`); (name, False)
+    for `values, chosen = ....topk(k)`; (name, True) for `top = torch.topk(...)`, whose `.indices` / `[1]` a later
+    statement reads; None where the statement keeps the values alone."""
+    if any(_indices_of(n, lambda inner: inner is call) for n in subtree(stmt)):
+        return ""
+    if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Tuple) and len(target.elts) == 2 and isinstance(target.elts[1], ast.Name):
+            return target.elts[1].id, False
+        if isinstance(target, ast.Name):
+            return target.id, True
+    return None
+
+
+def _reads_indices(node: ast.AST, name: str, whole: bool) -> bool:
+    """A read of the indices bound by `_chosen_indices`: the name itself, or the result's `.indices` / `[1]`."""
+    if not whole:
+        return isinstance(node, ast.Name) and node.id == name
+    return _indices_of(node, lambda inner: isinstance(inner, ast.Name) and inner.id == name)
+
+
+def _indices_of(node: ast.AST, owner) -> bool:
+    """`X.indices` or `X[1]` (a top-k result's indices), with `owner(X)` true."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "indices" and owner(node.value)
+    return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == 1
+            and owner(node.value))
+
+
+def _routes_to_experts(classes: dict, name: str, depth: int = 0) -> tuple[str, ast.Call] | None:
+    """(class, its router's top-k) where a class (or a module it builds, three deep) routes each token to top-k
+    of a projection's outputs (`_router_topk`: JetMoE's MoA builds JetMoeTopKGating, whose forward takes the top-k
+    of self.layer(hidden_states))."""
     if name not in classes or depth > 3:
         return None
     _file, cls = classes[name]
-    experts = experts or any(isinstance(n, ast.Attribute) and "expert" in n.attr.lower()
-                             and _dotted(n.value) in ("config", "self.config") for n in subtree(cls))
-    topk = next((n for n in subtree(cls) if isinstance(n, ast.Call) and _callee(n) == "topk"), None)
-    if topk is not None and experts:
+    topk = _router_topk(cls)
+    if topk is not None:
         return name, topk
     for inner, _line_no in _built(cls).values():
-        found = _routes_to_experts(classes, inner, experts, depth + 1)
+        found = _routes_to_experts(classes, inner, depth + 1)
         if found is not None:
             return found
     return None
+
+
+def _routed_roles(forward: ast.FunctionDef, attr: str) -> list[tuple[ast.Call, str]]:
+    """The forward's calls through self.<attr>, each with what it computes: before the attention call (the
+    queries: JetMoE's `self.experts.map`), or on what the attention call returned (the output projection:
+    `self.experts.reduce`)."""
+    attended: set[str] = set()
+    out = []
+    for stmt in _statements(forward.body):
+        if isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
+            continue
+        nodes = list(subtree(stmt))
+        for n in nodes:
+            if isinstance(n, ast.Call) and ((isinstance(n.func, ast.Attribute) and _dotted(n.func.value) == f"self.{attr}")
+                                            or _dotted(n.func) == f"self.{attr}"):
+                after = any(isinstance(m, ast.Name) and m.id in attended for a in (*n.args, *(k.value for k in n.keywords))
+                            for m in subtree(a))
+                out.append((n, "on the attention's output" if after else "before the attention"))
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            value = stmt.value
+            if value is not None and any(isinstance(n, ast.Call) and _callee(n) in ATTENTION_CALLS
+                                         or isinstance(n, ast.Name) and n.id in attended for n in subtree(value)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                attended |= {n.id for t in targets for n in subtree(t) if isinstance(n, ast.Name)}
+    return out
 
 
 def routed_attention(sources: dict, config: dict) -> str | None:
@@ -617,15 +726,17 @@ def routed_attention(sources: dict, config: dict) -> str | None:
             if routed is None:
                 continue
             router, topk = routed
-            used = next((n for n in subtree(forward) if isinstance(n, ast.Call) and (
-                (isinstance(n.func, ast.Attribute) and _dotted(n.func.value) == f"self.{attr}")
-                or _dotted(n.func) == f"self.{attr}")), None)
-            if used is None:
+            calls = _routed_roles(forward, attr)
+            if not calls:
                 continue
+            roles = "; ".join(f"{_line(call, 50)} {role} ({_where(file, call)})" for call, role in calls)
+            both = {role for _call, role in calls} == {"before the attention", "on the attention's output"}
+            what = ("each token's queries and output are computed by the projections of the top-k experts its router "
+                    "chose" if both else "a projection of the attention is chosen per token by its router")
             return (f"routed attention (a mixture of attention heads): {name}.forward computes through self.{attr}, "
                     f"which routes each token to top-k experts ({inner} built at {file}:{line}, {router}'s top-k at "
-                    f"{classes[router][0]}:{topk.lineno}, called at {_where(file, used)}: {_line(used, 60)}); the port's "
-                    "attention projections are the same for every token")
+                    f"{classes[router][0]}:{topk.lineno}; {roles}): {what}, while the port's attention projections "
+                    "are the same for every token")
     return None
 
 
@@ -826,4 +937,4 @@ def parallel_lists(sources: dict, config: dict) -> str | None:
 
 
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
-           several_attentions, routed_attention, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
+           several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias)

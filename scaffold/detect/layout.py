@@ -21,10 +21,12 @@ from scaffold.detect import (
     codekeys,
     dataflow,
     differential,
+    forms,
     headsizes,
     headtransform,
     identitynorm,
     latent,
+    moa,
     moe,
     outbias,
     policy,
@@ -477,7 +479,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise _unsupported(f"sparse attention: a top-k token indexer ({indexed[0]}) chooses the keys each query "
                            "sees", where, spec.model_type)
     latent_modules: set[str] = set()
-    if latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
+    try:  # JetMoE's mixture of attention heads: queries and output routed per token, keys and values shared
+        routed = moa.read(sources, ckpt.config, layer0, attn) if sources and not latent.present(layer0, attn) \
+            else None
+    except moa.Refused as exc:
+        raise _unsupported(f"routed attention (a mixture of attention heads): {exc}; the port computes JetMoE's "
+                           "form only", where, spec.model_type) from None
+    if routed is None and sources and not latent.present(layer0, attn) \
+            and (found := forms.routed_attention(sources, ckpt.config)):
+        # Routed per token, but not with the tensors moa reads under this attention module: not ported.
+        raise _unsupported(f"{found} (not read under layer 0's {attn})", where, spec.model_type)
+    if routed is not None:
+        latent_modules = _routed_attention(ckpt, spec, names, routed, attn)
+    elif latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
         latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
                                        code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn))
     elif code_attn is not None:
@@ -519,6 +533,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if code_attn is not None and code_attn.qkv_clamp:
         _qkv_clip(spec, code_attn, bool(latent_modules), where)
     o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
+    if routed is not None:
+        o_proj = "o_proj"  # no module: the output is the routed module's (names.moa_o_bank); named for the port
     if o_proj is None:
         raise Undetermined(Unknown("names.o_proj", f"layer 0's {attn} has no output projection the generator knows",
                                    tuple((c, "absent") for c in CANDIDATES["o_proj"])))
@@ -789,6 +805,36 @@ class PerLayerRead:
 
     def __str__(self) -> str:
         return f"{self.code} ({self.where})"
+
+
+def _routed_attention(ckpt: Checkpoint, spec: Spec, names: dict, routed: moa.MoA, attn: str) -> set[str]:
+    """JetMoE's mixture of attention heads (scaffold.detect.moa): its names, sizes and tensors (claimed)."""
+    where = f"{names['model']}.{names['layers']}.0.{attn}.{routed.attr}"
+    names.update(qkv_proj=routed.kv_proj, moa=routed.attr, moa_router=routed.router, moa_q_bank=routed.q_bank,
+                 moa_o_bank=routed.o_bank, moa_bias=routed.bias)
+    spec.set("qkv_layout", "routed", Source("code", routed.evidence))
+    spec.set("qkv_bias", False, Source("tensor", f"{names['model']}.{names['layers']}.0.{attn}.{routed.kv_proj}.bias "
+                                                 "(absent)"))
+    top_k = ckpt.config.get(routed.top_k[len("config."):]) if routed.top_k.startswith("config.") else None
+    experts = ckpt.config.get(routed.experts_expr[len("config."):]) \
+        if routed.experts_expr.startswith("config.") else None
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1 or experts != routed.num_experts:
+        raise _unsupported(f"routed attention (a mixture of attention heads): the experts per token "
+                           f"({routed.top_k} = {top_k!r}) or the experts ({routed.experts_expr} = {experts!r}, "
+                           f"{where}.{routed.q_bank}.weight holds {routed.num_experts}) are not read from config.json",
+                           ckpt.config_file, spec.model_type)
+    spec.set("moa_top_k", top_k, Source("config", f"config.json {routed.top_k[len('config.'):]} ({routed.evidence})",
+                                        routed.top_k))
+    spec.set("moa_num_experts", experts, Source("config", f"config.json {routed.experts_expr[len('config.'):]} "
+                                                          f"({where}.{routed.q_bank}.weight: {experts} experts)",
+                                                routed.experts_expr))
+    if spec.num_heads != top_k * spec.num_kv_heads:
+        raise _unsupported(f"routed attention (a mixture of attention heads): {spec.num_heads} query heads, not the "
+                           f"top-k {top_k} x {spec.num_kv_heads} KV heads the routed queries make", ckpt.config_file,
+                           spec.model_type)
+    inside = f"{attn}.{routed.attr}"
+    return {f"{inside}.{routed.router}", f"{inside}.{routed.q_bank}", f"{inside}.{routed.o_bank}",
+            f"{inside}.{routed.bias}"}
 
 
 def _per_layer_attention_argument(sources: dict, flow: dataflow.Layer, attn: str) -> PerLayerRead | None:

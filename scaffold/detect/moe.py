@@ -25,6 +25,7 @@ from scaffold.detect import (
     codekeys,
     dataflow,
     denselayers,
+    expertbanks,
     gluformula,
     renamings,
     routing,
@@ -34,6 +35,7 @@ from scaffold.detect import (
     subconfigs,
     submodules,
 )
+from scaffold.detect import mlp as mlp_detector
 from scaffold.detect.common import MISSING, config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -230,8 +232,11 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
             if len(info.shape) == 3 and (m := CODE_STACKED.match(code(rest))):
                 containers.add(m.group(1))
                 sparse.setdefault(layer, {})[m.group(2)] = rest
-    if not sparse:
-        return None
+    banks = None
+    if not sparse:  # JetMoE's banks: modules holding one projection of every expert (scaffold.detect.expertbanks)
+        banks = _expert_banks(ckpt, names, per_layer, sparse, containers)
+        if banks is None:
+            return None
     if len(containers) != 1:
         raise UnsupportedArchitecture(f"experts sit under several modules in one model ({sorted(containers)}).", where)
     mlp = containers.pop()
@@ -248,7 +253,8 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         raise unsupported(f"biased experts stored as {', '.join(sorted(found.values()))} (a bias the port "
                           "does not cut)", where, spec.model_type)
     try:
-        read = stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)), ckpt.config)
+        read = banks.code if banks is not None else \
+            stacked.experts_code(sourcecode.modeling_sources(ckpt), tuple(sorted(found)), ckpt.config)
     except ValueError as exc:
         raise unsupported(f"stacked experts whose gate half the code does not tell: {exc}", where,
                           spec.model_type) from None
@@ -292,6 +298,13 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
         spec.set("expert_bias", True, Source("tensor", f"{layer_name}.{names['stacked_gate_up_bias']} beside "
                                                        f"{layer_name}.{gate_up}"))
     claimed = {f"{mlp}.{router}", f"{mlp}.{gate_up}", f"{mlp}.{down}"}
+    if banks is not None and banks.output_bias:
+        if list(tensors.get(f"{mlp}.{banks.output_bias}", _Shapeless).shape) != [spec.hidden_size]:
+            raise unsupported(f"a bias the MoE block adds to its output ({banks.bias_evidence}) that the checkpoint "
+                              f"does not hold as {prefix}.layers.{first}.{mlp}.{banks.output_bias} of "
+                              f"{spec.hidden_size}", where, spec.model_type)
+        spec.set("moa_moe_bias", banks.output_bias, Source("code", banks.bias_evidence))
+        claimed.add(f"{mlp}.{banks.output_bias}")
     claimed |= {f"{mlp}.{names[r]}" for r in ("stacked_gate_up_bias", "stacked_down_bias") if r in names}
     if f"{mlp}.{router}.bias" in tensors:  # GPT-OSS's router linear has a bias
         spec.set("router_bias", True, Source("tensor", f"{layer_name}.{router}.bias"))
@@ -357,6 +370,45 @@ def _flattened_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
                          f"layers without the flattened expert tensors of {mlp}" if dense
                          else f"every layer has {mlp}'s flattened expert tensors")
+class _Shapeless:
+    shape = ()
+
+
+def _expert_banks(ckpt: Checkpoint, names: dict, per_layer: dict[int, dict], sparse: dict, containers: set):
+    """The experts as banks (scaffold.detect.expertbanks): each layer's modules directly under one block holding a
+    3-D weight, where the block's code runs them as experts. Fills `sparse` and `containers` as _stacked_layout's
+    loop does; the read (or None where the code does not read so; refused where it computes otherwise)."""
+    held: dict[int, dict[str, str]] = {}
+    for layer, tensors in per_layer.items():
+        for rest, info in tensors.items():
+            parts = rest.split(".")
+            if len(info.shape) == 3 and len(parts) == 3 and parts[2] == "weight":
+                held.setdefault(layer, {})[parts[1]] = rest
+                containers.add(parts[0])
+    if not held or len(containers) != 1:
+        containers.clear()
+        return None
+    mlp = next(iter(containers))
+    sources = sourcecode.modeling_sources(ckpt)
+    first = min(held)
+    read = expertbanks.read(sources, names.get("layers", "layers").rsplit(".", 1)[-1], mlp,
+                            {a: list(per_layer[first][t].shape) for a, t in held[first].items()})
+    if read is None:
+        containers.clear()
+        return None
+    if isinstance(read, str):
+        raise unsupported(f"experts kept as banks ({', '.join(sorted(held[first].values()))}): {read}",
+                          ckpt.config_file, ckpt.config.get("model_type"))
+    # The port's experts compute the model's hidden_act (scaffold.detect.mlp reads it from these keys).
+    configured = next((ckpt.config[k] for k in mlp_detector.ACT_KEYS if k in ckpt.config), None)
+    used = ckpt.config.get(read.activation[len("config."):]) if read.activation.startswith("config.") \
+        else read.activation
+    if used != configured:
+        raise unsupported(f"experts kept as banks whose gate goes through {read.activation} ({used!r}; "
+                          f"{read.code.evidence}), not the model's activation {configured!r}", ckpt.config_file,
+                          ckpt.config.get("model_type"))
+    sparse.update(held)
+    return read
 
 
 def _clamped_shared_expert(ckpt: Checkpoint, spec: Spec, tensors: dict, mlp: str, clamped: tuple[str, str, str],
@@ -629,7 +681,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
         shared_code = frozenset({n["shared_expert"], code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight")
                                  .split(".")[1]})
-    path = routing.routing(sources, n["experts"], shared_code)
+    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code)
     if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
         if path.weighted_input or "topk" in path.calls:
             raise unsupported(problem, where, spec.model_type)
@@ -774,6 +826,29 @@ def shared_class_width_expr(sources: dict[str, str], shared: str,
             if found is not None and found[1]:
                 return found[0], found[1], f"{file}:{call.lineno}"
     return None
+
+
+def _routing_attribute(ckpt: Checkpoint, spec: Spec) -> str:
+    """The attribute the routing reader finds the block by: the experts' (names.experts), or for experts kept as
+    banks (scaffold.detect.expertbanks: the code's name for the gate-and-up tensor is the checkpoint's, with no
+    `experts` module) the gate-and-up bank's, refused where the first class building it is not the block the
+    decoder layer builds (JetMoE's attention builds banks of the same names, JetMoeMoA, after its MoE block)."""
+    n = spec.names
+    if spec.experts_layout != "stacked" or not n.get("stacked_gate_up", "").endswith(".weight"):
+        return n["experts"]
+    code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
+    if CODE_STACKED.match(code(f"{n['mlp']}.{n['stacked_gate_up']}")):
+        return n["experts"]
+    bank = n["stacked_gate_up"].removesuffix(".weight")
+    sources = sourcecode.modeling_sources(ckpt)
+    block = expertbanks.block_class(sources, n["layers"].rsplit(".", 1)[-1], n["mlp"])
+    first = next((name for name, (_file, cls) in sourcecode._classes(sources).items()
+                  if bank in routing._assigned_classes(routing._method(cls, "__init__"))), None)
+    if block is None or first != block[1].name:
+        raise unsupported(f"experts kept as banks ({n['mlp']}.{n['stacked_gate_up']}) whose block class the routing "
+                          f"reader does not find first ({first} builds self.{bank} before "
+                          f"{block[1].name if block else 'the block'})", ckpt.config_file, spec.model_type)
+    return bank
 
 
 def _sparsemixer_fields(spec: Spec, ckpt: Checkpoint, mixer: routingmath.SparseMixer) -> None:

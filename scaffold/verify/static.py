@@ -90,13 +90,21 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             for role in latent_norms:
                 for kind in kinds:
                     params[f"{p}{attn}.{n[role]}.{kind}"] = (None,)
+        elif spec.qkv_layout == "routed":
+            # A mixture of attention heads: the keys' and values' projection (one tensor, cut by its loader), the
+            # router, the experts' query and output banks and the output's bias, each under its own name.
+            routed = f"{p}{attn}.{n['moa']}."
+            for name in (f"{p}{attn}.{n['qkv_proj']}.weight", f"{routed}{n['moa_router']}.weight",
+                         f"{routed}{n['moa_q_bank']}.weight", f"{routed}{n['moa_o_bank']}.weight",
+                         f"{routed}{n['moa_bias']}"):
+                params[name] = (None,)
         else:
             qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
             for kind in qkv_kinds:
                 params[f"{p}{attn}.{n['qkv_proj']}.{kind}"] = SHARDS_OF["self_attn.qkv_proj"]
         # An output bias the attention holds as its own parameter (o_bias_param) is o_proj's bias on its layers.
         o_bias = spec.o_bias or (spec.o_bias_param is not None and i in spec.o_bias_layers)
-        for kind in ("weight", "bias") if o_bias else ("weight",):
+        for kind in (() if spec.qkv_layout == "routed" else ("weight", "bias") if o_bias else ("weight",)):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
         if spec.attention_sinks and (not spec.attention_sinks_layers or i in spec.attention_sinks_layers):
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
@@ -153,6 +161,8 @@ def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
         params[f"{mlp}.{n['shared_expert_gate']}.weight"] = (None,)
     if spec.moe_correction_bias:
         params[f"{mlp}.{spec.moe_correction_bias}"] = (None,)
+    if spec.moa_moe_bias:  # the bias the block adds to its output
+        params[f"{mlp}.{spec.moa_moe_bias}"] = (None,)
     if spec.moe_output_norm:  # built as the layer's norms are
         kinds = () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",)
         for kind in kinds:
@@ -197,6 +207,11 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank, f"{attn}.{n['q_b_proj']}": heads * (nope + rope)})
         else:
             want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
+    elif spec.qkv_layout == "routed":
+        # A mixture of attention heads: no output projection; keys then values in one tensor, the router's rows.
+        del want[f"{attn}.{n['o_proj']}"]
+        want.update({f"{attn}.{n['qkv_proj']}": 2 * kv,
+                     f"{attn}.{n['moa']}.{n['moa_router']}": spec.moa_num_experts})
     elif spec.qkv_layout == "separate":
         want.update({f"{attn}.{n['q_proj']}": spec.query_rows, f"{attn}.{n['k_proj']}": kv,
                      f"{attn}.{n['v_proj']}": spec.num_kv_heads * spec.value_dim})
@@ -215,7 +230,11 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
     if spec.is_moe and spec.experts_layout in ("stacked", "flattened"):
         stacked = stacked_shapes(spec)
-    elif spec.is_moe:
+    if spec.qkv_layout == "routed":  # the attention experts' banks: [experts, rows, columns] of each
+        routed = f"{attn}.{n['moa']}"
+        stacked.update({f"{routed}.{n['moa_q_bank']}.weight": (spec.moa_num_experts, kv, hidden),
+                        f"{routed}.{n['moa_o_bank']}.weight": (spec.moa_num_experts, hidden, kv)})
+    if spec.is_moe and spec.experts_layout != "stacked":
         for e in range(spec.num_experts):
             experts = f"{mlp}.{n['experts']}.{e}"
             want.update({f"{experts}.{n['expert_gate_proj']}": spec.moe_intermediate_size,
@@ -274,7 +293,10 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     v_rows = spec.num_kv_heads * spec.value_dim
     attention = (f"latent attention: latent {spec.kv_lora_rank} + rotated key {spec.qk_rope_head_dim} rows, "
                  f"{spec.num_heads} heads of q {spec.qk_nope_head_dim} + {spec.qk_rope_head_dim}, v {spec.v_head_dim}"
-                 if latent else f"q {spec.query_rows}"
+                 if latent else
+                 f"mixture of attention heads: {spec.moa_num_experts} experts of q {kv} rows and output {kv} columns, "
+                 f"top-{spec.moa_top_k} per token, k {kv}, v {kv} rows (GQA {spec.num_heads}:{spec.num_kv_heads})"
+                 if spec.qkv_layout == "routed" else f"q {spec.query_rows}"
                  f"{' (query and gate per head)' if spec.attn_output_gate == 'in_query' else ''}, k {kv}, v {v_rows} rows "
                  f"(GQA {spec.num_heads}:{spec.num_kv_heads}"
                  f"{own_heads}"
@@ -376,6 +398,10 @@ def check_concat_order(report: Report, spec: Spec, model_file) -> None:
     elif expected:
         report.add("q/k/v and gate/up order", True,
                    ", ".join(f"{k.rsplit('.', 1)[-1]} -> {v[0].rsplit('.', 1)[-1]}[{v[1]!r}]" for k, v in expected.items()))
+    elif spec.qkv_layout == "routed":
+        report.add("q/k/v and gate/up order", True, f"{spec.names['qkv_proj']} holds keys then values (chunk(2)), cut by "
+                                                    "MergedColumnParallelLinear's loader; the queries are the "
+                                                    "attention experts' own")
     else:
         report.add("q/k/v and gate/up order", True, "the checkpoint stores fused projections; split by load_weights")
 
