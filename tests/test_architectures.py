@@ -506,6 +506,12 @@ UNSUPPORTED = {
     "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                            "attention_k_eq_v": True},
                            "branches on `self.v_proj is not None`, which holds in layer(s) 0, 1 only"),
+    # Gemma 4's MoE block: each layer runs its dense MLP and its own routed experts side by side and adds the two.
+    "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                              "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                                              "moe_intermediate_size": 64},
+                              "a mixture of experts beside the dense MLP in each decoder layer: "
+                              "Gemma4TextDecoderLayer.forward"),
     # DBRX hands the layer's input to norm_attn_norm, which holds both norms around the attention and returns the
     # residual and the normed sum; behind it, its experts are stored flattened and its sizes sit in sub-configs (its
     # clamp of q, k and v the port computes). d_model set directly: the config copies it into ffn_config before the

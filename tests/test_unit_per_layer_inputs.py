@@ -140,3 +140,80 @@ def test_a_lab_backbone_computing_otherwise_is_refused_naming_the_difference(cha
         layerinputs.read({"modeling_lab.py": LAB_PLE.replace(old, new)}, CONFIG, tensors("side"))
     assert words in str(exc.value), str(exc.value)
     assert "modeling_lab.py:" in str(exc.value)
+
+
+# ------------------------------------------------------------------ experts beside the dense MLP (forms.py)
+def test_gemma4_moe_block_is_refused_naming_both_blocks():
+    from scaffold.detect import forms
+
+    config = {"enable_moe_block": True, "hidden_size_per_layer_input": 0, "num_hidden_layers": 2}
+    message = forms.experts_beside_mlp(transformers_code("gemma4"), config)
+    assert message is not None and message.startswith(
+        "a mixture of experts beside the dense MLP in each decoder layer: Gemma4TextDecoderLayer.forward ("), message
+    assert "self.experts (Gemma4TextExperts," in message and "self.mlp (Gemma4TextMLP)" in message
+    # config.json switching the block off leaves one feed-forward block.
+    assert forms.experts_beside_mlp(transformers_code("gemma4"), dict(config, enable_moe_block=False)) is None
+
+
+LAB_BANK = "\n" + LAB_PRELUDE + '''class LabDense(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_in = nn.Linear(config.hidden_size, 64, bias=False)
+        self.w_out = nn.Linear(64, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.w_out(F.gelu(self.w_in(x)))
+
+
+class LabBank(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.empty(config.num_experts, 64, config.hidden_size))
+        self.w_out = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, 64))
+
+    def forward(self, x, which, weights):
+        return (weights[..., None] * torch.einsum("tf,tef->te", x, self.w_in[which])).sum(1)
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class LabBlock(nn.Module):
+    def __init__(self, config, idx):
+        super().__init__()
+        self.mix = LabAttention(config)
+        self.ffn = LabDense(config)
+        self.pick = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.bank = LabBank(config)
+        self.n1 = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x):
+        x = x + self.mix(self.n1(x))
+        weights, which = self.pick(x).softmax(-1).topk(2)
+        routed = self.bank(x, which, weights)
+        return x + routed + self.ffn(x)
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.blocks = nn.ModuleList([LabBlock(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+
+def test_a_lab_layer_adding_its_experts_to_its_dense_mlp_is_refused():
+    from scaffold.detect import forms
+
+    message = forms.experts_beside_mlp({"modeling_lab.py": LAB_BANK}, {"num_hidden_layers": 2})
+    assert message is not None and "LabBlock.forward (modeling_lab.py:" in message, message
+    assert "self.bank (LabBank, modeling_lab.py:" in message and "self.ffn (LabDense)" in message
+    # The same layer with the experts alone (no dense MLP beside them) is an ordinary MoE layer.
+    alone = LAB_BANK.replace("        return x + routed + self.ffn(x)", "        return x + routed")
+    assert forms.experts_beside_mlp({"modeling_lab.py": alone}, {"num_hidden_layers": 2}) is None
