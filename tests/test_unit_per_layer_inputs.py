@@ -130,6 +130,9 @@ def test_a_lab_backbone_computing_the_same_form_is_read():
     (("        self.side_norm = LabRMSNorm(config.hidden_size, eps=config.rms_norm_eps)",
       "        self.side_norm = nn.LayerNorm(config.hidden_size, eps=config.rms_norm_eps)"),
      "not built as the layer's norms are"),
+    # The table's lookup of something else than the token ids themselves.
+    (("return super().forward(ids) * self.mult", "return super().forward(ids + 1) * self.mult"),
+     "the reader finds a lookup of side in 0 of the layer's arguments"),
     # The slice of the layer index taken along the width.
     (("sides[..., idx, :]", "sides[..., idx]"), "not the slice [..., i, :]"),
 ])

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import dataflow, sourcecode
+from scaffold.detect import dataflow, layerinputs, sourcecode
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
@@ -809,8 +809,6 @@ def experts_beside_mlp(sources: dict, config: dict) -> str | None:
     enable_moe_block: self.mlp and self.experts, routed by self.router, each normed, summed): the port's layer has
     one feed-forward block, dense or routed. Read from what the layer's forward computes (layerinputs' symbolic
     reading, on the branches config.json decides)."""
-    from scaffold.detect import layerinputs  # a reader of this module's own level, used by this finder alone
-
     layer = _decoder_layer(sources)
     if layer is None or _method(layer[1], "forward") is None:
         return None

@@ -527,7 +527,9 @@ class _Sym:
         param = [a.arg for a in forward.args.args if a.arg != "self"]
         env = {param[0]: ("param", "__ids__")} if param else {}
         out = inner.body(forward.body, env, 1)
-        return _replace(out, ("param", "__ids__"), arg, ("super",), lookup)
+        # super().forward(ids), the parent's lookup of the ids themselves, stands for the table's lookup.
+        parent = ("opaque", f"super().forward({param[0]})") if param else None
+        return _replace(out, ("param", "__ids__"), arg, parent, lookup)
 
     def inline(self, method, call: ast.Call, env, depth):
         params = [a.arg for a in [*method.args.posonlyargs, *method.args.args] if a.arg != "self"]
@@ -647,12 +649,10 @@ class _Sym:
 
 
 def _replace(term, *pairs):
-    """term with each (old, new) pair of subterms replaced; ("super",) stands for super().forward(x)."""
+    """term with each (old, new) pair of subterms replaced."""
     table = dict(zip(pairs[::2], pairs[1::2]))
     if term in table:
         return table[term]
-    if isinstance(term, tuple) and term and term[0] == "opaque" and "super()" in term[1]:
-        return table.get(("super",), term)
     if isinstance(term, tuple):
         return tuple(_replace(t, *pairs) if isinstance(t, tuple) else t for t in term)
     return term
@@ -714,25 +714,28 @@ def read(sources: dict, config: dict, tensors) -> PerLayerForm | None:
     stack = next((s for f, c, s in _stack_owners(sources) if c.name == found.model_cls), None)
     layer = dataflow.layer_class(sources)
     if owner is None or layer is None:
-        raise Refused(f"{found}; the reader does not find the classes that compute it")
+        raise Refused(f"{found.short()}: the reader does not find the classes that compute it")
     layers, embeds = config.get("num_hidden_layers"), _embedding_classes(sources)
     model = _Sym(owner, file, sources, config, embeds, stack)
     model.body(_method(owner, "forward").body, _forward_env(_method(owner, "forward")), 0)
     line = int(found.call_where.rsplit(":", 1)[1])
     call = next(((args, kw) for at, args, kw in model.calls if at == line), None)
     if call is None or not call[0]:
-        raise Refused(f"{found}; the reader does not follow the layer call")
+        raise Refused(f"{found.short()}: the reader does not follow the layer call")
     args, keywords = call
     hidden = args[0]
     handed = [(i, t) for i, t in enumerate(args[1:], 1)] + [(k, t) for k, t in keywords.items()]
     side = [(where, t) for where, t in handed if _mentions(t, ("lookup", found.table))]
-    if len(side) != 1:
-        raise Refused(f"{found}; it reaches {len(side)} of the layer's arguments")
-    argument, term = side[0]
     where = found.call_where
 
     def refuse(what: str):
         raise Refused(f"per-layer input embeddings computed otherwise than the port computes them ({where}): {what}")
+
+    if len(side) != 1:
+        refuse(f"the reader finds a lookup of {found.table} in {len(side)} of the layer's arguments (the argument "
+               f"{found.argument} is {_show(handed[0][1]) if len(handed) == 1 else 'not one'}); the port hands each "
+               "layer one slice of one table's lookup of the token ids")
+    argument, term = side[0]
 
     if term[0] != "slice" or term[3] != 2:
         refuse(f"the layer's input is {_show(term)}, not the slice [..., i, :] of one [layers, width] tensor per "
