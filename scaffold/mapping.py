@@ -26,7 +26,15 @@ import re
 from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.spec import Spec, port_names, renamed_prefixes, renamed_substrings, renamed_suffixes
+from scaffold.spec import (
+    PER_LAYER_INPUT_LAYER_ROLES,
+    PER_LAYER_INPUT_MODEL_ROLES,
+    Spec,
+    port_names,
+    renamed_prefixes,
+    renamed_substrings,
+    renamed_suffixes,
+)
 
 # (checkpoint module within a decoder layer, fused vLLM module, shard id), with Llama's names.
 STACKED = (
@@ -178,6 +186,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
         out.append(f"{n['self_attn']}.{n['attn_sub_norm']}")
     if spec.mlp_sub_norm:
         out.append(f"{n['mlp']}.{n['mlp_sub_norm']}")
+    if spec.per_layer_input_size:  # replicated: the per-layer gate, projection and norm
+        out += [n[r] for r in PER_LAYER_INPUT_LAYER_ROLES]
     return out
 
 
@@ -239,6 +249,8 @@ class _Modules:
             top.add(f"{n['model']}.{n['embed_positions']}.weight")
         if "embed_norm" in n:
             top |= {f"{n['model']}.{n['embed_norm']}.weight", f"{n['model']}.{n['embed_norm']}.bias"}
+        if spec.per_layer_input_size:  # the per-layer input table, the projection into it and its norm
+            top |= {f"{n['model']}.{n[role]}.weight" for role in PER_LAYER_INPUT_MODEL_ROLES}
         if spec.head_act is not None:  # a transform before the head, beside it
             top |= {f"{n['head_transform']}.{n[role]}.{kind}" for role in ("head_dense", "head_norm")
                     for kind in ("weight", "bias")}

@@ -203,7 +203,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # norm to add the residual in, nor one whose output is scaled after its residual adds (Gemma 4's
         # layer_scalar): such ports use the sequential forward.
         "fused_residual": (spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich")
-                           and not spec.unnormed_attn_layers and not spec.layer_scalar),
+                           and not spec.unnormed_attn_layers and not spec.layer_scalar
+                           and not spec.per_layer_input_size),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
@@ -367,7 +368,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     activations = ({flags["act_call"].split("(", 1)[0] if flags["act_call"] else
                     "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
                     "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn"} if mlp_class else set())
-    if spec.head_act is not None:
+    if spec.head_act is not None or spec.per_layer_input_size:  # also each layer's per-layer input gate
         activations.add("get_act_fn")
     # Differential attention gathers the value heads and the outputs across ranks; its init may call math.exp.
     diff = bool(spec.diff_lambdas)
@@ -405,11 +406,11 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
           if diff or not flags["layer_norm_1p"] else []),
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
-             or spec.attn_output_gate not in ("none", "in_query")),
+             or spec.attn_output_gate not in ("none", "in_query") or bool(spec.per_layer_input_size)),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed),
+             or routed or bool(spec.per_layer_input_size)),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),

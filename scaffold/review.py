@@ -355,6 +355,14 @@ def decisions(spec) -> list[str]:
              "parallel": "attention and MLP both read the layer input and add to it"
                          + ("" if "mlp_norm" in n else ", through one shared norm")}[spec.block]
     out.append(f"- block: {spec.block} ({block}); norms are {norm}.")
+    if spec.per_layer_input_size:
+        n = spec.names
+        out.append(f"- per-layer input embeddings: ({n['per_layer_input_model_norm']}({n['per_layer_input_model_proj']}"
+                   f"(h) x {spec.per_layer_input_model_scale:.6g}) + {n['per_layer_input_table']}(ids) x "
+                   f"{spec.per_layer_input_table_scale:.6g}) x {spec.per_layer_input_scale:.6g}, "
+                   f"{spec.per_layer_input_size} wide per layer; each layer adds {n['per_layer_input_norm']}("
+                   f"{n['per_layer_input_proj']}({spec.per_layer_input_act}({n['per_layer_input_gate']}(h)) x its "
+                   f"slice)) to its output ({_md(spec.source('per_layer_input_size').detail)}).")
     scales = []
     if spec.embedding_multiplier is not None:
         scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")

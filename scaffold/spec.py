@@ -102,6 +102,8 @@ DEFAULT_NAMES = {
 # 2 x width, hidden]: gate and up, in expert_gate_up_order) and stacked_down
 # ([experts, hidden, width]); expert_gate_proj / expert_up_proj / expert_down_proj
 # then name the per-expert pieces the port cuts them into (vLLM's expert mapping).
+PER_LAYER_INPUT_MODEL_ROLES = ("per_layer_input_table", "per_layer_input_model_proj", "per_layer_input_model_norm")
+PER_LAYER_INPUT_LAYER_ROLES = ("per_layer_input_gate", "per_layer_input_proj", "per_layer_input_norm")
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
@@ -149,6 +151,11 @@ NAME_ROLES = (
     # output ([experts, hidden, kv heads x head_dim]: moa_o_bank), and its bias on the output (moa_bias); the
     # keys' and values' projection is qkv_proj.
     *("moa", "moa_router", "moa_q_bank", "moa_o_bank", "moa_bias"),
+    # Per-layer input embeddings (Gemma 4's and Gemma 3n's PLE), present only where per_layer_input_size is set: under
+    # the base model the second table of the token ids, the linear map of the embeddings into it and that map's
+    # norm; inside each layer the gate, the projection back to the hidden width and its norm.
+    *PER_LAYER_INPUT_MODEL_ROLES,
+    *PER_LAYER_INPUT_LAYER_ROLES,
 )
 # The activations a gate on the attention output may apply, by the name the modeling code calls them (the port
 # computes them with torch: model_context.GATE_FUNCTIONS).
@@ -628,6 +635,21 @@ class Spec:
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
             "after both residual adds; empty: none")
+    # Per-layer input embeddings (Gemma 4's PLE): per = s * (norm(m * proj(h0)).view(L, P) + t * table(ids).view(L, P))
+    # (h0 the scaled embeddings), and layer i adds norm(proj_i(act(gate_i(h)) * per[:, i])) to its output.
+    per_layer_input_size: int = spec_field(
+        0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+        doc="the width P of each layer's slice of the per-layer input embeddings (names.per_layer_input_*); 0: none")
+    per_layer_input_vocab: int = spec_field(0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+                                            doc="the rows of the per-layer input table (names.per_layer_input_table)")
+    per_layer_input_table_scale: float = spec_field(1.0, group="norms", probe="layer", omit_when_empty=True,
+                                                    doc="the per-layer table's lookup scaled by it (t)")
+    per_layer_input_model_scale: float = spec_field(1.0, group="norms", probe="layer", omit_when_empty=True,
+                                                    doc="the projection of the embeddings scaled by it before its norm (m)")
+    per_layer_input_scale: float = spec_field(1.0, group="norms", probe="layer", omit_when_empty=True,
+                                              doc="the sum of the normed projection and the table scaled by it (s)")
+    per_layer_input_act: str = spec_field("", group="norms", probe="layer", omit_when_empty=True,
+                                          doc="the activation of each layer's per-layer gate (vLLM's name)")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -1150,6 +1172,15 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"head_act is {spec.head_act!r} but 'names' has {', '.join(transform) or 'none'} of the "
                         "roles head_transform, head_dense, head_norm (a transform before the head needs all three).",
                         origin)
+    per_layer = [r for r in (*PER_LAYER_INPUT_MODEL_ROLES, *PER_LAYER_INPUT_LAYER_ROLES) if r in names]
+    if bool(spec.per_layer_input_size) != bool(per_layer) or per_layer and len(per_layer) != 6 or (
+            spec.per_layer_input_size and not spec.per_layer_input_act):
+        raise SpecError(f"per_layer_input_size is {spec.per_layer_input_size!r} but 'names' has "
+                        f"{', '.join(per_layer) or 'none'} of the six per_layer_input_* roles (per-layer input "
+                        "embeddings need all six and per_layer_input_act).", origin)
+    if spec.per_layer_input_size and spec.block not in ("pre_norm", "sandwich"):
+        raise SpecError("per-layer inputs are added after a layer's two residual adds in sequence: block must be "
+                        "\"pre_norm\" or \"sandwich\".", origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

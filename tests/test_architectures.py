@@ -254,6 +254,13 @@ ARCHITECTURES = {
     # layer_scalar (random in the tiny checkpoint).
     "gemma4_text-uniform": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                             "sliding_window": 8}),
+    # Gemma 4 as configured by default (its full-attention layer's heads 512 wide, read from per_layer_config), with
+    # per-layer input embeddings: a second table of the token ids (embed_tokens_per_layer, scaled by sqrt(32)) and a
+    # projection of the scaled token embedding (times hidden_size ** -0.5, RMS-normed per layer), summed and scaled
+    # by 2 ** -0.5; each layer gates its 32-wide slice with gelu(per_layer_input_gate(h)), projects it back, norms
+    # it and adds it to its output before its layer_scalar.
+    "gemma4_text-per-layer-inputs": ("gemma4_text", {"vocab_size_per_layer_input": 256,
+                                                     "hidden_size_per_layer_input": 32}),
     # Gemma 4 Unified: the same forms, and each layer's own head width and KV heads read from
     # config.per_layer_config[layer_idx] (the full-attention layer 2: 4 heads of 64 over one KV head; the sliding
     # ones 4 heads of 32 over 2).
@@ -454,6 +461,11 @@ EXPECTED_SPEC = {
                             "rope_parameters": {"rope_type": "proportional", "rope_theta": 1000000.0},
                             "sliding_rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
                             "partial_rotary_factor": 0.25, "embedding_multiplier": 128**0.5},
+    "gemma4_text-per-layer-inputs": {"per_layer_input_size": 32, "per_layer_input_vocab": 256,
+                                     "per_layer_input_table_scale": 32**0.5, "per_layer_input_model_scale": 128**-0.5,
+                                     "per_layer_input_scale": 2**-0.5, "per_layer_input_act": "gelu_pytorch_tanh",
+                                     "layer_head_dim": [32, 32, 512], "layer_scalar": "layer_scalar",
+                                     "v_norm": "v_norm", "attention_scale": 1.0},
     "gemma4_unified_text-sizes": {"layer_head_dim": [32, 32, 64], "layer_num_kv_heads": [2, 2, 1],
                                   "v_norm": "v_norm", "layer_scalar": "layer_scalar", "attention_scale": 1.0,
                                   "block": "sandwich", "sliding_window_layers": [0, 1],
@@ -511,12 +523,12 @@ UNSUPPORTED = {
     "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                            "attention_k_eq_v": True},
                            "branches on `self.v_proj is not None`, which holds in layer(s) 0, 1 only"),
-    # Gemma 4 (its full-attention layer's heads 512 wide, read from per_layer_config) hands each layer a slice of a
-    # second embedding of the token ids (embed_tokens_per_layer, mixed with a projection of the token embedding)
-    # beside the hidden states.
-    "gemma4_text-per-layer-inputs": ("gemma4_text", {"vocab_size_per_layer_input": 256,
-                                                     "hidden_size_per_layer_input": 32},
-                                     "per-layer input embeddings: Gemma4TextModel builds embed_tokens_per_layer"),
+    # Gemma 4's MoE block: each layer runs its dense MLP and its own routed experts side by side and adds the two.
+    "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                              "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                                              "moe_intermediate_size": 64},
+                              "a mixture of experts beside the dense MLP in each decoder layer: "
+                              "Gemma4TextDecoderLayer.forward"),
     # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2): FusedMoE divides by the
     # sum, the 1-norm only.
     "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
@@ -738,7 +750,7 @@ def test_unsupported_architecture_is_refused_by_name(name, workdir):
 OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granitemoeshared", "gpt_oss", "nanochat",
              "dbrx", "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
              "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
-             "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes",
+             "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes", "gemma4_text-per-layer-inputs",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",

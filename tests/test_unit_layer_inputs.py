@@ -96,30 +96,48 @@ def test_a_lab_side_table_handed_to_each_block_is_named():
     assert layerinputs.per_layer_inputs({"modeling_lab.py": added}, ["model.tok.weight", "model.side.weight"]) is None
 
 
-def test_the_policy_refuses_a_gemma4_checkpoint_with_the_table_by_name(tmp_path):
+def test_the_policy_passes_a_gemma4_checkpoint_whose_form_the_port_computes(tmp_path):
+    # Gemma 4's per-layer inputs are ported (scaffold.detect.layerinputs.read): the policy no longer refuses them.
     from ckpt_factory import write_checkpoint
 
-    shape = Shape(model_type="gemma4_text", layers=2, extra={"per_layer_config": {}})
+    shape = Shape(model_type="gemma4_text", layers=2, extra={"per_layer_config": {}, "hidden_size_per_layer_input": 8,
+                                                            "vocab_size_per_layer_input": 64,
+                                                            "hidden_activation": "gelu_pytorch_tanh"})
     tensors = tensors_for(shape)
-    tensors["model.embed_tokens_per_layer.weight"] = [shape.vocab, 2 * 8]
+    tensors["model.embed_tokens_per_layer.weight"] = [64, 2 * 8]
     write_checkpoint(tmp_path, shape, tensors=tensors)
-    with pytest.raises(UnsupportedArchitecture, match=r"per-layer input embeddings: Gemma4TextModel builds "
-                                                      r"embed_tokens_per_layer \(Gemma4TextScaledWordEmbedding, "
-                                                      r"transformers/models/gemma4/modeling_gemma4\.py:\d+\)"):
+    policy.check(read_checkpoint(tmp_path))
+    # Without hidden_size_per_layer_input in config.json the reader cannot tell the slices' width: refused by name.
+    shape.extra.pop("hidden_size_per_layer_input")
+    write_checkpoint(tmp_path, shape, tensors=tensors)
+    with pytest.raises(UnsupportedArchitecture, match=r"per-layer input embeddings computed otherwise than the port "
+                                                      r"computes them \(transformers/models/gemma4/modeling_gemma4"
+                                                      r"\.py:\d+\): a reshape to"):
         policy.check(read_checkpoint(tmp_path))
 
 
-def test_per_layer_head_widths_pass_to_the_per_layer_embeddings(tmp_path):
-    # Gemma 4's per_layer_config head widths are read as the port's own (scaffold.detect.policy.layer_sizes): what
-    # stops the checkpoint is the per-layer input embeddings.
+def test_per_layer_head_widths_and_per_layer_embeddings_pass_together(tmp_path):
+    # Gemma 4's per_layer_config head widths are read as the port's own (scaffold.detect.policy.layer_sizes), and its
+    # per-layer input embeddings are ported: the policy passes both.
     from ckpt_factory import write_checkpoint
 
-    shape = Shape(model_type="gemma4_text", layers=2, extra={"per_layer_config": {"1": {"head_dim": 64}}})
+    shape = Shape(model_type="gemma4_text", layers=2, extra={"per_layer_config": {"1": {"head_dim": 64}},
+                                                            "hidden_size_per_layer_input": 8,
+                                                            "hidden_activation": "gelu_pytorch_tanh"})
     tensors = tensors_for(shape)
     tensors["model.layers.1.self_attn.o_proj.weight"] = [shape.hidden, 4 * 64]
     tensors["model.embed_tokens_per_layer.weight"] = [shape.vocab, 2 * 8]
     write_checkpoint(tmp_path, shape, tensors=tensors)
-    with pytest.raises(UnsupportedArchitecture) as exc:
-        policy.check(read_checkpoint(tmp_path))
-    text = " ".join(str(exc.value).split())
-    assert text.startswith(f"{tmp_path}/config.json: per-layer input embeddings: Gemma4TextModel"), text
+    policy.check(read_checkpoint(tmp_path))
+
+
+def test_the_lab_side_table_is_refused_naming_what_the_port_does_not_compute():
+    # LAB_SIDE mixes an unnormed projection into its side table, and its blocks add an unnormed term: not the
+    # form the port computes (scaffold.detect.layerinputs.read), refused naming the combination and its line.
+    config = {"num_hidden_layers": 3, "hidden_size": 128}
+    shapes = {"model.tok.weight": (256, 128), "model.side.weight": (256, 24)}
+    tensors = {name: type("Info", (), {"shape": shape})() for name, shape in shapes.items()}
+    with pytest.raises(layerinputs.Refused, match=r"computed otherwise than the port computes them \(modeling_lab\.py:"
+                                                  r"\d+\): the per-layer inputs are \(side\(ids\) \* 2 \+ "
+                                                  r"mix\(tok\(ids\)\)\), not c2 \* \(norm"):
+        layerinputs.read({"modeling_lab.py": LAB_SIDE}, config, tensors)

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import dataflow, sourcecode, sublayers
+from scaffold.detect import dataflow, layerinputs, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
@@ -936,5 +936,63 @@ def parallel_lists(sources: dict, config: dict) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------ experts beside the dense MLP
+def _three_d_parameters(cls: ast.ClassDef) -> list[str]:
+    """self.X = nn.Parameter(torch.<empty|zeros|ones|randn>(a, b, c)) in __init__: experts stored one 3-D tensor per
+    projection."""
+    init = _method(cls, "__init__")
+    out = []
+    for node in subtree(init) if init is not None else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.value, ast.Call) and _callee(node.value) == "Parameter" and node.value.args
+                and isinstance(node.value.args[0], ast.Call) and len(node.value.args[0].args) == 3):
+            out.append(node.targets[0].attr)
+    return out
+
+
+def experts_beside_mlp(sources: dict, config: dict) -> str | None:
+    """A decoder layer that runs a mixture of experts of its own beside its dense MLP and adds the two (Gemma 4's
+    enable_moe_block: self.mlp and self.experts, routed by self.router, each normed, summed): the port's layer has
+    one feed-forward block, dense or routed. Read from what the layer's forward computes (layerinputs' symbolic
+    reading, on the branches config.json decides)."""
+    layer = _decoder_layer(sources)
+    if layer is None or _method(layer[1], "forward") is None:
+        return None
+    file, cls = layer
+    classes = _classes(sources)
+    built = _built(cls)
+    experts = {attr for attr, (name, _line_no) in built.items()
+               if name in classes and _three_d_parameters(classes[name][1])}
+    if not experts:
+        return None
+    sym = layerinputs._Sym(cls, file, sources, config, set())
+    forward = _method(cls, "forward")
+    out = sym.body(forward.body, {a.arg: ("param", a.arg) for a in forward.args.args if a.arg != "self"}, 0)
+    if out is None:
+        return None
+    modules = {t[1] for t in layerinputs._subterms(out) if t[0] == "module"}
+    for attr in sorted(experts & modules):
+        for term in layerinputs._subterms(out):
+            if term[0] != "add":
+                continue
+            sides = [{t[1] for t in layerinputs._subterms(side) if t[0] in ("module", "linear")} for side in term[1:]]
+            for one, other in (sides, sides[::-1]):
+                dense = sorted(m for m in other - one - experts if m in built and built[m][0] in classes
+                               and not _three_d_parameters(classes[built[m][0]][1])
+                               and m not in _attention_attrs(cls, sources))
+                if attr in one and attr not in other and dense:
+                    return (f"a mixture of experts beside the dense MLP in each decoder layer: {cls.name}.forward "
+                            f"({file}:{forward.lineno}) adds what self.{attr} ({built[attr][0]}, {file}:"
+                            f"{built[attr][1]}) computes to what self.{dense[0]} ({built[dense[0]][0]}) computes; the "
+                            "port's layer has one feed-forward block, dense or routed")
+    return None
+
+
+def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
+    attention = _attention_classes(sources)
+    return {attr for attr, (name, _n) in _built(cls).items() if name in attention}
+
+
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
-           several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
+           several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
+           experts_beside_mlp)

@@ -27,6 +27,7 @@ from scaffold.detect import (
     identitynorm,
     latent,
     moa,
+    layerinputs,
     moe,
     outbias,
     policy,
@@ -53,7 +54,16 @@ from scaffold.detect.sourcecode import (
     weightless_norms,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import GATE_ACTIVATIONS, Source, Spec, Undetermined, Unknown, attention_module
+from scaffold.spec import (
+    GATE_ACTIVATIONS,
+    PER_LAYER_INPUT_LAYER_ROLES,
+    PER_LAYER_INPUT_MODEL_ROLES,
+    Source,
+    Spec,
+    Undetermined,
+    Unknown,
+    attention_module,
+)
 
 # Tensor names that mean an architecture this generator cannot express.
 UNSUPPORTED_MARKERS = (
@@ -115,6 +125,53 @@ def layer_list(ckpt: Checkpoint, code: dict[str, str]) -> tuple[str, str]:
             f"{', '.join(sorted('self.' + b for b in built))} (nn.ModuleList); refusing to guess which is the "
             "decoder.", where)
     return prefix, layers
+
+
+def _per_layer_inputs(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, top: dict):
+    """Per-layer input embeddings as the port computes them (scaffold.detect.layerinputs.read; the policy refused
+    any other form): their modules under names.per_layer_input_*, their sizes, scales and activation; their
+    top-level tensors taken out of `top`. None where the model has none."""
+    form = layerinputs.read(modeling_sources(ckpt), ckpt.config, ckpt.tensors)
+    if form is None:
+        spec.set("per_layer_input_size", 0, Source("default", "no per-layer input embeddings"))
+        return None
+    where = ckpt.config_file
+    for role, attr in zip((*PER_LAYER_INPUT_MODEL_ROLES, *PER_LAYER_INPUT_LAYER_ROLES),
+                          (form.table, form.model_projection, form.projection_norm, form.gate, form.projection,
+                           form.post_norm)):
+        names[role] = attr
+    table = ckpt.tensors.get(f"{prefix}.{form.table}.weight")
+    if table is None or len(table.shape) != 2 or table.shape[1] % spec.num_layers:
+        raise _unsupported(f"per-layer input embeddings whose table {prefix}.{form.table} the checkpoint does not hold "
+                           f"as [rows, {spec.num_layers} x width]", where, spec.model_type)
+    width, rows = table.shape[1] // spec.num_layers, table.shape[0]
+    keyed = {k: v for k, v in ckpt.config.items() if isinstance(v, int) and not isinstance(v, bool)}
+    size_key = next((k for k in ("hidden_size_per_layer_input",) if keyed.get(k) == width), None) or next(
+        (k for k, v in keyed.items() if v == width and "per_layer" in k), None)
+    vocab_key = next((k for k in ("vocab_size_per_layer_input",) if keyed.get(k) == rows), None)
+    spec.set("per_layer_input_size", width,
+             Source("tensor", f"{prefix}.{form.table}.weight: {spec.num_layers} x {width} wide ({form.evidence})",
+                    f"config.{size_key}" if size_key else None))
+    spec.set("per_layer_input_vocab", rows, Source("tensor", f"{prefix}.{form.table}.weight: {rows} rows",
+                                                   f"config.{vocab_key}" if vocab_key else None))
+    for field, const, what in (("per_layer_input_table_scale", form.table_scale, f"{form.table}'s lookup"),
+                               ("per_layer_input_model_scale", form.model_scale, f"{form.model_projection}'s output"),
+                               ("per_layer_input_scale", form.input_scale, "the sum")):
+        spec.set(field, const.value, Source("code", f"{form.found.call_where}: {what} times {const.value:.6g}",
+                                            const.expr if const.expr and "config." in const.expr else None))
+    act = form.act.lower()
+    registry = vllm_registry()
+    if registry is not None and act not in registry.plain:
+        raise _unsupported(f"per-layer input gate activation {form.act!r} is not in vLLM's activation registry", where,
+                           spec.model_type)
+    spec.set("per_layer_input_act", act, Source("config" if form.act_expr else "code",
+                                                f"config.json {form.act_expr}" if form.act_expr
+                                                else f"{form.evidence}: ACT2FN[{form.act!r}]"))
+    # The table, the projection and its norm are the port's, not the token embedding's or the final norm.
+    for attr in (form.table, form.model_projection, form.projection_norm):
+        for n in [n for n in top if n.startswith(f"{prefix}.{attr}.")]:
+            del top[n]
+    return form
 
 
 def top_modules(ckpt: Checkpoint, spec: Spec, prefix: str, top: dict, inside: dict,
@@ -385,6 +442,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if positions_table is not None:
         names["embed_positions"] = positions_table
         del top[f"{prefix}.{positions_table}.weight"]
+    # Per-layer input embeddings (Gemma 4's PLE): their table, projection and norm are not the token embedding's.
+    per_layer_inputs = _per_layer_inputs(ckpt, spec, names, prefix, top)
     inside = {n[len(prefix) + 1:]: i for n, i in top.items() if n.startswith(prefix + ".")}
     try:
         embed, norm, head, embed_norm, transform = top_modules(ckpt, spec, prefix, top, inside, code)
@@ -702,6 +761,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
     if spec.layer_scalar:
         claimed.add(spec.layer_scalar)
+    if per_layer_inputs is not None:
+        claimed |= {names[r] for r in PER_LAYER_INPUT_LAYER_ROLES}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:

@@ -44,10 +44,12 @@ def check(ckpt: Checkpoint) -> None:
         raise unsupported(f"{explained} ({exc.problem.rstrip('.')})"
                           + (f"; besides, {besides.short()}" if besides else ""), ckpt.config_file,
                           ckpt.config.get("model_type")) from None
-    # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE).
-    found = layerinputs.per_layer_inputs(sourcecode.modeling_sources(ckpt), ckpt.tensors)
-    if found is not None:
-        raise unsupported(str(found), ckpt.config_file, ckpt.config.get("model_type"))
+    # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
+    # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
+    try:
+        layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors)
+    except layerinputs.Refused as exc:
+        raise unsupported(str(exc), ckpt.config_file, ckpt.config.get("model_type")) from None
 
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:

@@ -57,6 +57,11 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{transform}{n['head_dense']}.bias"] = (None,)
         for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
             params[f"{transform}{n['head_norm']}.{kind}"] = (None,)
+    if spec.per_layer_input_size:  # the per-layer input table, the projection into it, its norm (built as the others)
+        params[f"{top}{n['per_layer_input_table']}.weight"] = (None,)
+        params[f"{top}{n['per_layer_input_model_proj']}.weight"] = (None,)
+        for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
+            params[f"{top}{n['per_layer_input_model_norm']}.{kind}"] = (None,)
     norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
              "post_norm": ("attn_post_norm", "mlp_post_norm"), "residual_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
@@ -74,6 +79,11 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
         if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
             params[f"{p}{spec.layer_scalar}"] = (None,)
+        if spec.per_layer_input_size:  # the per-layer gate and projection, and a norm built as the others
+            params[f"{p}{n['per_layer_input_gate']}.weight"] = (None,)
+            params[f"{p}{n['per_layer_input_proj']}.weight"] = (None,)
+            for kind in kinds:
+                params[f"{p}{n['per_layer_input_norm']}.{kind}"] = (None,)
         if spec.qkv_layout == "latent":
             # The low-rank query's and the latent's down-projections fused in one parameter (shards 0, 1), or the
             # queries' own projection beside the latent's; the latent's norm and expansion. The latent norms are
