@@ -13,10 +13,13 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
   modules at more than one place (cross-attention to an encoder's states is named elsewhere, scaffold.detect.layout).
 - Routed attention (JetMoE's mixture of attention heads): the attention computes its queries or output through a
   module that routes each token to top-k experts.
-- An attention mask computed from the attention's own parameters (Doge's dynamic mask: dt_proj and A over the
-  values, then a top-k of the keys): vLLM's attention masks by position only.
-- Learned residual scales (Doge's `self.input_residual * residual + hidden_states`): the residual multiplied by a
-  parameter of the layer's own before the sublayer's output is added.
+- An attention mask computed from the attention's own parameters, other than a bias per key from its values
+  (Doge's dt_proj and A, which scaffold.detect.keybias reads and the port computes): vLLM's attention masks by
+  position only.
+- Learned residual scales other than a residual times a parameter before the attention's or the MLP's output is
+  added (Doge's `self.input_residual * residual + hidden_states`, read by scaffold.detect.keybias and ported).
+- Experts kept as rows of embedding tables (Doge's CDMoE under is_moe: `self.down_embed(indices)` for the indices
+  of a top-k), in the module the decoder layer builds under config.json's values.
 - A learned relative position bias (CPM-Ant's, T5's): a table of parameters indexed by the distance between key
   and query positions (`arange(k)[None, :] - arange(q)[:, None]`), added to the attention scores.
 - A multimodal model: every causal-LM class of the file takes image, audio or video inputs (Fuyu's image_patches).
@@ -35,7 +38,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import dataflow, sourcecode
+from scaffold.detect import conditions, dataflow, keybias, sourcecode
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, subtree
@@ -545,10 +548,53 @@ def residual_scales(sources: dict, config: dict) -> str | None:
                             hits.append((factor.attr, n))
     if not hits:
         return None
+    # A residual times a parameter of the layer before the attention's or the MLP's output is added (Doge's
+    # input_residual, post_attention_residual) is ported (scaffold.detect.keybias reads it); anything else is named.
+    try:
+        if keybias.residual_scales(sources):
+            return None
+        why = "the port adds the residual as it is"
+    except keybias.Unmatched as exc:
+        why = f"{exc}"
     names = ", ".join(dict.fromkeys(a for a, _ in hits))
     return (f"learned residual scales: {cls.name}.forward multiplies the residual by parameters of its own ({names}) "
-            f"before adding the sublayer's output ({_where(file, hits[0][1])}: {_line(hits[0][1])}); the port adds "
-            "the residual as it is")
+            f"before adding the sublayer's output ({_where(file, hits[0][1])}: {_line(hits[0][1])}); {why}")
+
+
+def embedded_experts(sources: dict, config: dict) -> str | None:
+    """Experts kept as rows of embedding tables (Doge's CDMoE: `self.down_embed(indices)` for the indices of a
+    top-k over the router's scores, one vector per expert), in the module the decoder layer builds under
+    config.json's values: no MLP per expert for FusedMoE to compute."""
+    layer = _decoder_layer(sources)
+    if layer is None:
+        return None
+    classes = _classes(sources)
+    init = _method(layer[1], "__init__")
+    for node in subtree(init) if init is not None else ():
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute) and _dotted(node.targets[0].value) == "self"):
+            continue
+        chosen = conditions.selected(node.value, config)
+        if not isinstance(chosen, ast.Call):
+            continue
+        name = _dotted(chosen.func).rsplit(".", 1)[-1]
+        if name not in classes:
+            continue
+        file, cls = classes[name]
+        forward = _method(cls, "forward")
+        tables = {a for a, (c, _) in _built(cls).items() if c == "Embedding"}
+        if forward is None or not tables or not any(isinstance(n, ast.Call) and _callee(n) == "topk"
+                                                    for n in subtree(forward)):
+            continue
+        looked = sorted((n for n in subtree(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                         and _dotted(n.func.value) == "self" and n.func.attr in tables),
+                        key=lambda n: (n.lineno, n.col_offset))
+        if looked:
+            names = ", ".join(dict.fromkeys(n.func.attr for n in looked))
+            return (f"experts kept as rows of embedding tables: {name}.forward looks up {names} by the indices of "
+                    f"its top-k ({_where(file, looked[0])}: {_line(looked[0], 60)}), one vector per expert; the "
+                    "port's experts are MLPs that FusedMoE computes")
+    return None
 
 
 # ------------------------------------------------------------------ inside the attention
@@ -625,9 +671,19 @@ def dynamic_mask(sources: dict, config: dict) -> str | None:
                 # scores from the low-rank query, refused as an indexer by scaffold.detect.latent) is not this form.
                 got = reads(mask) - set().union(set(), *(reads(a) for a in _qkv_arguments(call)))
                 if got:
+                    # A bias per key computed from its values (Doge's) rides in the KV cache with the key:
+                    # scaffold.detect.keybias reads it; any other such mask is named here.
+                    try:
+                        if keybias.key_bias(sources, config) is not None:
+                            return None
+                        why = "the mask depends on the tokens' values, and the port's attention masks by position only"
+                    except keybias.Unmatched as exc:
+                        why = f"{exc}"
+                        if why.startswith(f"{name}.forward hands "):
+                            why = why.split("): ", 1)[1] if "): " in why else why
                     return (f"an attention mask computed from parameters of the attention ({', '.join(sorted(got))})"
-                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); the mask "
-                            "depends on the tokens' values, and the port's attention masks by position only")
+                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); "
+                            f"{why}")
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 got = reads(value)
                 for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
@@ -791,4 +847,5 @@ def parallel_lists(sources: dict, config: dict) -> str | None:
 
 
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
-           several_attentions, routed_attention, summed_scores, dynamic_mask, residual_scales, relative_position_bias)
+           several_attentions, routed_attention, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
+           embedded_experts)
