@@ -28,7 +28,8 @@ import ast
 import math
 from dataclasses import dataclass
 
-from scaffold.detect import forms, sourcecode
+from scaffold.detect import formcode as forms
+from scaffold.detect import sourcecode
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.sourcecode import subtree
 
