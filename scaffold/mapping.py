@@ -161,6 +161,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     """Modules inside a decoder layer that load as they are (weight and, where present, bias)."""
     n = spec.names
     out = [f"{n['self_attn']}.{n['o_proj']}"]
+    if spec.key_bias_proj:  # a RowParallelLinear over the values: each rank loads its KV heads' columns
+        out.append(f"{n['self_attn']}.{spec.key_bias_proj}")
     if "attn_gate" in n:  # a ColumnParallelLinear: each rank loads its heads' rows
         out.append(f"{n['self_attn']}.{n['attn_gate']}")
     if spec.qkv_layout == "latent":
@@ -320,6 +322,10 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "attention sinks, one per head")]
         if spec.diff_lambdas and module == n["self_attn"] and kind in spec.diff_lambdas:
             return [(rest, None, "differential attention's vector, whole on every rank")]
+        if spec.key_bias_param and rest == f"{n['self_attn']}.{spec.key_bias_param}":
+            return [(rest, None, "the key bias's parameter, one per KV head, whole on every rank")]
+        if rest in (spec.residual_scale_attn, spec.residual_scale_mlp) and rest:
+            return [(rest, None, "the residual's scale")]
         if spec.layer_scalar and rest == spec.layer_scalar:
             return [(rest, None, "the layer's output scale")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":

@@ -129,6 +129,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "gate_fn": GATE_FUNCTIONS[spec.attn_gate_act] if spec.attn_output_gate != "none" else None,
         # Differential attention (DiffLlama's): two Attention layers and the pairing of heads across ranks.
         "diff": bool(spec.diff_lambdas),
+        # A bias per key from its values (Doge's): one more column of each head, the heads padded.
+        "key_bias": bool(spec.key_bias_proj),
+        # A parameter of the layer the residual is multiplied by before each sublayer's output is added (Doge's).
+        "residual_attn": f" * self.{spec.residual_scale_attn}" if spec.residual_scale_attn else "",
+        "residual_mlp": f" * self.{spec.residual_scale_mlp}" if spec.residual_scale_mlp else "",
         # Norms inside a sublayer (BitNet's): the port's full_width_norm gathers the TP slices they span.
         "sub_norm": spec.attn_sub_norm or spec.mlp_sub_norm,
         # An activation with tensors of its own: how the port builds it, one per layer (XIELU()).
@@ -204,7 +209,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # layer_scalar): such ports use the sequential forward.
         "fused_residual": (spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich")
                            and not spec.unnormed_attn_layers and not spec.layer_scalar
-                           and not spec.per_layer_input_size),
+                           and not spec.per_layer_input_size
+                           and not spec.residual_scale_attn and not spec.residual_scale_mlp),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
@@ -239,6 +245,7 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out.append(f".{spec.moe_correction_bias.rsplit('.', 1)[-1]}")
     if spec.attention_sinks:
         out.append(f".{spec.attention_sinks}")
+    out += [f".{name}" for name in (spec.key_bias_param, spec.residual_scale_attn, spec.residual_scale_mlp) if name]
     out += [f".{vector}" for vector in spec.diff_lambdas]
     if spec.o_bias_param:
         out.append(f".{spec.o_bias_param}")
@@ -391,7 +398,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj)),
             ("get_tensor_model_parallel_world_size", True),
             ("tensor_model_parallel_all_gather", sharded_norm or diff),
             ("tensor_model_parallel_all_reduce", routed),

@@ -262,6 +262,21 @@ def decisions(spec) -> list[str]:
                    f"{spec.diff_norm_eps}) and scaled by 1 - init before `{spec.names['o_proj']}`. Under tensor "
                    "parallelism the value heads and the outputs are all-gathered and each rank computes the pairs "
                    f"whose `{spec.names['o_proj']}` columns it holds.")
+    if spec.key_bias_proj:
+        a = spec.names["self_attn"]
+        window = spec.source("key_bias_window")
+        out.append(f"- a bias per key ({_md(spec.source('key_bias_proj').detail)}): each key's scores get "
+                   f"exp(`{a}.{spec.key_bias_param}` * softplus(`{a}.{spec.key_bias_proj}`(v))) added, v every KV "
+                   "head's values of that key; vLLM's attention computes it as one more column of each head (q' = "
+                   "[q, 1], k' = [k, bias / scale], the bias riding in the KV cache with its key), the heads "
+                   "zero-padded to the next size vLLM's CPU attention takes and each head's output cut back. Under "
+                   f"tensor parallelism `{spec.key_bias_proj}` is row-parallel over the KV heads' values (KV heads "
+                   "that do not divide over the ranks are refused at load)."
+                   + (f" **The modeling code keeps only the top {spec.key_bias_window} keys of each query beyond "
+                      f"that many** (`{_md(window.expr or str(spec.key_bias_window))}`); a query that sees no more "
+                      "keeps them all, so the port refuses at load any max_model_len above "
+                      f"`{_md(window.expr or str(spec.key_bias_window))}`." if spec.key_bias_window is not None
+                      else ""))
     if spec.o_bias_param:
         out.append(f"- an output bias the attention keeps as its own parameter, `{spec.names['self_attn']}."
                    f"{spec.o_bias_param}`, added by the layer to `{spec.names['o_proj']}`'s output "
@@ -368,6 +383,10 @@ def decisions(spec) -> list[str]:
         scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")
     if spec.residual_multiplier is not None:
         scales.append(f"sublayer outputs x {spec.residual_multiplier:g} before the residual add")
+    for role, name in (("attention", spec.residual_scale_attn), ("MLP", spec.residual_scale_mlp)):
+        if name:
+            scales.append(f"the residual x the layer's own `{name}` (one per channel) before the {role}'s output is "
+                          "added")
     if spec.layer_scalar:
         scales.append(f"each layer's output x its own `{spec.layer_scalar}` ({_md(spec.source('layer_scalar').detail)})")
     if spec.logits_scale is not None:

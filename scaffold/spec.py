@@ -349,6 +349,20 @@ class Spec:
         [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
         doc="the layers whose attention holds the sinks, where the code builds them under a condition (MiMo-V2's "
             "sliding layers); empty: every layer")
+    # A bias per key on the attention scores, computed from the key's values (Doge's dynamic mask attention).
+    key_bias_proj: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="the attention's linear projection of every KV head's values to one number per KV head (Doge's "
+            "dt_proj); each key's scores get exp(key_bias_param * softplus(that)) added; empty: no such bias")
+    key_bias_param: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="the attention's parameter, one number per KV head, that multiplies the softplus (Doge's A)")
+    key_bias_proj_bias: bool = spec_field(False, group="attention", probe="self_attn", omit_when_empty=True,
+                                          doc="key_bias_proj has a bias")
+    key_bias_window: int | None = spec_field(
+        None, group="attention", probe="self_attn", config_key=True, omit_when_empty=True,
+        doc="the keys kept per query beyond which the code keeps only the top-scoring ones (Doge's "
+            "keep_window_size): the port serves at most this many tokens (max_model_len); None: no such top-k")
     attn_value_scale: float | None = spec_field(
         None, group="attention", probe="self_attn", omit_when_empty=True,
         doc="a factor the values are multiplied by before attention (MiMo-V2's attention_value_scale); None: none")
@@ -650,6 +664,13 @@ class Spec:
                                               doc="the sum of the normed projection and the table scaled by it (s)")
     per_layer_input_act: str = spec_field("", group="norms", probe="layer", omit_when_empty=True,
                                           doc="the activation of each layer's per-layer gate (vLLM's name)")
+    residual_scale_attn: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a parameter of each layer (one per channel) the residual is multiplied by before the attention's "
+            "output is added (Doge's input_residual); empty: none")
+    residual_scale_mlp: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="likewise before the MLP's output is added (Doge's post_attention_residual); empty: none")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -968,7 +989,9 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     """
     for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block"):
+        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block",
+                                                     "key_bias_proj", "key_bias_param", "residual_scale_attn",
+                                                     "residual_scale_mlp"):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
@@ -1092,6 +1115,19 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"layer_num_kv_heads must give each of the {spec.num_layers} layers a positive KV head count "
                         "that divides its query heads, with separate q, k, v projections and no gate folded into "
                         "the query projection.", origin)
+    if bool(spec.key_bias_proj) != bool(spec.key_bias_param) or spec.key_bias_proj and (
+            spec.qkv_layout != "separate" or spec.v_head_dim or spec.attn_value_scale is not None or spec.v_norm
+            or spec.diff_lambdas or spec.layer_num_kv_heads or spec.layer_head_dim or spec.attn_output_gate == "in_query"
+            or spec.position_scheme == "alibi"):
+        raise SpecError("a key bias needs both key_bias_proj and key_bias_param, with separate q, k, v projections "
+                        "of one head width and values as projected (no v_head_dim, attn_value_scale, v_norm, "
+                        "differential attention, per-layer sizes, ALiBi or gate folded into the queries).", origin)
+    if spec.key_bias_window is not None and not spec.key_bias_proj:
+        raise SpecError("key_bias_window is set but no key bias (key_bias_proj) is.", origin)
+    if (spec.residual_scale_attn or spec.residual_scale_mlp) and (
+            spec.block not in ("pre_norm", "sandwich") or spec.layer_scalar):
+        raise SpecError("residual scales multiply the residual of a layer with two residual adds in sequence: block "
+                        "must be \"pre_norm\" or \"sandwich\", without layer_scalar.", origin)
     if spec.attention_sinks_layers and not spec.attention_sinks:
         raise SpecError("attention_sinks_layers lists layers but attention_sinks names no parameter.", origin)
     if (spec.attn_output_gate not in ("none", "in_query")) != ("attn_gate" in names):

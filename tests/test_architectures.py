@@ -186,6 +186,11 @@ ARCHITECTURES = {
     # ranks), the weight from four vectors of the attention's own and an offset per layer, a weightless RMSNorm
     # over each pair.
     "diffllama": ("diffllama", {}),
+    # Doge: each key's scores get exp(A * softplus(dt_proj(v))) added (its dynamic mask; with the tiny model's random
+    # A, transformers' log-probs move by 0.16 when the bias is left out), the residuals scaled by input_residual /
+    # post_attention_residual (random, far from 1); keep_window_size 256, the verifier's max_model_len, so its top-k
+    # keeps every visible key. num_experts only within the reader's bound (the dense MLP: is_moe false).
+    "doge": ("doge", {"keep_window_size": 256, "num_experts": 4, "num_experts_per_tok": 2}),
     # GPT-1: post-LN blocks (n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)), the normed sum the next residual),
     # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
     # (ACT_FNS[config.afn]), a head tied to the token embedding.
@@ -412,6 +417,8 @@ EXPECTED_SPEC = {
                  "norm_weightless": True, "embedding_norm": True, "hidden_act": "relu2", "mlp_kind": "plain",
                  "final_logit_softcap": 15.0, "tie_word_embeddings": False},
     "bitnet": {"attn_sub_norm": True, "mlp_sub_norm": True, "hidden_act": "relu2", "mlp_kind": "gated"},
+    "doge": {"key_bias_proj": "dt_proj", "key_bias_param": "A", "key_bias_window": 256, "qk_norm": "per_head",
+             "residual_scale_attn": "input_residual", "residual_scale_mlp": "post_attention_residual"},
     "diffllama": {"diff_lambdas": ["lambda_k1", "lambda_q1", "lambda_k2", "lambda_q2"],
                   "diff_lambda_init": "0.8 - 0.6 * math.exp(-0.3 * layer_idx)", "diff_norm_eps": 1e-5},
     "gpt_neox_japanese": {"qkv_layout": "interleaved", "o_bias": False, "o_bias_param": "dense_bias",
@@ -549,9 +556,10 @@ UNSUPPORTED = {
                                      ("2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
                                       "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp "
                                       "(LongcatFlashMoE) reads post_attention_layernorm[0]'s output")),
-    "doge-dynamic-mask": ("doge", {"num_experts": 4, "num_experts_per_tok": 2},
-                          ("an attention mask computed from parameters of the attention (A, dt_proj): "
-                           "DogeAttention.forward")),
+    # Doge's CDMoE (is_moe): experts are rows of two embedding tables, looked up by a product-key top-k.
+    "doge-cdmoe": ("doge", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 2},
+                   ("experts kept as rows of embedding tables: DogeCDMoE.forward looks up down_embed, up_embed by "
+                    "the indices of its top-k")),
     "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
                                                  "num_experts_per_tok": 2, "moe_intermediate_size": 64},
                                  ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
@@ -729,6 +737,22 @@ def test_differential_attention_sharded_over_two_ranks_matches_transformers(work
     assert "TP=4: not servable (differential attention" in checks["tensor-parallel sharding"]["detail"]
 
 
+@pytest.mark.engine
+@pytest.mark.extended
+def test_doge_port_refuses_a_context_beyond_its_keep_window(workdir):
+    """Beyond keep_window_size keys Doge keeps only the top-scoring ones of each query, which the port does not
+    compute: with keep_window_size 128 under the verifier's max_model_len 256, the port refuses to load, naming it."""
+    table = {"doge-window-128": ("doge", {"keep_window_size": 128, "num_experts": 4, "num_experts_per_tok": 2})}
+    out = workdir / "port-doge-window-128"
+    scaffold("new", checkpoint_for("doge-window-128", table, workdir), "-o", out, "--force")
+    report = json.loads(scaffold("verify", out, "--json", check=False).stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert not report["passed"]
+    assert checks["port loads in vLLM"]["status"] == "FAIL"
+    assert ("max_model_len 256 is above the 128 keys the model keeps per query before it drops all but the "
+            "top-scoring ones") in checks["port loads in vLLM"]["detail"]
+
+
 # Each case runs the CLI in a subprocess (1.5 to 4 s): the quick tier keeps every second one, the full suite all.
 @pytest.mark.parametrize("name", quick_sample(UNSUPPORTED, every=2))
 def test_unsupported_architecture_is_refused_by_name(name, workdir):
@@ -756,6 +780,8 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",
              # Differential attention's four vectors, loaded whole on every rank.
              "diffllama",
+             # The key bias's row-parallel projection and its vector, the residual scales.
+             "doge",
              # The rotary frequencies reordered, and M-RoPE's rows of positions built by the port.
              "cohere_compass_text",
              # A mixture of attention heads' banks (each rank its KV heads' slice) and the MoE block's bias.
@@ -844,6 +870,9 @@ DEFAULTS = {
     "diff_lambdas": [], "diff_lambda_init": "", "diff_norm_eps": None,
     # Left out when absent: Cohere Compass's reordered rotary frequencies and M-RoPE rows of positions.
     "rope_frequency_order": [], "rope_position_rows": False,
+    # Left out when absent: Doge's bias per key and residual scales.
+    "key_bias_proj": "", "key_bias_param": "", "key_bias_proj_bias": False, "key_bias_window": None,
+    "residual_scale_attn": "", "residual_scale_mlp": "",
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

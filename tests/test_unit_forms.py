@@ -311,10 +311,9 @@ def test_a_top_k_of_the_keys_is_not_routed_attention():
 
 
 # ------------------------------------------------------------------ a mask from the attention's own parameters
-def test_doge_masks_by_its_dynamic_scores():
-    found = forms.dynamic_mask(transformers_code("doge"), {})
-    assert found.startswith("an attention mask computed from parameters of the attention (A, dt_proj): "
-                            "DogeAttention.forward hands attn_mask to attention_interface (modeling_doge.py:")
+def test_doges_dynamic_mask_is_a_bias_per_key_the_port_computes():
+    # dt_proj and A over the values: a bias per key (scaffold.detect.keybias, tests/test_unit_keybias.py).
+    assert forms.dynamic_mask(transformers_code("doge"), {}) is None
 
 
 def test_deepseek_v32s_indexer_is_not_read_as_a_dynamic_mask():
@@ -337,14 +336,14 @@ def test_a_lab_mask_biased_by_a_learned_salience_is_named():
     found = forms.dynamic_mask(lab(LAB_DYNAMIC), {})
     assert found.startswith("an attention mask computed from parameters of the attention (keep, temperature): "
                             "LabAttention.forward hands mask to scaled_dot_product_attention (modeling_lab.py:")
+    assert "the mask is not computed from a projection of the values" in found  # from the hidden states
     assert forms.dynamic_mask({"modeling_lab.py": PLAIN}, {}) is None
 
 
 # ------------------------------------------------------------------ learned residual scales
-def test_doge_scales_its_residuals():
-    found = forms.residual_scales(transformers_code("doge"), {})
-    assert "DogeDecoderLayer.forward multiplies the residual by parameters of its own (input_residual, " \
-           "post_attention_residual)" in found
+def test_doges_residual_scales_are_ported():
+    # A residual times a parameter before each sublayer's output is added (scaffold.detect.keybias).
+    assert forms.residual_scales(transformers_code("doge"), {}) is None
 
 
 LAB_SCALED = LAB_ATTENTION + LAB_DECODER.replace('''        self.post_attention_layernorm = LabRMSNorm(config.hidden_size)
@@ -354,9 +353,12 @@ LAB_SCALED = LAB_ATTENTION + LAB_DECODER.replace('''        self.post_attention_
     "cos, sin, mask)\n        return", "cos, sin, mask) + x * self.skip_gain\n        return")
 
 
-def test_a_lab_residual_times_a_gain_is_named():
-    found = forms.residual_scales(lab(LAB_SCALED), {})
+def test_a_lab_residual_times_a_gain_is_ported_and_a_gain_on_the_output_named():
+    assert forms.residual_scales(lab(LAB_SCALED), {}) is None
+    on_output = LAB_SCALED.replace("cos, sin, mask) + x * self.skip_gain", "cos, sin, mask) * self.skip_gain + x")
+    found = forms.residual_scales(lab(on_output), {})
     assert "LabLayer.forward multiplies the residual by parameters of its own (skip_gain)" in found
+    assert "in a sum the port does not place" in found
     assert forms.residual_scales({"modeling_lab.py": PLAIN}, {}) is None
 
 

@@ -14,10 +14,13 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - (Not refused here: routed attention, JetMoE's mixture of attention heads, the attention computing its queries or
   output through a module that routes each token to top-k experts. `routed_attention` finds it, and
   scaffold.detect.moa reads it with the checkpoint's tensors, ported or refused by name there.)
-- An attention mask computed from the attention's own parameters (Doge's dynamic mask: dt_proj and A over the
-  values, then a top-k of the keys): vLLM's attention masks by position only.
-- Learned residual scales (Doge's `self.input_residual * residual + hidden_states`): the residual multiplied by a
-  parameter of the layer's own before the sublayer's output is added.
+- An attention mask computed from the attention's own parameters, other than a bias per key from its values
+  (Doge's dt_proj and A, which scaffold.detect.keybias reads and the port computes): vLLM's attention masks by
+  position only.
+- Learned residual scales other than a residual times a parameter before the attention's or the MLP's output is
+  added (Doge's `self.input_residual * residual + hidden_states`, read by scaffold.detect.keybias and ported).
+- Experts kept as rows of embedding tables (Doge's CDMoE under is_moe: `self.down_embed(indices)` for the indices
+  of a top-k), in the module the decoder layer builds under config.json's values.
 - A learned relative position bias (CPM-Ant's, T5's): a table of parameters indexed by the distance between key
   and query positions (`arange(k)[None, :] - arange(q)[:, None]`), added to the attention scores.
 - A multimodal model: every causal-LM class of the file takes image, audio or video inputs (Fuyu's image_patches).
@@ -36,18 +39,28 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import dataflow, layerinputs, sourcecode, sublayers
+from scaffold.detect import conditions, dataflow, keybias, layerinputs, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
+from scaffold.detect.formcode import (
+    _appended,
+    _attention_classes,
+    _built,
+    _callee,
+    _classes,
+    _decoder_layer,
+    _layer_lists,
+    _line,
+    _mask_argument,
+    _qkv_arguments,
+    _statements,
+    _value_reads,
+    _where,
+)
 from scaffold.detect.sourcecode import _dotted, subtree
 from scaffold.errors import NonFloatTensor
 
-# Calls that compute attention (the softmax-weighted sum over keys) in transformers' files and a lab's.
-ATTENTION_CALLS = {"scaled_dot_product_attention", "eager_attention_forward", "attention_interface",
-                   "flash_attn_func", "flash_attn_varlen_func", "flex_attention"}
 CAUSAL_MASK_CALLS = {"tril", "triu", "tril_", "triu_"}
-# Attribute reads that take a tensor's size or placement, not its values.
-_META = {"shape", "dtype", "device", "size", "ndim", "dim"}
 
 
 def check(ckpt: Checkpoint) -> None:
@@ -108,153 +121,28 @@ def blocking_forms(sources: dict[str, str], config: dict) -> list[str]:
     return found
 
 
-# ------------------------------------------------------------------ shared readings of the code
-def _classes(sources: dict) -> dict[str, tuple[str, ast.ClassDef]]:
-    return sourcecode._classes(sources)
 
 
-def _built(cls: ast.ClassDef) -> dict[str, tuple[str, int]]:
-    """self.X = Cls(...) in __init__ (or nn.ModuleList([Cls(...) ...])): X -> (the class's last name, line)."""
-    init = _method(cls, "__init__")
-    out: dict[str, tuple[str, int]] = {}
-    for node in subtree(init) if init is not None else ():
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
-            continue
-        call = node.value
-        name = _dotted(call.func).rsplit(".", 1)[-1]
-        if name == "ModuleList" and call.args:
-            elt = call.args[0]
-            elt = elt.elt if isinstance(elt, (ast.ListComp, ast.GeneratorExp)) else \
-                elt.elts[0] if isinstance(elt, (ast.List, ast.Tuple)) and elt.elts else elt
-            if isinstance(elt, ast.Call):
-                out.setdefault(node.targets[0].attr, (_dotted(elt.func).rsplit(".", 1)[-1], node.lineno))
-            continue
-        out.setdefault(node.targets[0].attr, (name, node.lineno))
-    return out
 
 
-def _appended(cls: ast.ClassDef) -> dict[str, str]:
-    """self.X.append(Cls(...)) in __init__ (XLM's lists): X -> the class's last name."""
-    init = _method(cls, "__init__")
-    out = {}
-    for node in subtree(init) if init is not None else ():
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append"
-                and isinstance(node.func.value, ast.Attribute) and _dotted(node.func.value.value) == "self"
-                and node.args and isinstance(node.args[0], ast.Call)):
-            out.setdefault(node.func.value.attr, _dotted(node.args[0].func).rsplit(".", 1)[-1])
-    return out
 
 
-def _layer_lists(cls: ast.ClassDef, classes: dict, stacks: bool = False) -> dict[str, str]:
-    """self.X = nn.ModuleList([Cls(...) for ...]) in __init__ with Cls defined in the sources: X -> Cls. With
-    `stacks`, only lists as long as a config value says (`for i in range(config.num_hidden_layers)`), not a
-    layer's own pair of modules (LongCat-Flash's `for i in [0, 1]`)."""
-    init = _method(cls, "__init__")
-    out = {}
-    for node in subtree(init) if init is not None else ():
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)
-                and _dotted(node.value.func).rsplit(".", 1)[-1] == "ModuleList" and node.value.args
-                and isinstance(node.value.args[0], (ast.ListComp, ast.GeneratorExp))
-                and isinstance(node.value.args[0].elt, ast.Call)):
-            name = _dotted(node.value.args[0].elt.func).rsplit(".", 1)[-1]
-            loop = node.value.args[0].generators[0].iter
-            if stacks and not any("config" in _dotted(n) for n in subtree(loop) if isinstance(n, ast.Attribute)):
-                continue
-            if name in classes:
-                out[node.targets[0].attr] = name
-    return out
 
 
-def _callee(call: ast.Call) -> str:
-    func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
-def _computes_attention(cls: ast.ClassDef) -> bool:
-    """A class whose methods compute attention: an attention function, or a softmax beside a product of tensors."""
-    for func in cls.body:
-        if not isinstance(func, ast.FunctionDef):
-            continue
-        calls = {_callee(n) for n in subtree(func) if isinstance(n, ast.Call)}
-        if calls & ATTENTION_CALLS:
-            return True
-        products = calls & {"matmul", "einsum", "bmm", "baddbmm"} or any(
-            isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) for n in subtree(func))
-        if products and (calls & {"softmax", "Softmax", "logsumexp"} or any(
-                isinstance(n, ast.Attribute) and n.attr == "softmax" for n in subtree(func))):
-            return True
-    return False
 
 
-def _attention_classes(sources: dict, direct: bool = False) -> set[str]:
-    """Classes that compute attention, and (unless `direct`) those that build one, two deep (Reformer's
-    ReformerAttention around its LSH and local attentions; a decoder layer is one of them too)."""
-    classes = _classes(sources)
-    found = {name for name, (_f, cls) in classes.items() if _computes_attention(cls)}
-    for _ in range(0 if direct else 2):
-        found |= {name for name, (_f, cls) in classes.items()
-                  if any(inner in found for inner, _ in _built(cls).values()) and not _layer_lists(cls, classes, True)}
-    return found
 
 
-def _statements(body: list[ast.stmt]):
-    """The statements of a body in order, those inside if / with / for / try blocks included."""
-    for stmt in body:
-        yield stmt
-        for field in ("body", "orelse", "finalbody"):
-            inner = getattr(stmt, field, None)
-            if isinstance(inner, list) and not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
-                yield from _statements(inner)
-        for handler in getattr(stmt, "handlers", []) or []:
-            yield from _statements(handler.body)
 
 
-def _value_reads(node: ast.AST) -> list[ast.AST]:
-    """The nodes of an expression that carry its values: what sits under .shape / .size() / .dtype is left out."""
-    out = []
-
-    def visit(n: ast.AST) -> None:
-        if isinstance(n, ast.Attribute) and n.attr in _META:
-            return
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _META:
-            return
-        out.append(n)
-        for child in ast.iter_child_nodes(n):
-            visit(child)
-
-    visit(node)
-    return out
 
 
-def _decoder_layer(sources: dict) -> tuple[str, ast.ClassDef] | None:
-    """The decoder layer: the class a stack's nn.ModuleList holds, the stack not itself inside a listed block
-    (LongCat-Flash's layer keeps its two attentions in a list of its own), holding an attention."""
-    classes = _classes(sources)
-    lists = [(owner, block) for owner, (_f, cls) in classes.items()
-             for block in _layer_lists(cls, classes, True).values()]
-    inner = {block for _owner, block in lists}
-    attention = _attention_classes(sources)
-    stacks = {block for owner, block in lists if owner not in inner and block in attention}
-    if len(stacks) == 1:
-        return classes[stacks.pop()]
-    found = dataflow.layer_class(sources)
-    return (found[0], found[1]) if found is not None else None
 
 
-def _where(file: str, node: ast.AST) -> str:
-    return f"{file}:{node.lineno}"
 
 
-def _line(node: ast.AST, limit: int = 90) -> str:
-    """The code of a node on one line; cut at `limit` with its brackets closed (a refusal's parentheses stay
-    balanced: the catalogue folds what they hold)."""
-    text = " ".join(ast.unparse(node).split())
-    if len(text) <= limit:
-        return text
-    cut = text[:limit - 3]
-    return cut + "..." + "]" * max(0, cut.count("[") - cut.count("]")) + ")" * max(0, cut.count("(") - cut.count(")"))
 
 
 # ------------------------------------------------------------------ bidirectional attention by config
@@ -581,10 +469,53 @@ def residual_scales(sources: dict, config: dict) -> str | None:
                             hits.append((factor.attr, n))
     if not hits:
         return None
+    # A residual times a parameter of the layer before the attention's or the MLP's output is added (Doge's
+    # input_residual, post_attention_residual) is ported (scaffold.detect.keybias reads it); anything else is named.
+    try:
+        if keybias.residual_scales(sources):
+            return None
+        why = "the port adds the residual as it is"
+    except keybias.Unmatched as exc:
+        why = f"{exc}"
     names = ", ".join(dict.fromkeys(a for a, _ in hits))
     return (f"learned residual scales: {cls.name}.forward multiplies the residual by parameters of its own ({names}) "
-            f"before adding the sublayer's output ({_where(file, hits[0][1])}: {_line(hits[0][1])}); the port adds "
-            "the residual as it is")
+            f"before adding the sublayer's output ({_where(file, hits[0][1])}: {_line(hits[0][1])}); {why}")
+
+
+def embedded_experts(sources: dict, config: dict) -> str | None:
+    """Experts kept as rows of embedding tables (Doge's CDMoE: `self.down_embed(indices)` for the indices of a
+    top-k over the router's scores, one vector per expert), in the module the decoder layer builds under
+    config.json's values: no MLP per expert for FusedMoE to compute."""
+    layer = _decoder_layer(sources)
+    if layer is None:
+        return None
+    classes = _classes(sources)
+    init = _method(layer[1], "__init__")
+    for node in subtree(init) if init is not None else ():
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute) and _dotted(node.targets[0].value) == "self"):
+            continue
+        chosen = conditions.selected(node.value, config)
+        if not isinstance(chosen, ast.Call):
+            continue
+        name = _dotted(chosen.func).rsplit(".", 1)[-1]
+        if name not in classes:
+            continue
+        file, cls = classes[name]
+        forward = _method(cls, "forward")
+        tables = {a for a, (c, _) in _built(cls).items() if c == "Embedding"}
+        if forward is None or not tables or not any(isinstance(n, ast.Call) and _callee(n) == "topk"
+                                                    for n in subtree(forward)):
+            continue
+        looked = sorted((n for n in subtree(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                         and _dotted(n.func.value) == "self" and n.func.attr in tables),
+                        key=lambda n: (n.lineno, n.col_offset))
+        if looked:
+            names = ", ".join(dict.fromkeys(n.func.attr for n in looked))
+            return (f"experts kept as rows of embedding tables: {name}.forward looks up {names} by the indices of "
+                    f"its top-k ({_where(file, looked[0])}: {_line(looked[0], 60)}), one vector per expert; the "
+                    "port's experts are MLPs that FusedMoE computes")
+    return None
 
 
 # ------------------------------------------------------------------ inside the attention
@@ -771,9 +702,19 @@ def dynamic_mask(sources: dict, config: dict) -> str | None:
                 # scores from the low-rank query, refused as an indexer by scaffold.detect.latent) is not this form.
                 got = reads(mask) - set().union(set(), *(reads(a) for a in _qkv_arguments(call)))
                 if got:
+                    # A bias per key computed from its values (Doge's) rides in the KV cache with the key:
+                    # scaffold.detect.keybias reads it; any other such mask is named here.
+                    try:
+                        if keybias.key_bias(sources, config) is not None:
+                            return None
+                        why = "the mask depends on the tokens' values, and the port's attention masks by position only"
+                    except keybias.Unmatched as exc:
+                        why = f"{exc}"
+                        if why.startswith(f"{name}.forward hands "):
+                            why = why.split("): ", 1)[1] if "): " in why else why
                     return (f"an attention mask computed from parameters of the attention ({', '.join(sorted(got))})"
-                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); the mask "
-                            "depends on the tokens' values, and the port's attention masks by position only")
+                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); "
+                            f"{why}")
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 got = reads(value)
                 for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
@@ -783,23 +724,8 @@ def dynamic_mask(sources: dict, config: dict) -> str | None:
     return None
 
 
-def _qkv_arguments(call: ast.Call) -> list[ast.AST]:
-    """The queries, keys and values an attention call receives."""
-    start = 0 if _callee(call) == "scaled_dot_product_attention" else 1
-    named = [k.value for k in call.keywords if k.arg in ("query", "key", "value", "q", "k", "v")]
-    return [*call.args[start:start + 3], *named]
 
 
-def _mask_argument(call: ast.Call) -> ast.AST | None:
-    """The mask an attention call receives: `attention_mask=` / `attn_mask=` / `mask=`, or its positional place."""
-    name = _callee(call)
-    if name not in ATTENTION_CALLS:
-        return None
-    for k in call.keywords:
-        if k.arg in ("attention_mask", "attn_mask", "mask"):
-            return k.value
-    position = 3 if name == "scaled_dot_product_attention" else 4
-    return call.args[position] if len(call.args) > position else None
 
 
 # ------------------------------------------------------------------ a learned relative position bias
@@ -995,4 +921,4 @@ def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
 
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
            several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
-           experts_beside_mlp)
+           experts_beside_mlp, embedded_experts)

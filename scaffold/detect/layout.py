@@ -25,6 +25,7 @@ from scaffold.detect import (
     headsizes,
     headtransform,
     identitynorm,
+    keybias,
     latent,
     moa,
     layerinputs,
@@ -739,6 +740,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     spec.set("layer_scalar", scalar[0] if scalar else "",
              Source("code", f"{scalar[1]}: the layer's output times a one-element tensor of its own") if scalar
              else Source("default", "the layer's output as its residual adds leave it"))
+    _key_bias_and_residuals(ckpt, spec, names, sources, layer0, attn, where)
     _transposed(ckpt, spec, names, sources, flow, f"{prefix}.{names['layers']}.0")
     # Norms inside the sublayers (BitNet's attn_sub_norm before o_proj, ffn_sub_norm before down_proj).
     try:
@@ -763,6 +765,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         claimed.add(spec.layer_scalar)
     if per_layer_inputs is not None:
         claimed |= {names[r] for r in PER_LAYER_INPUT_LAYER_ROLES}
+    claimed |= {f"{attn}.{m}" for m in (spec.key_bias_proj, spec.key_bias_param) if m}
+    claimed |= {m for m in (spec.residual_scale_attn, spec.residual_scale_mlp) if m}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:
@@ -816,6 +820,58 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise CheckpointError(f"{said} but {embed_name} has {embed_rows} rows.", where)
     if head and ckpt.tensors[head_name].shape[0] != vocab:
         raise CheckpointError(f"{said} but {head_name} has {ckpt.tensors[head_name].shape[0]} rows.", where)
+
+
+def _key_bias_and_residuals(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, layer0: dict, attn: str,
+                            where) -> None:
+    """A bias per key computed from its values (keybias.key_bias: Doge's dt_proj and A) and residuals scaled by
+    parameters of the layer (keybias.residual_scales), checked against layer 0's tensors."""
+    found = keybias.key_bias(sources, ckpt.config) if sources else None  # forms.check refused what it names
+    if found is None:
+        for name in ("key_bias_proj", "key_bias_param"):
+            spec.set(name, "", Source("default", "no bias per key"))
+        spec.set("key_bias_proj_bias", False, Source("default", "no bias per key"))
+        spec.set("key_bias_window", None, Source("default", "no top-k of the keys"))
+    else:
+        kv, dim = spec.num_kv_heads, spec.head_dim
+        weight = layer0.get(f"{attn}.{found.proj}.weight")
+        param = layer0.get(f"{attn}.{found.param}")
+        if weight is None or tuple(weight.shape) != (kv, kv * dim) or param is None or tuple(param.shape) != (kv,):
+            raise _unsupported(
+                f"a bias per key ({found.evidence}) whose tensors are not one number per KV head from every KV "
+                f"head's values ({attn}.{found.proj}.weight {tuple(weight.shape) if weight is not None else 'absent'}, "
+                f"{attn}.{found.param} {tuple(param.shape) if param is not None else 'absent'}; the port expects "
+                f"[{kv}, {kv * dim}] and [{kv}])", where, spec.model_type)
+        spec.set("key_bias_proj", found.proj, Source("code", found.evidence))
+        spec.set("key_bias_param", found.param, Source("code", found.evidence))
+        spec.set("key_bias_proj_bias", f"{attn}.{found.proj}.bias" in layer0,
+                 Source("tensor", f"{attn}.{found.proj}.bias"))
+        if found.window is not None:
+            value = ckpt.config.get(found.window)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise _unsupported(f"a top-k of the keys beyond config.{found.window}, which config.json sets to "
+                                   f"{value!r}, not a positive count ({found.evidence})", where, spec.model_type)
+            spec.set("key_bias_window", value, Source("config", f"config.json {found.window} ({found.evidence})",
+                                                      f"config.{found.window}"))
+        else:
+            spec.set("key_bias_window", found.window_value,
+                     Source("code", found.evidence) if found.window_value is not None
+                     else Source("default", "no top-k of the keys"))
+    try:
+        scales = keybias.residual_scales(sources, attn, names["mlp"]) if sources else None
+    except keybias.Unmatched as exc:  # forms.check names these first
+        raise _unsupported(f"learned residual scales: {exc}", where, spec.model_type) from None
+    for role in ("attn", "mlp"):
+        name = (scales or {}).get(role, "")
+        if name:
+            tensor = layer0.get(name)
+            if tensor is None or tuple(tensor.shape) != (spec.hidden_size,):
+                raise _unsupported(f"the residual scaled by {name}, which layer 0 holds as "
+                                   f"{tuple(tensor.shape) if tensor is not None else 'no tensor'}, not one number per "
+                                   f"channel ({spec.hidden_size})", where, spec.model_type)
+        spec.set(f"residual_scale_{role}", name,
+                 Source("code", f"the decoder layer's forward: self.{name} * residual + the {role} output") if name
+                 else Source("default", "the residual added as it is"))
 
 
 def _differential(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, code_attn, per_layer: dict, attn: str,

@@ -116,6 +116,13 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         o_bias = spec.o_bias or (spec.o_bias_param is not None and i in spec.o_bias_layers)
         for kind in (() if spec.qkv_layout == "routed" else ("weight", "bias") if o_bias else ("weight",)):
             params[f"{p}{attn}.{n['o_proj']}.{kind}"] = (None,)
+        if spec.key_bias_proj:  # the key bias's projection of the values and its parameter
+            for kind in ("weight", "bias") if spec.key_bias_proj_bias else ("weight",):
+                params[f"{p}{attn}.{spec.key_bias_proj}.{kind}"] = (None,)
+            params[f"{p}{attn}.{spec.key_bias_param}"] = (None,)
+        for name in (spec.residual_scale_attn, spec.residual_scale_mlp):
+            if name:
+                params[f"{p}{name}"] = (None,)
         if spec.attention_sinks and (not spec.attention_sinks_layers or i in spec.attention_sinks_layers):
             params[f"{p}{attn}.{spec.attention_sinks}"] = (None,)
         for vector in spec.diff_lambdas:  # differential attention's, whole on every rank
