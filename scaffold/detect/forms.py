@@ -43,6 +43,7 @@ from scaffold.detect import conditions, dataflow, keybias, layerinputs, sourceco
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
+    ATTENTION_CALLS,
     _appended,
     _attention_classes,
     _built,
