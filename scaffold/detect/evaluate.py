@@ -126,30 +126,22 @@ class Interpreter:
     # ------------------------------------------------------------------ entry point and bounds
     def call_function(self, func: ast.FunctionDef, receiver, args: list, kwargs: dict | None = None):
         """`func` run on `args`, a fresh step budget; CannotEvaluate for whatever it cannot run."""
-        self.steps = 0
-        try:
-            return self.run(func, receiver, list(args), dict(kwargs or {}))
-        except CannotEvaluate:
-            raise
-        except VALUE_ERRORS as exc:
-            raise CannotEvaluate(str(exc) or type(exc).__name__) from None
+        return self._refusing(lambda: self.run(func, receiver, list(args), dict(kwargs or {})))
 
     def call_block(self, body: list[ast.stmt], env: dict) -> tuple | None:
         """`body` run in `env` (a method's body, its parameters bound by the caller), a fresh step budget: the
         returned value in a 1-tuple, None where it returns nothing; CannotEvaluate for whatever it cannot run."""
-        self.steps = 0
-        try:
-            return self.block(body, env)
-        except CannotEvaluate:
-            raise
-        except VALUE_ERRORS as exc:
-            raise CannotEvaluate(str(exc) or type(exc).__name__) from None
+        return self._refusing(lambda: self.block(body, env))
 
     def evaluate(self, node: ast.expr, env: dict):
         """The value of one expression in `env`; CannotEvaluate for whatever it cannot compute."""
+        return self._refusing(lambda: self.expr(node, env))
+
+    def _refusing(self, work):
+        """work() on a fresh step budget, any error of the values (VALUE_ERRORS) turned into CannotEvaluate."""
         self.steps = 0
         try:
-            return self.expr(node, env)
+            return work()
         except CannotEvaluate:
             raise
         except VALUE_ERRORS as exc:
@@ -411,12 +403,7 @@ class Interpreter:
         if isinstance(node, ast.IfExp):
             return self.expr(node.body if self.truth(self.expr(node.test, env)) else node.orelse, env)
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            items = []
-            for e in node.elts:
-                if isinstance(e, ast.Starred):
-                    items.extend(self.iterate(self.expr(e.value, env), node))
-                else:
-                    items.append(self.expr(e, env))
+            items = self.items(node.elts, env, node)
             self.sized(len(items), node, "a sequence")
             return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
         if isinstance(node, ast.Dict):
@@ -555,13 +542,18 @@ class Interpreter:
             return DTYPE
         raise CannotEvaluate(f"line {node.lineno}: attribute {node.attr} of {type(owner).__name__}")
 
-    def call_args(self, node: ast.Call, env: dict) -> tuple[list, dict]:
-        args = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                args.extend(self.iterate(self.expr(a.value, env), node))
+    def items(self, elts: list[ast.expr], env: dict, node: ast.AST) -> list:
+        """The values of a display's or a call's elements, `*x` unpacked."""
+        out = []
+        for e in elts:
+            if isinstance(e, ast.Starred):
+                out.extend(self.iterate(self.expr(e.value, env), node))
             else:
-                args.append(self.expr(a, env))
+                out.append(self.expr(e, env))
+        return out
+
+    def call_args(self, node: ast.Call, env: dict) -> tuple[list, dict]:
+        args = self.items(node.args, env, node)
         kwargs = {}
         for k in node.keywords:
             if k.arg is None:
