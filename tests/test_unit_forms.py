@@ -142,6 +142,52 @@ def test_a_lab_two_stream_block_is_named_and_a_plain_residual_is_not():
     assert forms.reversible_residual({"modeling_lab.py": PLAIN}, {}) is None
 
 
+# A fused-add-norm layer (vLLM's own style): the layer takes its input already normed and the residual stream as a
+# second argument, adds the attention's output to the residual and hands back (normed, residual). Two arguments,
+# the attention reading one and its output added to the other, as in RevNet; but the normed input is never a
+# stream of its own (nothing is added to it): one residual stream, which the port keeps.
+LAB_FUSED_ADD_NORM = LAB_ATTENTION + '''class LabFusedLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn = LabAttention(config, layer_idx)
+        self.mlp = nn.Linear(config.hidden_size, config.hidden_size)
+        self.post_norm = LabRMSNorm(config.hidden_size)
+        self.next_norm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, hidden, residual, cos, sin, mask):
+        residual = residual + self.attn(hidden, cos, sin, mask)
+        residual = residual + self.mlp(self.post_norm(residual))
+        return self.next_norm(residual), residual
+
+
+class LabFusedModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.first_norm = LabRMSNorm(config.hidden_size)
+        self.layers = nn.ModuleList([LabFusedLayer(config, i) for i in range(config.num_hidden_layers)])
+
+    def forward(self, input_ids, cos, sin, mask):
+        residual = self.embed(input_ids)
+        hidden = self.first_norm(residual)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, mask)
+        return residual
+'''
+
+
+def test_a_fused_add_norm_layer_with_a_residual_argument_is_not_reversible():
+    assert forms.reversible_residual(lab(LAB_FUSED_ADD_NORM), {}) is None
+    # The same layer made RevNet's (the feed-forward's output added to the stream the attention reads) is named.
+    coupled = LAB_FUSED_ADD_NORM.replace(
+        "residual = residual + self.mlp(self.post_norm(residual))",
+        "hidden = hidden + self.mlp(self.post_norm(residual))").replace(
+        "return self.next_norm(residual), residual", "return hidden, residual")
+    found = forms.reversible_residual(lab(coupled), {})
+    assert found is not None and "LabFusedLayer.forward adds the attention's output to residual while the " \
+        "attention reads hidden" in found, found
+
+
 # ------------------------------------------------------------------ several attentions in one layer
 def test_longcat_flash_computes_two_attentions_per_layer():
     found = forms.several_attentions(transformers_code("longcat_flash"), {})

@@ -29,11 +29,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaffold.detect.evaluate import BUILTINS, DTYPE, MODULES, CannotEvaluate, Interpreter, Limits, Obj, Sentinel
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 from scaffold.spec import init_problem
 
 TOLERANCE = 1e-9
 MAX_DEPTH = 4  # module-level helper calls followed
+# The torch functions (and tensor methods) of the shared interpreter's library this reader follows; any other call
+# of torch or nn, or of a class, builds a module the attention does not need (opaque until it is called).
+FOLLOWED = frozenset({"chunk", "split", "cat", "concat", "concatenate", "stack", "exp", "sqrt", "log", "rsqrt",
+                      "sigmoid", "sum", "mean", "matmul", "bmm", "softmax", "dropout"})
 # (query heads, KV heads, head width, layer index) at which the attention is interpreted.
 SAMPLES = ((4, 2, 4, 0), (8, 4, 6, 3))
 TOKENS = 5
@@ -55,22 +60,8 @@ class Differential:
     where: str  # file:line of the forward
 
 
-class _Unknown(Exception):
-    pass
-
-
-class _Sentinel:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-_DTYPE = _Sentinel("dtype")
-_ROPE = _Sentinel("rotary cos/sin")
-_HF_ATTN = _Sentinel("attention interface")
-_OPAQUE_SELF = _Sentinel("module")
+_ROPE = Sentinel("rotary cos/sin")
+_HF_ATTN = Sentinel("attention interface")
 
 
 @dataclass
@@ -93,7 +84,7 @@ class _Norm:
 
     def __call__(self, x):
         if x.shape[-1] != self.width:
-            raise _Unknown(f"a norm of width {self.width} over a last dimension of {x.shape[-1]}")
+            raise CannotEvaluate(f"a norm of width {self.width} over a last dimension of {x.shape[-1]}")
         out = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
         return out * self.weight if self.weight is not None else out
 
@@ -104,21 +95,15 @@ class _Opaque:
     line: int
 
 
-class _Config:
-    def __init__(self, values: dict):
-        self.values = values
-
-
-class _Self:
-    def __init__(self):
-        self.attrs: dict[str, object] = {"training": False, "is_causal": True}
+def _is_self(value) -> bool:
+    return isinstance(value, Obj) and value.name == "self"
 
 
 def _attention(q, k, v, scale, transpose_out: bool):
     """Causal softmax attention with GQA (query head h reads KV head h // (H / KV)) over q, k, v laid out
     [b, h, s, d]; the output [b, h, s, d], or [b, s, h, d] where `transpose_out` (transformers' interface)."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
-        raise _Unknown(f"attention over shapes {q.shape}, {k.shape}, {v.shape}")
+        raise CannotEvaluate(f"attention over shapes {q.shape}, {k.shape}, {v.shape}")
     groups = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
     scores = q @ np.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
@@ -130,260 +115,112 @@ def _attention(q, k, v, scale, transpose_out: bool):
     return np.swapaxes(out, 1, 2) if transpose_out else out
 
 
-def _dim(kwargs: dict, args: list, position: int, default=None):
-    if "dim" in kwargs:
-        return kwargs["dim"]
-    if "axis" in kwargs:
-        return kwargs["axis"]
-    return args[position] if len(args) > position else default
-
-
 def _shape(args: list) -> list[int]:
     shape = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-    return [int(s) for s in shape if s is not _DTYPE]
+    return [int(s) for s in shape if not isinstance(s, Sentinel)]
 
 
-class _Interpreter:
-    """One method of the attention (or a module-level helper) over numpy values; _Unknown at anything else."""
+class _AttentionInterpreter(Interpreter):
+    """The shared interpreter (evaluate.py) over the attention's methods, with the values of its own: its linears
+    and norms (random weights from `rng`), the attention calls (causal softmax with GQA), the rotary embedding
+    (the identity), the modules it builds and does not need (opaque until called). What reaches the output
+    projection, the attention calls' and the norms' lines are kept in `captured`."""
 
-    def __init__(self, functions: dict[str, ast.FunctionDef], rng: np.random.Generator, captured: dict,
-                 depth: int = 0):
-        self.functions, self.rng, self.captured, self.depth = functions, rng, captured, depth
+    def __init__(self, functions: dict[str, ast.FunctionDef], rng: np.random.Generator, captured: dict):
+        super().__init__(functions, limits=Limits(depth=MAX_DEPTH))  # the methods run as blocks: helpers only
+        self.rng, self.captured = rng, captured
 
-    # Statements.
-    def block(self, body: list[ast.stmt], env: dict) -> tuple | None:
-        for stmt in body:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-                continue
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(
-                    stmt.value.func, ast.Attribute) and stmt.value.func.attr == "__init__":
-                continue  # super().__init__()
-            if isinstance(stmt, ast.Return):
-                return (None if stmt.value is None else self.expr(stmt.value, env),)
-            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                if stmt.value is None:
-                    continue
-                value = self.expr(stmt.value, env)
-                for target in targets:
-                    self.assign(target, value, env)
-            elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
-                env[stmt.target.id] = self.binop(stmt.op, env[stmt.target.id], self.expr(stmt.value, env))
-            elif isinstance(stmt, ast.If):
-                out = self.block(stmt.body if self.truth(self.expr(stmt.test, env), stmt) else stmt.orelse, env)
-                if out is not None:
-                    return out
-            elif isinstance(stmt, ast.Raise):
-                raise _Unknown(f"line {stmt.lineno} raises")
-            elif isinstance(stmt, (ast.Pass, ast.Assert)):
-                continue
-            else:
-                raise _Unknown(f"line {stmt.lineno}: {type(stmt).__name__}")
-        return None
+    def stmt(self, stmt: ast.stmt, env: dict) -> tuple | None:
+        if isinstance(stmt, ast.Raise):
+            raise CannotEvaluate(f"line {stmt.lineno} raises")
+        if isinstance(stmt, ast.Assert):
+            return None
+        return super().stmt(stmt, env)
 
     @staticmethod
-    def truth(value, stmt) -> bool:
+    def truth(value) -> bool:
         if isinstance(value, np.ndarray):
-            raise _Unknown(f"line {stmt.lineno}: a condition on a tensor")
+            raise CannotEvaluate("a condition on a tensor")
         return bool(value)
 
     def assign(self, target: ast.expr, value, env: dict) -> None:
-        if isinstance(target, ast.Name):
-            env[target.id] = value
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            values = list(value) if isinstance(value, (list, tuple)) else None
-            if values is None or len(values) != len(target.elts):
-                raise _Unknown(f"line {target.lineno}: unpacking {len(target.elts)} from {type(value).__name__}")
-            for t, v in zip(target.elts, values):
-                self.assign(t, v, env)
-        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and isinstance(
-                env.get(target.value.id), _Self):
+        if isinstance(target, ast.Attribute):
+            if not (isinstance(target.value, ast.Name) and _is_self(env.get(target.value.id))):
+                raise CannotEvaluate(f"line {target.lineno}: assignment to {ast.unparse(target)}")
             if isinstance(value, (_Linear, _Norm)):
                 value.attr = target.attr
-            env[target.value.id].attrs[target.attr] = value
-        else:
-            raise _Unknown(f"line {target.lineno}: assignment to {ast.unparse(target)}")
+        super().assign(target, value, env)
 
-    # Expressions.
-    def binop(self, op: ast.operator, a, b):
-        ops = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.true_divide,
-               ast.FloorDiv: np.floor_divide, ast.Pow: np.power, ast.Mod: np.mod, ast.MatMult: np.matmul}
-        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and isinstance(op, ast.Add):
-            return tuple(a) + tuple(b)
-        if type(op) not in ops or not all(isinstance(x, (int, float, np.ndarray, np.generic)) for x in (a, b)):
-            raise _Unknown(f"operator {type(op).__name__} on {type(a).__name__}, {type(b).__name__}")
-        out = ops[type(op)](a, b)
-        return out.item() if isinstance(out, np.generic) else out
-
-    def expr(self, node: ast.expr, env: dict):
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id in env:
-                return env[node.id]
-            if node.id in self.functions or node.id in HF_ATTENTION:
-                return ("function", node.id)
-            if node.id in ("None", "True", "False"):
-                return {"None": None, "True": True, "False": False}[node.id]
-            raise _Unknown(f"line {node.lineno}: name {node.id}")
-        if isinstance(node, ast.Attribute):
-            return self.attribute(node, env)
-        if isinstance(node, ast.BinOp):
-            return self.binop(node.op, self.expr(node.left, env), self.expr(node.right, env))
-        if isinstance(node, ast.UnaryOp):
-            value = self.expr(node.operand, env)
-            if isinstance(node.op, ast.Not):
-                return not value
-            if isinstance(node.op, ast.USub):
-                return -value
-            return value
-        if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            a, b = self.expr(node.left, env), self.expr(node.comparators[0], env)
-            op = node.ops[0]
-            if isinstance(op, ast.Is):
-                return a is b
-            if isinstance(op, ast.IsNot):
-                return a is not b
-            if isinstance(op, (ast.In, ast.NotIn)):
-                return (a in b) == isinstance(op, ast.In)
-            if all(isinstance(x, (int, float)) for x in (a, b)):
-                return {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.Gt: a > b, ast.LtE: a <= b,
-                        ast.GtE: a >= b}[type(op)]
-            raise _Unknown(f"line {node.lineno}: comparison")
-        if isinstance(node, ast.BoolOp):
-            if isinstance(node.op, ast.And):
-                value = True
-                for v in node.values:
-                    value = self.expr(v, env)
-                    if not value:
-                        return value
-                return value
-            value = False
-            for v in node.values:
-                value = self.expr(v, env)
-                if value:
-                    return value
-            return value
-        if isinstance(node, ast.IfExp):
-            return self.expr(node.body if self.truth(self.expr(node.test, env), node) else node.orelse, env)
-        if isinstance(node, (ast.List, ast.Tuple)):
-            out = []
-            for e in node.elts:
-                if isinstance(e, ast.Starred):
-                    out.extend(self.expr(e.value, env))
-                else:
-                    out.append(self.expr(e, env))
-            return tuple(out) if isinstance(node, ast.Tuple) else out
-        if isinstance(node, (ast.GeneratorExp, ast.ListComp)) and len(node.generators) == 1:
-            gen = node.generators[0]
-            if gen.ifs or gen.is_async:
-                raise _Unknown(f"line {node.lineno}: a filtered comprehension")
-            out = []
-            for item in self.expr(gen.iter, env):
-                inner = dict(env)
-                self.assign(gen.target, item, inner)
-                out.append(self.expr(node.elt, inner))
-            return out
-        if isinstance(node, ast.Subscript):
-            value = self.expr(node.value, env)
-            index = self.index(node.slice, env)
-            if isinstance(value, (np.ndarray, tuple, list)):
-                try:
-                    return value[index]
-                except (IndexError, TypeError) as exc:
-                    raise _Unknown(f"line {node.lineno}: {exc}") from None
-            raise _Unknown(f"line {node.lineno}: subscript of {type(value).__name__}")
-        if isinstance(node, ast.Call):
-            return self.call(node, env)
-        raise _Unknown(f"line {getattr(node, 'lineno', 0)}: {type(node).__name__}")
-
-    def index(self, node: ast.expr, env: dict):
-        if isinstance(node, ast.Tuple):
-            return tuple(self.index(e, env) for e in node.elts)
-        if isinstance(node, ast.Slice):
-            return slice(*[None if p is None else self.expr(p, env) for p in (node.lower, node.upper, node.step)])
-        value = self.expr(node, env)
-        return value
+    def name(self, node: ast.Name, env: dict):
+        if node.id not in env and (node.id in self.functions or node.id in HF_ATTENTION):
+            return ("function", node.id)
+        return super().name(node, env)
 
     def attribute(self, node: ast.Attribute, env: dict):
         dotted = _dotted(node)
         if dotted.split(".")[0] in ("torch", "np", "numpy") and node.attr.startswith(("float", "int", "bfloat",
                                                                                        "half", "double")):
-            return _DTYPE
+            return DTYPE
         if isinstance(node.value, ast.Name) and node.value.id not in env:
             return ("attribute", dotted)
         owner = self.expr(node.value, env)
-        if isinstance(owner, _Self):
+        if isinstance(owner, Obj) and owner.name in ("self", "config"):
             if node.attr in owner.attrs:
                 return owner.attrs[node.attr]
-            raise _Unknown(f"line {node.lineno}: self.{node.attr} is not set")
-        if isinstance(owner, _Config):
-            if node.attr in owner.values:
-                return owner.values[node.attr]
-            raise _Unknown(f"line {node.lineno}: config.{node.attr} is not in config.json")
-        if isinstance(owner, np.ndarray):
-            if node.attr == "shape":
-                return tuple(owner.shape)
-            if node.attr in ("dtype", "device"):
-                return _DTYPE
-            if node.attr == "T":
-                return owner.T
+            raise CannotEvaluate(f"line {node.lineno}: " + (f"self.{node.attr} is not set" if owner.name == "self"
+                                                            else f"config.{node.attr} is not in config.json"))
+        if isinstance(owner, np.ndarray) and node.attr in ("shape", "dtype", "device", "T"):
+            return super().attribute(node, env)
         if isinstance(owner, _Linear) and node.attr in ("weight", "bias"):
             return getattr(owner, node.attr)
-        raise _Unknown(f"line {node.lineno}: attribute {dotted}")
+        raise CannotEvaluate(f"line {node.lineno}: attribute {dotted}")
 
     def call(self, node: ast.Call, env: dict):
         func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "__init__" or isinstance(func, ast.Name) and (
+                func.id == "super" and func.id not in env):
+            return None  # super().__init__()
         name = _dotted(func).rsplit(".", 1)[-1] if not isinstance(func, ast.Call) else ""
-        kwargs = {}
-        for k in node.keywords:
-            value = self.expr(k.value, env)
-            if k.arg is None:
-                if not isinstance(value, dict):
-                    raise _Unknown(f"line {node.lineno}: **{ast.unparse(k.value)}")
-                kwargs.update(value)
-            else:
-                kwargs[k.arg] = value
         root = _dotted(func).split(".")[0] if isinstance(func, ast.Attribute) else ""
-        # A method of a value: a tensor's, getattr on the config, ALL_ATTENTION_FUNCTIONS.get_interface.
-        on_self = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and isinstance(
-            env.get(func.value.id), _Self)
-        if not on_self and (isinstance(func, ast.Attribute) and root not in ("torch", "np", "numpy", "math", "F", "nn")
-                            or isinstance(func, ast.Attribute) and root in env):
+        # A method of a value: a tensor's, ALL_ATTENTION_FUNCTIONS.get_interface.
+        on_self = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and _is_self(
+            env.get(func.value.id))
+        if not on_self and isinstance(func, ast.Attribute) and (root not in MODULES or root in env):
             if isinstance(func.value, ast.Name) and func.value.id not in env:
                 # ALL_ATTENTION_FUNCTIONS.get_interface(...): transformers' attention, called its way.
                 if name in ("get_interface", "get") and "ATTENTION" in func.value.id.upper():
                     return _HF_ATTN
-                raise _Unknown(f"line {node.lineno}: call {_dotted(func)}")
+                raise CannotEvaluate(f"line {node.lineno}: call {_dotted(func)}")
             receiver = self.expr(func.value, env)
-            args = self.args(node, env)
+            args, kwargs = self.call_args(node, env)
             if isinstance(receiver, (_Linear, _Norm)) and name == "forward":
                 return receiver(*args)
             if isinstance(receiver, (np.ndarray, np.generic, float)):
-                return self.method(np.asarray(receiver), name, args, kwargs, node)
-            raise _Unknown(f"line {node.lineno}: method {name} of {type(receiver).__name__}")
+                return self.method(np.asarray(receiver), name, [a for a in args if not isinstance(a, Sentinel)],
+                                   kwargs, node)
+            raise CannotEvaluate(f"line {node.lineno}: method {name} of {type(receiver).__name__}")
         if isinstance(func, ast.Name) and func.id in env:
             callee = env[func.id]
         elif isinstance(func, ast.Name) and (func.id in self.functions or func.id in HF_ATTENTION):
             callee = ("function", func.id)
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and isinstance(
-                env.get(func.value.id), _Self):
+        elif on_self:
             callee = self.expr(func, env)
         else:
             callee = None
-        args = self.args(node, env)
+        args, kwargs = self.call_args(node, env)
         # The rotary embedding: whatever takes the cos/sin of the positions hands q and k back (identity here).
         if any(a is _ROPE for a in args) or any(v is _ROPE for v in kwargs.values()):
             tensors = [a for a in args if isinstance(a, np.ndarray)]
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
-        if callee is _HF_ATTN or (isinstance(func, ast.Name) and func.id in HF_ATTENTION and func.id not in env):
+        if callee is _HF_ATTN or (isinstance(callee, tuple) and callee[:1] == ("function",)
+                                  and callee[1] in HF_ATTENTION):
             self.captured.setdefault("attention_lines", []).append(node.lineno)
             if len(args) < 4:
-                raise _Unknown(f"line {node.lineno}: an attention call with {len(args)} arguments")
+                raise CannotEvaluate(f"line {node.lineno}: an attention call with {len(args)} arguments")
             return _attention(args[1], args[2], args[3], kwargs.get("scaling"), True), None
         if isinstance(callee, (_Linear, _Norm)):
             if len(args) != 1 or not isinstance(args[0], np.ndarray):
-                raise _Unknown(f"line {node.lineno}: {ast.unparse(func)} called with {len(args)} arguments")
+                raise CannotEvaluate(f"line {node.lineno}: {ast.unparse(func)} called with {len(args)} arguments")
             if isinstance(callee, _Linear) and callee.attr == self.captured.get("o_proj"):
                 self.captured["o_proj_input"] = args[0]
                 self.captured["o_proj_line"] = node.lineno
@@ -391,138 +228,37 @@ class _Interpreter:
                 self.captured.setdefault("norm_calls", []).append(callee.attr)
             return callee(args[0])
         if isinstance(callee, _Opaque):
-            raise _Unknown(f"line {node.lineno}: {ast.unparse(func)} ({callee.cls}, built at line {callee.line}) "
-                           "is called on the attention's values")
-        if isinstance(callee, tuple) and callee and callee[0] == "function":
-            return self.function(callee[1], args, kwargs, node)
+            raise CannotEvaluate(f"line {node.lineno}: {ast.unparse(func)} ({callee.cls}, built at line {callee.line}) "
+                                 "is called on the attention's values")
+        if isinstance(callee, tuple) and callee[:1] == ("function",):
+            return self.run(self.functions[callee[1]], None, args, kwargs)
         if callee is not None and not isinstance(callee, tuple):
-            raise _Unknown(f"line {node.lineno}: call of {ast.unparse(func)}")
-        return self.library(name, _dotted(func), args, kwargs, node)
+            raise CannotEvaluate(f"line {node.lineno}: call of {ast.unparse(func)}")
+        if isinstance(func, ast.Name) and func.id in BUILTINS and func.id not in ("getattr", "setattr", "hasattr"):
+            return self.apply(BUILTINS[func.id], args, kwargs, node)
+        if isinstance(func, ast.Name) and func.id == "bool":
+            return bool(*args)
+        return self.library(name, args, kwargs, node)
 
-    def args(self, node: ast.Call, env: dict) -> list:
-        out = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                out.extend(self.expr(a.value, env))
-            else:
-                out.append(self.expr(a, env))
-        return out
-
-    def function(self, name: str, args: list, kwargs: dict, node: ast.Call):
-        if name in HF_ATTENTION:
-            self.captured.setdefault("attention_lines", []).append(node.lineno)
-            return _attention(args[1], args[2], args[3], kwargs.get("scaling"), True), None
-        if self.depth >= MAX_DEPTH:
-            raise _Unknown(f"line {node.lineno}: calls nested too deep")
-        func = self.functions[name]
-        params = [a.arg for a in func.args.posonlyargs + func.args.args]
-        env = dict(zip(params, args))
-        defaults = func.args.defaults
-        for p, d in zip(params[len(params) - len(defaults):], defaults):
-            env.setdefault(p, self.expr(d, {}))
-        for p, v in kwargs.items():
-            if p in params:
-                env[p] = v
-        if func.args.kwarg is not None:
-            env[func.args.kwarg.arg] = {k: v for k, v in kwargs.items() if k not in params}
-        missing = [p for p in params if p not in env]
-        if missing:
-            raise _Unknown(f"line {node.lineno}: {name} without {', '.join(missing)}")
-        result = _Interpreter(self.functions, self.rng, self.captured, self.depth + 1).block(func.body, env)
-        return None if result is None else result[0]
-
-    def method(self, x: np.ndarray, name: str, args: list, kwargs: dict, node: ast.Call):
-        if name in ("contiguous", "float", "double", "to", "type_as", "clone", "detach", "type"):
-            return x
-        if name in ("view", "reshape"):
-            try:
-                return x.reshape(_shape(args))
-            except ValueError as exc:
-                raise _Unknown(f"line {node.lineno}: {exc}") from None
-        if name == "transpose":
-            return np.swapaxes(x, args[0], args[1])
-        if name == "permute":
-            return np.transpose(x, _shape(args))
-        if name == "flatten":
-            start = (args[0] if args else kwargs.get("start_dim", 0)) % x.ndim
-            end = (args[1] if len(args) > 1 else kwargs.get("end_dim", -1)) % x.ndim
-            return x.reshape(*x.shape[:start], -1, *x.shape[end + 1:])
-        if name == "unflatten":
-            dim = args[0] % x.ndim
-            return x.reshape(*x.shape[:dim], *args[1], *x.shape[dim + 1:])
-        if name == "unsqueeze":
-            return np.expand_dims(x, _dim(kwargs, args, 0))
-        if name == "squeeze":
-            return np.squeeze(x, _dim(kwargs, args, 0))
-        if name == "chunk":
-            return self.library("chunk", "torch.chunk", [x, *args], kwargs, node)
-        if name == "split":
-            return self.library("split", "torch.split", [x, *args], kwargs, node)
-        if name == "unbind":
-            return list(np.moveaxis(x, _dim(kwargs, args, 0, 0), 0))
-        if name == "repeat":
-            return np.tile(x, _shape(args))
-        if name == "expand":
-            shape = [x.shape[i] if s == -1 else s for i, s in enumerate(_shape(args))]
-            return np.broadcast_to(x, shape)
-        if name in ("sum", "mean"):
-            dim = _dim(kwargs, args, 0)
-            return np.asarray(getattr(np, name)(x, axis=dim, keepdims=bool(kwargs.get("keepdim", False))))
-        if name in ("exp", "sigmoid", "sqrt", "rsqrt"):
-            return self.library(name, f"torch.{name}", [x], {}, node)
-        if name in ("pow",):
-            return x ** args[0]
-        if name == "size":
-            return x.shape if not args else x.shape[args[0]]
-        if name == "dim":
-            return x.ndim
-        if name == "softmax":
-            return self.library("softmax", "torch.softmax", [x, *args], kwargs, node)
-        raise _Unknown(f"line {node.lineno}: method {name}")
-
-    def library(self, name: str, dotted: str, args: list, kwargs: dict, node: ast.Call):
-        if name == "chunk":
-            parts, dim = args[1] if len(args) > 1 else kwargs["chunks"], _dim(kwargs, args, 2, 0)
-            if args[0].shape[dim] % parts:
-                raise _Unknown(f"line {node.lineno}: chunk of an uneven size")
-            return list(np.split(args[0], parts, axis=dim))
-        if name == "split":
-            size, dim = args[1] if len(args) > 1 else kwargs["split_size_or_sections"], _dim(kwargs, args, 2, 0)
-            if isinstance(size, int):
-                return list(np.split(args[0], args[0].shape[dim] // size, axis=dim))
-            return list(np.split(args[0], np.cumsum(size)[:-1], axis=dim))
-        if name in ("cat", "concat", "concatenate"):
-            return np.concatenate(list(args[0]), axis=_dim(kwargs, args, 1, 0))
-        if name == "stack":
-            return np.stack(list(args[0]), axis=_dim(kwargs, args, 1, 0))
-        if name in ("exp", "sqrt", "log"):
-            return (getattr(np, name)(args[0]) if isinstance(args[0], np.ndarray)
-                    else getattr(math, name)(args[0]))
-        if name == "rsqrt":
-            return 1.0 / np.sqrt(args[0])
-        if name == "sigmoid":
-            return 1.0 / (1.0 + np.exp(-args[0]))
-        if name in ("sum", "mean"):
-            return np.asarray(getattr(np, name)(args[0], axis=_dim(kwargs, args, 1),
-                                                keepdims=bool(kwargs.get("keepdim"))))
-        if name in ("matmul", "bmm"):
-            return args[0] @ args[1]
+    def method(self, owner, name: str, args: list, kwargs: dict, node: ast.Call):
         if name == "softmax":
             self.captured.setdefault("softmax_lines", []).append(node.lineno)
-            x, dim = args[0], _dim(kwargs, args, 1, -1)
-            e = np.exp(x - np.max(x, axis=dim, keepdims=True))
-            return e / e.sum(axis=dim, keepdims=True)
-        if name in ("dropout",):
-            return args[0]
+        return super().method(owner, name, args, kwargs, node)
+
+    def library(self, name: str, args: list, kwargs: dict, node: ast.Call):
+        dotted = _dotted(node.func)
+        if name == "softmax":
+            self.captured.setdefault("softmax_lines", []).append(node.lineno)
         if name == "scaled_dot_product_attention":
             self.captured.setdefault("attention_lines", []).append(node.lineno)
             q, k, v = args[:3]
             if not kwargs.get("is_causal", len(args) > 5 and args[5]) and kwargs.get("attn_mask") is None:
-                raise _Unknown(f"line {node.lineno}: an attention without a causal mask")
+                raise CannotEvaluate(f"line {node.lineno}: an attention without a causal mask")
             return _attention(q, k, v, kwargs.get("scale"), False)
-        if name in ("Linear",):
+        if name == "Linear":
             in_f, out_f = int(args[0]), int(args[1])
             bias = kwargs.get("bias", args[2] if len(args) > 2 else True)
+            self.sized(in_f * out_f, node)
             return _Linear(self.rng.standard_normal((out_f, in_f)) / math.sqrt(in_f),
                            self.rng.standard_normal(out_f) * 0.1 if bias else None, "")
         if name == "RMSNorm" and dotted in ("nn.RMSNorm", "torch.nn.RMSNorm"):
@@ -530,32 +266,28 @@ class _Interpreter:
             width = width[0] if isinstance(width, (list, tuple)) else width
             eps = kwargs.get("eps", args[1] if len(args) > 1 else None)
             if eps is None:
-                raise _Unknown(f"line {node.lineno}: an RMSNorm without an eps (torch's default: the dtype's)")
+                raise CannotEvaluate(f"line {node.lineno}: an RMSNorm without an eps (torch's default: the dtype's)")
             affine = kwargs.get("elementwise_affine", args[2] if len(args) > 2 else True)
+            self.sized(int(width), node)
             return _Norm(int(width), float(eps), 1.0 + 0.1 * self.rng.standard_normal(int(width)) if affine else None)
         if name == "Parameter":
             value = args[0] if args else kwargs.get("data")
             if not isinstance(value, np.ndarray):
-                raise _Unknown(f"line {node.lineno}: a parameter of {type(value).__name__}")
+                raise CannotEvaluate(f"line {node.lineno}: a parameter of {type(value).__name__}")
             return self.rng.standard_normal(value.shape) * 0.3
         if name in ("zeros", "ones", "empty", "randn", "rand"):
-            return np.zeros(_shape([a for a in args if not isinstance(a, _Sentinel)] or [kwargs["size"]]))
+            # A parameter's initial value: its shape is what matters (Parameter draws the values).
+            return np.zeros(self.shape_sized(_shape([a for a in args if not isinstance(a, Sentinel)]
+                                                    or [kwargs["size"]]), node))
         if name == "normal" and "size" in kwargs:
-            return np.zeros(_shape([kwargs["size"]]))
-        if name in ("int", "float", "bool", "len", "min", "max", "abs"):
-            return {"int": int, "float": float, "bool": bool, "len": len, "min": min, "max": max, "abs": abs}[name](
-                *args)
-        if name == "getattr":
-            owner = args[0]
-            if isinstance(owner, _Config):
-                return owner.values.get(args[1], args[2] if len(args) > 2 else None)
-            if isinstance(owner, _Self):
-                return owner.attrs.get(args[1], args[2] if len(args) > 2 else None)
-        if name == "super":
-            return None
+            return np.zeros(self.shape_sized(_shape([kwargs["size"]]), node))
+        if name == "getattr" and args and isinstance(args[0], Obj) and args[0].name in ("self", "config"):
+            return args[0].attrs.get(args[1], args[2] if len(args) > 2 else None)
+        if name in FOLLOWED:
+            return super().library(name, args, kwargs, node)
         if dotted.split(".")[0] in ("nn", "torch") or name[:1].isupper():
             return _Opaque(dotted, node.lineno)  # a module the attention builds (dropout, a rotary class, ...)
-        raise _Unknown(f"line {node.lineno}: call {dotted or name}")
+        raise CannotEvaluate(f"line {node.lineno}: call {dotted or name}")
 
 
 def _reference(q_w, k_w, v_w, q_b, k_b, v_b, x, heads, kv, d, lambdas, init, eps):
@@ -577,7 +309,7 @@ def _reference(q_w, k_w, v_w, q_b, k_b, v_b, x, heads, kv, d, lambdas, init, eps
 
 def _init_expression(functions: dict, file: str, init: ast.FunctionDef, layer_param: str) -> tuple[str, str, str]:
     """(attribute, expression over layer_idx, file:line) of the one value __init__ computes from the layer index
-    (`self.lambda_init = lambda_init_fn(layer_idx)`, or written in place); raises _Unknown naming what is not plain
+    (`self.lambda_init = lambda_init_fn(layer_idx)`, or written in place); raises CannotEvaluate naming what is not plain
     arithmetic of numbers, math.exp/log/sqrt and the index."""
     found = []
     for node in subtree(init):
@@ -586,7 +318,7 @@ def _init_expression(functions: dict, file: str, init: ast.FunctionDef, layer_pa
                 and any(isinstance(n, ast.Name) and n.id == layer_param for n in subtree(node.value))):
             found.append(node)
     if len(found) != 1:
-        raise _Unknown(f"{len(found)} values computed from the layer index in {file}:{init.lineno}, not one")
+        raise CannotEvaluate(f"{len(found)} values computed from the layer index in {file}:{init.lineno}, not one")
     node, where = found[0], f"{file}:{found[0].lineno}"
     expr = node.value
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in functions:
@@ -595,7 +327,7 @@ def _init_expression(functions: dict, file: str, init: ast.FunctionDef, layer_pa
         params = [a.arg for a in func.args.args]
         if (len(body) != 1 or not isinstance(body[0], ast.Return) or len(params) != 1 or len(expr.args) != 1
                 or not (isinstance(expr.args[0], ast.Name) and expr.args[0].id == layer_param)):
-            raise _Unknown(f"{where}: {ast.unparse(node)} calls {func.name}, which is not one returned expression of "
+            raise CannotEvaluate(f"{where}: {ast.unparse(node)} calls {func.name}, which is not one returned expression of "
                            "the layer index")
         expr, param, where = body[0].value, params[0], f"{file}:{func.lineno} ({func.name})"
     else:
@@ -603,7 +335,7 @@ def _init_expression(functions: dict, file: str, init: ast.FunctionDef, layer_pa
     text = ast.unparse(_Rename(param).visit(ast.parse(ast.unparse(expr), mode="eval")).body)
     problem = init_problem(text)
     if problem:
-        raise _Unknown(f"{where}: {problem}")
+        raise CannotEvaluate(f"{where}: {problem}")
     return node.targets[0].attr, text, where
 
 
@@ -616,18 +348,18 @@ class _Rename(ast.NodeTransformer):
 
 
 def evaluate_init(text: str, layer: int) -> float:
-    """The value of a checked init expression (spec.init_problem) at `layer`, numbers as floats."""
+    """The value of a checked init expression (spec.init_problem) at `layer`, numbers as floats, computed by the
+    shared interpreter (numbers, layer_idx, + - * / ** and math.exp/log/sqrt: what init_problem lets through)."""
     if init_problem(text):
-        raise _Unknown(init_problem(text))
+        raise CannotEvaluate(init_problem(text))
     tree = ast.parse(text, mode="eval")
     for n in ast.walk(tree):
         if isinstance(n, ast.Constant):
             n.value = float(n.value)
     try:
-        return float(eval(compile(tree, "<init>", "eval"),  # numbers, layer_idx and math.exp/log/sqrt only
-                          {"__builtins__": {}, "math": math}, {"layer_idx": float(layer)}))
-    except (OverflowError, ValueError, ZeroDivisionError) as exc:
-        raise _Unknown(f"{text} at layer {layer}: {exc}") from None
+        return float(Interpreter({}).evaluate(tree.body, {"layer_idx": float(layer)}))
+    except CannotEvaluate as exc:
+        raise CannotEvaluate(f"{text} at layer {layer}: {exc}") from None
 
 
 def _norm_eps(init: ast.FunctionDef, attr: str) -> tuple[str | None, str]:
@@ -670,7 +402,7 @@ def read(sources: dict, attention_cls: str, config: dict, projections: tuple[str
         return f"{file}:{init.lineno}: {attention_cls}.__init__ takes no layer index"
     try:
         init_attr, init_text, init_where = _init_expression(functions, file, init, layer_param)
-    except _Unknown as exc:
+    except CannotEvaluate as exc:
         return f"the weight's offset from the layer index is not read: {exc}"
     if len(params) != 4:
         return f"the weight is computed from {len(params)} parameters of the attention's own ({', '.join(params)}), " \
@@ -682,17 +414,17 @@ def read(sources: dict, attention_cls: str, config: dict, projections: tuple[str
         hidden = heads * d
         values.update({"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d})
         captured: dict = {"o_proj": o_proj}
-        run = _Interpreter(functions, rng, captured)
-        me = _Self()
+        run = _AttentionInterpreter(functions, rng, captured)
+        me = Obj({"training": False, "is_causal": True}, "self")
         env = {"self": me}
         for p in init_params:
-            env[p] = _Config(values) if p == init_params[0] else layer if p == layer_param else None
+            env[p] = Obj(values, "config") if p == init_params[0] else layer if p == layer_param else None
         for a, d_ in zip(init.args.args[len(init.args.args) - len(init.args.defaults):], init.args.defaults):
             if env.get(a.arg) is None and a.arg != layer_param:
-                env[a.arg] = run.expr(d_, {})
+                env[a.arg] = run.evaluate(d_, {})
         try:
-            run.block(init.body, env)
-        except (_Unknown, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as exc:
+            run.call_block(init.body, env)
+        except CannotEvaluate as exc:
             return f"{file}:{init.lineno}: {attention_cls}.__init__ is not followed at {heads} heads ({exc})"
         x = rng.standard_normal((1, TOKENS, hidden))
         fparams = [a.arg for a in forward.args.args[1:]]
@@ -703,8 +435,8 @@ def read(sources: dict, attention_cls: str, config: dict, projections: tuple[str
         if forward.args.kwarg is not None:
             fenv[forward.args.kwarg.arg] = {}
         try:
-            run.block(forward.body, fenv)
-        except (_Unknown, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as exc:
+            run.call_block(forward.body, fenv)
+        except CannotEvaluate as exc:
             return f"{where}: {attention_cls}.forward is not followed ({exc})"
         if "o_proj_input" not in captured:
             return f"{where}: {attention_cls}.forward does not call self.{o_proj}"
@@ -734,7 +466,7 @@ def read(sources: dict, attention_cls: str, config: dict, projections: tuple[str
             return f"{file}:{init.lineno}: the norm's eps ({eps_text or 'not given'}) is neither a config key nor a number"
     try:
         init_values = [evaluate_init(init_text, r[3]) for r in results]
-    except _Unknown as exc:
+    except CannotEvaluate as exc:
         return f"{init_where}: {exc}"
     if any(abs(r[6].attrs.get(init_attr, math.nan) - v) > TOLERANCE for r, v in zip(results, init_values)):
         return f"{init_where}: self.{init_attr} is not the value of {init_text}"

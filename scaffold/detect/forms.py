@@ -422,6 +422,13 @@ def reversible_residual(sources: dict, config: dict) -> str | None:
                 out |= deps.get(n.id, {n.id} if n.id in params else set())
         return out
 
+    # RevNet couples two streams: Y1 = X1 + f(X2) (the attention's output added to the argument it does not read),
+    # and Y2 = X2 + g(Y1) (something of the attention's output added to the argument it reads, before or after the
+    # first: ESMFold adds its attention to the sequence stream, then the sequence to the pair stream). The first
+    # alone is a fused-add-norm layer (vLLM's style: layer(normed, residual) -> (normed, residual)), whose normed
+    # input is no stream of its own: one residual stream, which the port keeps.
+    named = None
+    coupled = False
     for stmt in _statements(forward.body):
         value = getattr(stmt, "value", None)
         if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or value is None:
@@ -435,11 +442,15 @@ def reversible_residual(sources: dict, config: dict) -> str | None:
                 for out, other in ((left, right), (right, left)):
                     streams = other & params
                     if "<attention>" in out and "<attention>" not in other and streams and inputs & params \
-                            and not streams & inputs:
-                        return (f"reversible residual streams: {cls.name}.forward adds the attention's output to "
-                                f"{', '.join(sorted(streams))} while the attention reads "
-                                f"{', '.join(sorted(inputs & params))} ({_where(file, stmt)}: {_line(stmt)}); the "
-                                "port's decoder layer keeps one residual stream")
+                            and not streams & inputs and named is None:
+                        named = (f"reversible residual streams: {cls.name}.forward adds the attention's output to "
+                                 f"{', '.join(sorted(streams))} while the attention reads "
+                                 f"{', '.join(sorted(inputs & params))} ({_where(file, stmt)}: {_line(stmt)}); the "
+                                 "port's decoder layer keeps one residual stream")
+                    elif "<attention>" in out and "<attention>" not in other and other & inputs & params:
+                        coupled = True  # the argument the attention reads is a stream too
+        if named is not None and coupled:
+            return named
         got = reads(value)
         if isinstance(stmt, ast.AugAssign):
             got |= reads(stmt.target)
