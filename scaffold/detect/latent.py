@@ -75,6 +75,11 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     q_rows = shape("q_b_proj" if low_rank_q else "q_proj")[0]
     q_rank = shape("q_a_norm")[0] if low_rank_q else 0
     kv_rows, kv_in = shape("kv_b_proj")
+    if low_rank_q and shape("q_b_proj")[1] != q_rank:
+        raise unsupported(f"latent attention whose query up-projection reads {shape('q_b_proj')[1]} columns "
+                          f"({tensor('q_b_proj')}), not the {q_rank}-wide normed low-rank query "
+                          f"({tensor('q_a_norm')}): the port's q_b_proj takes that query alone (A.X-K2's q_gate_proj reads it "
+                          "beside the unnormed one and adds an output gate)", where, spec.model_type)
     if rope <= 0 or q_rows % heads or kv_rows % heads:
         raise CheckpointError(f"{tensor('kv_a_proj')} has shape {list(shape('kv_a_proj'))}, {tensor('kv_b_proj')} "
                               f"{list(shape('kv_b_proj'))}: not the latent attention of {heads} heads over a "
