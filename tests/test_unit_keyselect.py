@@ -18,6 +18,8 @@ def test_transformers_indexers_are_a_top_k_of_config_index_topk(model, cls):
     found = keyselect.read(transformers_code(model), cls)
     assert found is not None and found.key == "index_topk" and found.modules == ("indexer",)
     assert f"modeling_{model}.py:" in found.evidence
+    # The indexer's own sizes, which the port does not compute with (verify names the keys no field accounts for).
+    assert {"index_head_dim", "index_n_heads"} <= set(found.reads) and "index_topk" not in found.reads
 
 
 def test_an_attention_without_a_selection_and_a_routers_top_k_are_not_one():

@@ -47,6 +47,7 @@ class KeySelection:
     key: str                 # the config key k reads (index_topk)
     modules: tuple[str, ...]  # the attention's modules that compute the selection, as its attributes
     evidence: str            # FILE:LINE of the top-k and of what hands the selection to the attention
+    reads: tuple[str, ...] = ()  # config keys the selector's own classes read (its sizes), besides k
 
 
 @dataclass
@@ -505,8 +506,13 @@ def read(sources: dict[str, str], attention_cls: str) -> KeySelection | None:
         if found.ctx is reader.top:
             modules |= _inline_modules(found.ctx, _topk_parts(found.call)[0])
     sink = next(where for where, _n, tags in reached if "sel" in tags)
-    return KeySelection(keys.pop(), tuple(sorted(modules)),
-                        f"the top-k at {', '.join(sorted(set(lines)))}, its selection masking the attention at {sink}")
+    key = keys.pop()
+    built = _modules(cls, reader.classes)
+    reads = sorted({n.attr for m in modules if m in built for n in ast.walk(reader.classes[built[m]][1])
+                    if isinstance(n, ast.Attribute) and _dotted(n.value).endswith("config")} - {key})
+    return KeySelection(key, tuple(sorted(modules)),
+                        f"the top-k at {', '.join(sorted(set(lines)))}, its selection masking the attention at {sink}",
+                        tuple(reads))
 
 
 def _raise(message: str):

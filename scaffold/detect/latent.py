@@ -159,7 +159,8 @@ def _key_selection(ckpt: Checkpoint, spec: Spec, attn: str, layer0: dict, path: 
     spec.set("key_selector", list(found.modules),
              Source("code", f"{found.evidence}; up to index_topk keys it keeps every key, so the port does not "
                             f"compute it and skips its tensors ({', '.join(f'{stem}.{r}' for r in held[:3])}"
-                            f"{', ...' if len(held) > 3 else ''})"))
+                            f"{', ...' if len(held) > 3 else ''})"
+                            + (f"; the config keys the selector reads: {', '.join(found.reads)}" if found.reads else "")))
     return found.modules
 
 
