@@ -287,7 +287,7 @@ def renamed_name(spec: Spec, name: str) -> str:
     one module deeper move up to it (spec.renamed_substrings)."""
     dotted = f".{name}"  # `name` may be a whole name or one inside a layer (pre_attn_norm.scale)
     for old, new in renamed_substrings(spec).items():
-        if old in dotted:
+        if new is not None and old in dotted:
             dotted = dotted.replace(old, new, 1)
             name = dotted[1:]
     for old, new in renamed_suffixes(spec).items():
@@ -311,6 +311,9 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     n = spec.names
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
+    if any(rest.startswith(f"{n['self_attn']}.{m}.") for m in spec.key_selector):
+        return [(None, None, f"top-k key selector, not computed: every key is kept up to index_topk "
+                             f"({spec.index_topk}) tokens")]
     rest = port_rest(spec, renamed_name(spec, rest))
     if rest in modules.stacked_experts:
         return list(modules.stacked_experts[rest])

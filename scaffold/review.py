@@ -211,6 +211,15 @@ def decisions(spec) -> list[str]:
                + (f"; scores soft-capped at {spec.attn_logit_softcap}" if spec.attn_logit_softcap else "")
                + (f"; q, k and v clamped to [-{spec.qkv_clip}, {spec.qkv_clip}] as projected"
                   if spec.qkv_clip is not None else "") + "."]
+    if spec.index_topk is not None:
+        topk = spec.source("index_topk").expr or str(spec.index_topk)
+        selector = ", ".join(f"`{n['self_attn']}.{m}`" for m in spec.key_selector)
+        out.append(f"- **serves contexts up to index_topk tokens** (`{_md(topk)}` = {spec.index_topk}): the checkpoint's "
+                   f"attention keeps, for each query, the index_topk keys its selector ({selector}) scores best "
+                   f"({_md(spec.source('key_selector').detail)}). A query that sees at most index_topk keys keeps them "
+                   "all, so the port computes dense attention and does not load the selector's tensors; beyond "
+                   "index_topk tokens the selection is not computed, and the port refuses at load time a "
+                   "max_model_len above index_topk.")
     if spec.layer_head_dim:
         dims = spec.source("layer_head_dim").expr or "layer_head_dim[layer_idx]"
         kvs = spec.source("layer_num_kv_heads").expr or "layer_num_kv_heads[layer_idx]"

@@ -418,6 +418,17 @@ class Spec:
                                  doc="a value head's width (latent attention's; with separate q, k, v: the values' "
                                      "own width where the code builds them otherwise than head_dim, MiMo-V2's); "
                                      "0: head_dim")
+    # A top-k key selection (DeepSeek-V3.2's lightning indexer; scaffold.detect.keyselect): each query attends to
+    # the index_topk keys a module of the attention scores best. Up to that many keys the top-k keeps them all.
+    index_topk: int | None = spec_field(
+        None, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the k of a top-k that chooses the keys each query attends to: the port computes dense attention, "
+            "exact while a query sees at most k keys, and refuses at load a max_model_len above k; None: no "
+            "selection")
+    key_selector: list[str] = spec_field(
+        [], group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the attention's modules that compute that selection (DeepSeek-V3.2's indexer): their tensors are "
+            "not loaded, the selection keeping every key up to index_topk")
     attn_logit_softcap: float | None = spec_field(None, group="attention", probe="self_attn",
                                                   doc="scores capped at c * tanh(s / c); None: not capped")
     qkv_clip: float | None = spec_field(None, group="attention", probe="self_attn", omit_when_empty=True,
@@ -1242,6 +1253,15 @@ def validate_names(spec: Spec, origin: str) -> None:
         if spec.num_heads != spec.moa_top_k * spec.num_kv_heads:
             raise SpecError(f"qkv_layout is \"routed\" but num_heads {spec.num_heads} is not moa_top_k "
                             f"{spec.moa_top_k} x num_kv_heads {spec.num_kv_heads}.", origin)
+    if (spec.index_topk is None) != (not spec.key_selector):
+        raise SpecError("index_topk and key_selector go together: the k of a top-k key selection and the modules "
+                        "that compute it.", origin)
+    if spec.index_topk is not None and spec.index_topk <= 0:
+        raise SpecError(f"index_topk = {spec.index_topk} is not positive.", origin)
+    for module in spec.key_selector:
+        if not isinstance(module, str) or not IDENTIFIER.fullmatch(module) or keyword.iskeyword(module):
+            raise SpecError(f"spec field key_selector lists {module!r}, which is not a module name of the attention.",
+                            origin)
     if bool(spec.attention_chunk_size) != bool(spec.chunked_layers):
         raise SpecError("attention_chunk_size and chunked_layers go together: a chunk size for the chunked layers.",
                         origin)
@@ -1350,15 +1370,18 @@ def attention_module(names: dict[str, str]) -> str:
     return f"{names['self_attn']}.{inner}" if inner else names["self_attn"]
 
 
-def renamed_substrings(spec: Spec) -> dict[str, str]:
+def renamed_substrings(spec: Spec) -> dict[str, str | None]:
     """Checkpoint name pieces -> the port's, for vLLM's WeightsMapper(orig_to_new_substr=...): the module an
     attention wrapper keeps its projections in (`.attn.attention.` -> `.attn.`), the numbered children of an
-    nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`). Dots on both sides: whole module names only, so no other
-    module's tensor matches."""
+    nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`), and None for the modules of a top-k key selector the port does
+    not load (`.self_attn.indexer.`). Dots on both sides: whole module names only, so no other module's tensor
+    matches."""
     names = spec.names
-    out = {}
+    out: dict[str, str | None] = {}
     if spec.layer_block:  # a block nested in the layer (DBRX's norm_attn_norm): its modules are the layer's own
         out[f".{spec.layer_block}."] = "."
+    for module in spec.key_selector:
+        out[f".{names['self_attn']}.{module}."] = None
     if names.get("attn_inner"):
         out[f".{attention_module(names)}."] = f".{names['self_attn']}."
     # The numbered children of an nn.Sequential MLP (`.ffn.0.` -> `.ffn.up_proj.`).

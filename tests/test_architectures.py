@@ -111,6 +111,16 @@ ARCHITECTURES = {
                                                              "original_max_position_embeddings": 128,
                                                              "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
                                                              "mscale_all_dim": 0.707}}),
+    # A top-k key selection (DeepSeek-V3.2's lightning indexer, scaffold.detect.keyselect) at index_topk = 256, the
+    # max_model_len verify serves (min(max_position_embeddings, 256)): every key is kept, the port is dense latent
+    # attention and skips the indexer's tensors; GLM-5's layers of its own indexer or the previous one's selection.
+    "deepseek_v32": ("deepseek_v32", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                      "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                      "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4}),
+    "glm_moe_dsa": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                    "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
+                                    "indexer_types": ["full", "shared", "full"]}),
     # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
     # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
@@ -390,6 +400,8 @@ EXPECTED_SPEC = {
     "deepseek_v3": {"qkv_layout": "latent", "q_lora_rank": 96, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 32, "v_head_dim": 32, "rope_neox_style": False, "moe_sigmoid": True,
                     "dense_layers": [0]},
+    "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
+    "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
     "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
@@ -503,6 +515,10 @@ UNSUPPORTED = {
                                                           "mrope_section": [4, 4, 8]}}},
         "turn their columns in different orders"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
+    # A.X-K2 behind its top-k key selection (which the port reads): its queries come from q_gate_proj over the normed
+    # and the unnormed low-rank query, with rows for an output gate.
+    "axk2-query-gate": ("axk2", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                 "n_group": 1, "topk_group": 1}, "latent attention whose query up-projection reads"),
     # sparsemixer routes each token to two experts whatever num_experts_per_tok says; vLLM's routes two.
     "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
                                 ("the routing is sparsemixer, which routes each token to 2 experts, but config.json "
@@ -753,6 +769,27 @@ def test_doge_port_refuses_a_context_beyond_its_keep_window(workdir):
             "top-scoring ones") in checks["port loads in vLLM"]["detail"]
 
 
+# DeepSeek-V3.2 whose index_topk (64) is below the max_model_len verify serves (256): its port is dense attention,
+# exact only while a query sees at most index_topk keys, so the engine must stop at load naming index_topk, never
+# serve the longer context (verify's prompts, 53 tokens at most, would not show the difference).
+SHORT_TOPK = {"deepseek_v32-topk-64": ("deepseek_v32", {**ARCHITECTURES["deepseek_v32"][1], "index_topk": 64})}
+
+
+@pytest.mark.engine
+def test_a_context_longer_than_index_topk_is_refused_at_load(workdir):
+    ckpt = checkpoint_for("deepseek_v32-topk-64", SHORT_TOPK, workdir)
+    out = workdir / "port-deepseek_v32-topk-64"
+    scaffold("new", ckpt, "-o", out, "--force")
+    review = " ".join((out / "REVIEW.md").read_text(encoding="utf-8").split())
+    assert "serves contexts up to index_topk tokens" in review and "= 64" in review
+    proc = scaffold("verify", out, "--json", check=False)
+    report = json.loads(proc.stdout)
+    assert not report["passed"]
+    text = " ".join(json.dumps(report).split())
+    assert "max_model_len = 256 is above the checkpoint's index_topk = 64" in text, text[-3000:]
+    assert not any(c["name"] == "parity: log-probabilities" and c["status"] == "pass" for c in report["checks"])
+
+
 # Each case runs the CLI in a subprocess (1.5 to 4 s): the quick tier keeps every second one, the full suite all.
 @pytest.mark.parametrize("name", quick_sample(UNSUPPORTED, every=2))
 def test_unsupported_architecture_is_refused_by_name(name, workdir):
@@ -873,6 +910,8 @@ DEFAULTS = {
     # Left out when absent: Doge's bias per key and residual scales.
     "key_bias_proj": "", "key_bias_param": "", "key_bias_proj_bias": False, "key_bias_window": None,
     "residual_scale_attn": "", "residual_scale_mlp": "",
+    # Left out when absent: a top-k key selection (DeepSeek-V3.2's indexer).
+    "index_topk": None, "key_selector": [],
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

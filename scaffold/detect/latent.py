@@ -14,7 +14,9 @@ config.json holds a key of the same value, the port reads that key at run time.
 from __future__ import annotations
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect import keyselect
 from scaffold.detect.common import unsupported
+from scaffold.detect.sourcecode import config_default
 from scaffold.errors import CheckpointError
 from scaffold.spec import Source, Spec
 
@@ -42,16 +44,13 @@ def present(layer0: dict, attn: str) -> bool:
 
 
 def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, path: str,
-           o_proj: str | None) -> set[str]:
+           o_proj: str | None, sources: dict | None = None, attention_cls: str | None = None) -> set[str]:
     """Name the latent roles and set the latent sizes; `path` is layer 0's attention in the checkpoint, `o_proj`
-    its output projection. Returns the attention's modules the port computes with (the layout's claimed ones)."""
+    its output projection, `attention_cls` the attention's class in `sources`. Returns the attention's modules the
+    port accounts for (the layout's claimed ones): those it computes with, and a top-k key selector it skips."""
     where = ckpt.config_file
     found = {role: _find(layer0, attn, role) for role in CANDIDATES}
-    indexer = sorted(r for r in layer0 if r.startswith(f"{attn}.indexer."))
-    if indexer:
-        raise unsupported(f"sparse latent attention: a top-k token indexer ({path.rsplit('.', 1)[0]}."
-                          f"{indexer[0]}, DeepSeek-V3.2's lightning indexer) chooses the keys each query sees",
-                          where, spec.model_type)
+    selector = _key_selection(ckpt, spec, attn, layer0, path, sources, attention_cls)
     low_rank_q = found["q_a_proj"] is not None
     needed = ("kv_a_proj", "kv_a_norm", "kv_b_proj") + (("q_a_proj", "q_a_norm", "q_b_proj") if low_rank_q
                                                          else ("q_proj",))
@@ -76,6 +75,11 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     q_rows = shape("q_b_proj" if low_rank_q else "q_proj")[0]
     q_rank = shape("q_a_norm")[0] if low_rank_q else 0
     kv_rows, kv_in = shape("kv_b_proj")
+    if low_rank_q and shape("q_b_proj")[1] != q_rank:
+        raise unsupported(f"latent attention whose query up-projection reads {shape('q_b_proj')[1]} columns "
+                          f"({tensor('q_b_proj')}), not the {q_rank}-wide normed low-rank query "
+                          f"({tensor('q_a_norm')}): the port's q_b_proj takes that query alone (A.X-K2's q_gate_proj reads it "
+                          "beside the unnormed one and adds an output gate)", where, spec.model_type)
     if rope <= 0 or q_rows % heads or kv_rows % heads:
         raise CheckpointError(f"{tensor('kv_a_proj')} has shape {list(shape('kv_a_proj'))}, {tensor('kv_b_proj')} "
                               f"{list(shape('kv_b_proj'))}: not the latent attention of {heads} heads over a "
@@ -118,7 +122,46 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     spec.set("qkv_layout", "latent", Source("tensor", f"{tensor('kv_a_proj')} and {tensor('kv_b_proj')}: a "
                                                       "compressed key/value latent"))
     spec.set("qkv_bias", False, Source("tensor", f"{path}: no bias on the latent projections"))
-    return {f"{attn}.{found[role]}" for role in needed}
+    skipped = {r.rsplit(".", 1)[0] for r in layer0 if any(r.startswith(f"{attn}.{m}.") for m in selector)}
+    return {f"{attn}.{found[role]}" for role in needed} | skipped
+
+
+def _key_selection(ckpt: Checkpoint, spec: Spec, attn: str, layer0: dict, path: str, sources: dict | None,
+                   attention_cls: str | None) -> tuple[str, ...]:
+    """A top-k key selection in the attention (DeepSeek-V3.2's lightning indexer): the attention's modules that
+    compute it, whose tensors the port does not load, and spec index_topk, the k the port serves contexts up to.
+    Refused by name where the code does not show it (tensors under `indexer` without it) or the reader does not
+    follow it; () where there is none."""
+    where = ckpt.config_file
+    stem = path.rsplit(".", 1)[0]
+    try:
+        found = keyselect.read(sources, attention_cls) if sources and attention_cls else None
+    except keyselect.Unfollowed as exc:
+        raise unsupported(f"sparse latent attention: a top-k selection of the keys each query sees that the port does "
+                          f"not compute ({exc})", where, spec.model_type) from None
+    if found is None:
+        indexer = sorted(r for r in layer0 if r.startswith(f"{attn}.indexer."))
+        if indexer:
+            raise unsupported(f"sparse latent attention: a top-k token indexer ({stem}.{indexer[0]}, DeepSeek-V3.2's "
+                              "lightning indexer) chooses the keys each query sees, and the code read shows no "
+                              "top-k the reader follows into the attention", where, spec.model_type)
+        return ()
+    held = sorted(r for r in layer0 if any(r.startswith(f"{attn}.{m}.") for m in found.modules))
+    said = ckpt.config.get(found.key)
+    default = None if said is not None else config_default(ckpt, found.key)
+    value = said if said is not None else default.value if default is not None else None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise unsupported(f"sparse latent attention: a top-k selection of keys ({found.evidence}) whose k, "
+                          f"config.{found.key}, is {value!r} (config.json, or the code's default): the port serves "
+                          "contexts up to k tokens and cannot tell k", where, spec.model_type)
+    origin = f"config.json {found.key}" if said is not None else f"the code's default for {found.key} ({default})"
+    spec.set("index_topk", value, Source("code", f"{origin}: the k of {found.evidence}", f"config.{found.key}"))
+    spec.set("key_selector", list(found.modules),
+             Source("code", f"{found.evidence}; up to index_topk keys it keeps every key, so the port does not "
+                            f"compute it and skips its tensors ({', '.join(f'{stem}.{r}' for r in held[:3])}"
+                            f"{', ...' if len(held) > 3 else ''})"
+                            + (f"; the config keys the selector reads: {', '.join(found.reads)}" if found.reads else "")))
+    return found.modules
 
 
 def _why(field: str, found: dict, path: str, low_rank_q: bool) -> str:

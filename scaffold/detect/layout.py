@@ -553,7 +553,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         latent_modules = _routed_attention(ckpt, spec, names, routed, attn)
     elif latent.present(layer0, attn):  # DeepSeek-V2's multi-head latent attention
         latent_modules = latent.detect(ckpt, spec, names, attn, layer0, f"{prefix}.{names['layers']}.0.{attn}",
-                                       code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn))
+                                       code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn),
+                                       sources, code_attn.cls if code_attn is not None else
+                                       blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn)
+                                       if sources else None)
     elif code_attn is not None:
         _code_qkv(ckpt, spec, names, code_attn, f"{prefix}.{names['layers']}.0.{attn}", layer0)
     elif all(has(f"{attn}.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")):

@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, conditions, dataflow, rotaryfreq
+from scaffold.detect import blocks, codekeys, conditions, dataflow, rotaryfreq, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import (
     alibi_code,
@@ -144,6 +144,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         # transformers' own file: one with no rotate_half at all rotates its own way (GPT-J's rotate_every_two);
         # one with both forms keeps the other behind a config flag (DeepSeek-V3's rope_interleave).
         pairs = _adjacent_pairs(modeling_sources(ckpt))
+    if pairs is None and gptj is None:
+        pairs = _attention_pairs(modeling_sources(ckpt), spec)
     interleave = cfg.get("rope_interleave")
     if isinstance(interleave, bool):
         # DeepSeek-V3's code keeps both forms and picks one by this flag.
@@ -449,16 +451,45 @@ def _adjacent_pairs(sources: dict[str, str]) -> Found | None:
     the even and the odd channels taken apart (`x[..., ::2]`, GPT-J's rotate_every_two)."""
     for name, node in walk(sources):
         if isinstance(node, ast.FunctionDef) and re.search("rotary|rotate", node.name.lower()):
-            for sub in subtree(node):
-                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
-                        and sub.func.attr in ("reshape", "view") and len(sub.args) > 1
-                        and isinstance(sub.args[-1], ast.Constant) and sub.args[-1].value == 2):
-                    return Found("gptj", name, sub.lineno)
-                if (isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Tuple) and sub.slice.elts
-                        and isinstance(last := sub.slice.elts[-1], ast.Slice) and last.upper is None
-                        and isinstance(last.step, ast.Constant) and last.step.value == 2):
-                    return Found("gptj", name, sub.lineno)
+            found = _pairs_in(name, node)
+            if found is not None:
+                return found
     return None
+
+
+def _pairs_in(file: str, function: ast.FunctionDef) -> Found | None:
+    for sub in subtree(function):
+        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in ("reshape", "view") and len(sub.args) > 1
+                and isinstance(sub.args[-1], ast.Constant) and sub.args[-1].value == 2):
+            return Found("gptj", file, sub.lineno)
+        if (isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Tuple) and sub.slice.elts
+                and isinstance(last := sub.slice.elts[-1], ast.Slice) and last.upper is None
+                and isinstance(last.step, ast.Constant) and last.step.value == 2):
+            return Found("gptj", file, sub.lineno)
+    return None
+
+
+def _attention_pairs(sources: dict[str, str], spec: Spec) -> Found | None:
+    """Where a file keeps both forms and no config flag picks one (DeepSeek-V3.2's: rotate_half for its indexer,
+    which the port does not compute, adjacent pairs for the attention): the rotary function the attention's own
+    forward calls, where it is the one it calls and pairs adjacent channels."""
+    layers = spec.names.get("layers") if isinstance(spec.names, dict) else None
+    attention = blocks.layer_module_class(sources, layers.rsplit(".", 1)[-1] if layers else None,
+                                          spec.names.get("self_attn", "self_attn")) if sources else None
+    classes = {n.name: (file, n) for file, n in walk(sources) if isinstance(n, ast.ClassDef)}
+    functions = {n.name: (file, n) for file, tree in ((f, sourcecode.parse(t)) for f, t in sources.items())
+                 if tree is not None for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if attention not in classes:
+        return None
+    forward = next((n for n in classes[attention][1].body if isinstance(n, ast.FunctionDef) and n.name == "forward"),
+                   None)
+    called = {n.func.id for n in subtree(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+              and n.func.id in functions and re.search("rotary|rotate|rope", n.func.id.lower())} if forward else set()
+    if len(called) != 1:
+        return None
+    file, function = functions[called.pop()]
+    return _pairs_in(file, function)
 
 
 def _reversed_rotation(sources: dict[str, str]) -> Found | None:
