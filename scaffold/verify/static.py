@@ -251,7 +251,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         routed = f"{attn}.{n['moa']}"
         stacked.update({f"{routed}.{n['moa_q_bank']}.weight": (spec.moa_num_experts, kv, hidden),
                         f"{routed}.{n['moa_o_bank']}.weight": (spec.moa_num_experts, hidden, kv)})
-    if spec.is_moe and spec.experts_layout != "stacked":
+    if spec.is_moe and spec.experts_layout not in ("stacked", "flattened"):
         for e in range(spec.num_experts):
             experts = f"{mlp}.{n['experts']}.{e}"
             want.update({f"{experts}.{n['expert_gate_proj']}": spec.moe_intermediate_size,
