@@ -32,13 +32,18 @@ def markdown_text(value) -> str:
     """Text for a Markdown line, table cell or code span, unable to break out of it.
 
     No line breaks or control characters (shown as escapes), no backtick to close a code span,
-    no pipe to open a table column, no `<` to start HTML or an autolink (`>` alone opens nothing
-    inside a line, so `a -> b` stays as written).
+    no pipe to open a table column, no `<` that could start HTML or an autolink: every `<` but one
+    before a space becomes `(` (CommonMark's tags and autolinks, e-mail ones included, never open
+    with a space), so a condition such as `layer_idx < config.first_k_dense_replace` stays as
+    written; `>` alone opens nothing inside a line, so `a -> b` stays too.
     """
     text = str(value)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text.replace("`", "'").replace("|", "/").replace("<", "(")
+    return _MARKUP_OPEN.sub("(", text.replace("`", "'").replace("|", "/"))
+
+
+_MARKUP_OPEN = re.compile(r"<(?! )")  # a `<` that is not followed by a space
 
 
 def markdown_fence(body: str) -> str:

@@ -55,6 +55,9 @@ def test_markdown_text_stays_on_one_line_and_out_of_markup():
     text = markdown_text("x`y|z<b>\nnext\x1b[31m")
     assert text == "x'y/z(b>\\nnext\\x1b[31m"  # no tag can open: '<' is gone, '>' alone is text
     assert markdown_text(3.5) == "3.5"
+    # A `<` before a space opens no tag or autolink (mail ones included): a comparison reads as written.
+    assert markdown_text("layer_idx < config.k, a<=b, <a@b.c>, <http://x>, <!--") == \
+        "layer_idx < config.k, a(=b, (a@b.c>, (http://x>, (!--"
 
 
 @pytest.mark.parametrize("expr", ["config.hidden_size // config.num_attention_heads",
