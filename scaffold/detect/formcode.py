@@ -186,3 +186,39 @@ def _mask_argument(call: ast.Call) -> ast.AST | None:
             return k.value
     position = 3 if name == "scaled_dot_product_attention" else 4
     return call.args[position] if len(call.args) > position else None
+
+
+def parameter_masks(forward: ast.FunctionDef, own: set[str]):
+    """Each attention call in `forward` whose mask reads some of the module's own parameters or linears (`own`,
+    followed through the locals derived from them) that its queries, keys and values do not: (call, mask, its
+    q/k/v arguments, those names), in the order the statements run. A mask narrowed by what q, k and v read too
+    (DeepSeek-V3.2's indexer scores from the low-rank query) is not one."""
+    derived: dict[str, set[str]] = {}
+
+    def reads(node: ast.AST) -> set[str]:
+        out = set()
+        for n in _value_reads(node):
+            if isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr in own:
+                out.add(n.attr)
+            elif isinstance(n, ast.Name):
+                out |= derived.get(n.id, set())
+        return out
+
+    for stmt in _statements(forward.body):
+        value = getattr(stmt, "value", None)
+        if value is None:
+            continue
+        for call in (n for n in subtree(value) if isinstance(n, ast.Call)):
+            mask = _mask_argument(call)
+            if mask is None:
+                continue
+            qkv = _qkv_arguments(call)
+            got = reads(mask) - set().union(set(), *(reads(a) for a in qkv))
+            if got:
+                yield call, mask, qkv, got
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            got = reads(value)
+            for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
+                for n in subtree(target):
+                    if isinstance(n, ast.Name):
+                        derived[n.id] = got

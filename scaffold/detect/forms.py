@@ -52,11 +52,9 @@ from scaffold.detect.formcode import (
     _decoder_layer,
     _layer_lists,
     _line,
-    _mask_argument,
-    _qkv_arguments,
     _statements,
-    _value_reads,
     _where,
+    parameter_masks,
 )
 from scaffold.detect.sourcecode import _dotted, subtree
 from scaffold.errors import NonFloatTensor
@@ -691,48 +689,20 @@ def dynamic_mask(sources: dict, config: dict) -> str | None:
         if forward is None:
             continue
         own = _parameters(cls) | {a for a, (c, _) in _built(cls).items() if c in ("Linear", "Parameter")}
-        derived: dict[str, set[str]] = {}
-
-        def reads(node: ast.AST, own: set[str] = own, derived: dict = derived) -> set[str]:
-            out = set()
-            for n in _value_reads(node):
-                if isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr in own:
-                    out.add(n.attr)
-                elif isinstance(n, ast.Name):
-                    out |= derived.get(n.id, set())
-            return out
-
-        for stmt in _statements(forward.body):
-            value = getattr(stmt, "value", None)
-            if value is None:
-                continue
-            for call in (n for n in subtree(value) if isinstance(n, ast.Call)):
-                mask = _mask_argument(call)
-                if mask is None:
-                    continue
-                # What the mask alone reads: a mask narrowed by what q, k and v read too (DeepSeek-V3.2's indexer
-                # scores from the low-rank query, refused as an indexer by scaffold.detect.latent) is not this form.
-                got = reads(mask) - set().union(set(), *(reads(a) for a in _qkv_arguments(call)))
-                if got:
-                    # A bias per key computed from its values (Doge's) rides in the KV cache with the key:
-                    # scaffold.detect.keybias reads it; any other such mask is named here.
-                    try:
-                        if keybias.key_bias(sources, config) is not None:
-                            return None
-                        why = "the mask depends on the tokens' values, and the port's attention masks by position only"
-                    except keybias.Unmatched as exc:
-                        why = f"{exc}"
-                        if why.startswith(f"{name}.forward hands "):
-                            why = why.split("): ", 1)[1] if "): " in why else why
-                    return (f"an attention mask computed from parameters of the attention ({', '.join(sorted(got))})"
-                            f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); "
-                            f"{why}")
-            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                got = reads(value)
-                for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
-                    for n in subtree(target):
-                        if isinstance(n, ast.Name):
-                            derived[n.id] = got
+        for call, mask, _qkv, got in parameter_masks(forward, own):
+            # A bias per key computed from its values (Doge's) rides in the KV cache with the key:
+            # scaffold.detect.keybias reads it; any other such mask is named here.
+            try:
+                if keybias.key_bias(sources, config) is not None:
+                    return None
+                why = "the mask depends on the tokens' values, and the port's attention masks by position only"
+            except keybias.Unmatched as exc:
+                why = f"{exc}"
+                if why.startswith(f"{name}.forward hands "):
+                    why = why.split("): ", 1)[1] if "): " in why else why
+            return (f"an attention mask computed from parameters of the attention ({', '.join(sorted(got))})"
+                    f": {name}.forward hands {_line(mask, 40)} to {_callee(call)} ({_where(file, call)}); "
+                    f"{why}")
     return None
 
 

@@ -394,37 +394,8 @@ def _in_attention(sources, classes, name, file, cls, forward, config) -> KeyBias
     linears = {a for a, (c, _) in built.items() if c == "Linear"}
     params = _parameters(cls)
     own = params | linears
-    statements = list(forms._statements(forward.body))
-    derived: dict[str, set[str]] = {}
-
-    def reads(node: ast.AST) -> set[str]:
-        out = set()
-        for n in forms._value_reads(node):
-            if isinstance(n, ast.Attribute) and forms._dotted(n.value) == "self" and n.attr in own:
-                out.add(n.attr)
-            elif isinstance(n, ast.Name):
-                out |= derived.get(n.id, set())
-        return out
-
-    for stmt in statements:
-        value = getattr(stmt, "value", None)
-        if value is None:
-            continue
-        for call in (n for n in subtree(value) if isinstance(n, ast.Call)):
-            mask = forms._mask_argument(call)
-            if mask is None:
-                continue
-            qkv = forms._qkv_arguments(call)
-            got = reads(mask) - set().union(set(), *(reads(a) for a in qkv))
-            if got:
-                return _read_bias(sources, classes, name, file, cls, forward, call, mask, qkv, params, linears,
-                                  config)
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            got = reads(value)
-            for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
-                for n in subtree(target):
-                    if isinstance(n, ast.Name):
-                        derived[n.id] = got
+    for call, mask, qkv, _got in forms.parameter_masks(forward, own):
+        return _read_bias(sources, classes, name, file, cls, forward, call, mask, qkv, params, linears, config)
     return None
 
 

@@ -24,7 +24,7 @@ import ast
 from dataclasses import dataclass
 
 from scaffold.detect.blocks import _method
-from scaffold.detect.forms import ATTENTION_CALLS, _built, _callee, _line, _mask_argument, _statements
+from scaffold.detect.formcode import ATTENTION_CALLS, _built, _callee, _line, _mask_argument, _statements
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed
 
 # Tags a value carries: a top-k call's result, its indices, a boolean mask True at the kept (or dropped) keys, an
