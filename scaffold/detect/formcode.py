@@ -222,3 +222,14 @@ def parameter_masks(forward: ast.FunctionDef, own: set[str]):
                 for n in subtree(target):
                     if isinstance(n, ast.Name):
                         derived[n.id] = got
+
+
+def attention_forwards(sources: dict):
+    """(name, file, class, forward) of each class that computes attention itself, by name: where the finders of
+    an attention's forms (a mask from its parameters, routed heads, a bias per key) look."""
+    classes = _classes(sources)
+    for name in sorted(_attention_classes(sources, direct=True)):
+        file, cls = classes[name]
+        forward = _method(cls, "forward")
+        if forward is not None:
+            yield name, file, cls, forward

@@ -54,6 +54,7 @@ from scaffold.detect.formcode import (
     _line,
     _statements,
     _where,
+    attention_forwards,
     parameter_masks,
 )
 from scaffold.detect.sourcecode import _dotted, subtree
@@ -657,11 +658,7 @@ def _routed_roles(forward: ast.FunctionDef, attr: str) -> list[tuple[ast.Call, s
 
 def routed_attention(sources: dict, config: dict) -> str | None:
     classes = _classes(sources)
-    for name in sorted(_attention_classes(sources, direct=True)):
-        file, cls = classes[name]
-        forward = _method(cls, "forward")
-        if forward is None:
-            continue
+    for name, file, cls, forward in attention_forwards(sources):
         for attr, (inner, line) in _built(cls).items():
             routed = _routes_to_experts(classes, inner)
             if routed is None:
@@ -682,12 +679,7 @@ def routed_attention(sources: dict, config: dict) -> str | None:
 
 
 def dynamic_mask(sources: dict, config: dict) -> str | None:
-    classes = _classes(sources)
-    for name in sorted(_attention_classes(sources, direct=True)):
-        file, cls = classes[name]
-        forward = _method(cls, "forward")
-        if forward is None:
-            continue
+    for name, file, cls, forward in attention_forwards(sources):
         own = _parameters(cls) | {a for a, (c, _) in _built(cls).items() if c in ("Linear", "Parameter")}
         for call, mask, _qkv, got in parameter_masks(forward, own):
             # A bias per key computed from its values (Doge's) rides in the KV cache with the key:

@@ -378,11 +378,7 @@ def key_bias(sources: dict, config: dict) -> KeyBias | None:
     exp(P * softplus(L(values))) over every KV head's values; None where no mask reads the attention's parameters;
     Unmatched naming what differs otherwise."""
     classes = forms._classes(sources)
-    for name in sorted(forms._attention_classes(sources, direct=True)):
-        file, cls = classes[name]
-        forward = _method(cls, "forward")
-        if forward is None:
-            continue
+    for name, file, cls, forward in forms.attention_forwards(sources):
         found = _in_attention(sources, classes, name, file, cls, forward, config)
         if found is not None:
             return found

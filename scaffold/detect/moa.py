@@ -112,11 +112,7 @@ def read(sources: dict, config: dict, layer0: dict, attn: str) -> MoA | None:
     tensors `layer0`, names inside the layer), or None where the attention is not routed; `Refused` where it is,
     in a form the port does not compute."""
     classes = forms._classes(sources)
-    for name in sorted(forms._attention_classes(sources, direct=True)):
-        _file, cls = classes[name]
-        forward = _method(cls, "forward")
-        if forward is None:
-            continue
+    for name, _file, cls, forward in forms.attention_forwards(sources):
         for attr, (inner, _line) in forms._built(cls).items():
             routed = forms._routes_to_experts(classes, inner)
             if routed is None or not any(r.startswith(f"{attn}.{attr}.") for r in layer0):
