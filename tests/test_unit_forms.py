@@ -78,10 +78,11 @@ def test_a_lab_mask_switched_off_by_its_config_key_is_named():
 # ------------------------------------------------------------------ a layer stack run more than once
 def test_hrm_text_runs_its_stacks_in_cycles():
     found = forms.repeated_stack(transformers_code("hrm_text"), {})
-    assert found.startswith("a layer stack run more than once per forward: HrmTextModel.forward calls "
-                            "self.L_module inside a loop (HrmTextStack, whose layers holds HrmTextDecoderLayer, "
-                            "modeling_hrm_text.py:")
-    assert "`for high_cycle_idx in range(self.config.H_cycles)`" in found
+    assert found.startswith("a layer stack run more than once per forward: HrmTextModel.forward runs "
+                            "self.L_module (HrmTextStack) on hidden_states_low_cycle + hidden_states_high_cycle, "
+                            "config.L_cycles times per cycle, then self.H_module (HrmTextStack)")
+    assert "(modeling_hrm_text.py:489: `for high_cycle_idx in range(self.config.H_cycles)`)" in found
+    assert found.endswith("the port runs one list of decoder layers once, with one KV cache per layer")
 
 
 # A lab's model loops over its own list of layers inside a loop of refinement steps.

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, layerinputs, sourcecode, sublayers
+from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -289,6 +289,9 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                     if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                             and _dotted(n.func.value) == "self" and n.func.attr in built
                             and built[n.func.attr][0] in stacks):
+                        cycles = recurrence.read(sources, config)
+                        if cycles is not None and cycles.owner == name:
+                            return _recurrence_message(cycles, config)
                         held = stacks[built[n.func.attr][0]]
                         attr, layer = next(iter(held.items()))
                         return (f"a layer stack run more than once per forward: {name}.forward calls "
@@ -296,6 +299,21 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                                 f"{_where(file, loop)}: `{_loop_head(loop)}`); the "
                                 "port runs each decoder layer once")
     return None
+
+
+def _recurrence_message(cycles: recurrence.Recurrence, config: dict) -> str:
+    """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port lacks."""
+    loop = cycles.loop
+    message = (f"a layer stack run more than once per forward: {cycles.owner}.forward runs {cycles.describe()} "
+               f"({cycles.file}:{loop.line}: `{loop.head}`); the port runs one list of decoder layers once, with "
+               "one KV cache per layer")
+    steps = [(call.runs(config), config.get(call.length_key) if call.length_key else None) for call in cycles.calls]
+    if all(isinstance(runs, int) and isinstance(length, int) for runs, length in steps):
+        lengths = {call.attr: length for call, (_runs, length) in zip(cycles.calls, steps)}
+        calls = sum(runs * length for runs, length in steps)
+        message += (f", where this forward makes {calls} attention calls with the weights of {sum(lengths.values())} "
+                    f"layers in {len(lengths)} lists, each call keeping a KV cache of its own")
+    return message
 
 
 def _loop_head(loop: ast.AST) -> str:

@@ -1,0 +1,124 @@
+"""Layer stacks run in cycles (scaffold.detect.recurrence), read from what the forward computes: transformers'
+HrmText (an L stack run L_cycles times, then an H stack, in H_cycles cycles) and a lab's model that names, nests and
+orders its stacks otherwise (the slow stack first, a while loop bounded by an attribute copied from the config, a
+config alias, a third term in one input); and the refusal forms.repeated_stack words from the reading."""
+
+from __future__ import annotations
+
+from helpers import LAB_PRELUDE, transformers_code
+
+from scaffold.detect import forms, recurrence
+
+# A lab's two-speed model: a tower class holding its blocks, built twice under other names; the slow tower runs
+# first in each round, then the fast one a number of times given by an attribute copied from the config, in a
+# while loop under a no_grad block; the fast input sums three terms, one of them converted with .to().
+LAB_TOWERS = LAB_PRELUDE + '''class LabBlock(nn.Module):
+    def __init__(self, config, index):
+        super().__init__()
+        self.norm = LabRMSNorm(config.hidden_size)
+        self.wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.wqkv(self.norm(x)).chunk(3, dim=-1)
+        return x + self.wo(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+class Tower(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.blocks = nn.ModuleList([LabBlock(config, i) for i in range(config.blocks_per_tower)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class TwoSpeedModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.slow = Tower(config)
+        self.fast = Tower(config)
+        self.inner = config.fast_steps
+
+    def forward(self, ids):
+        cfg = self.config
+        rounds = cfg.rounds
+        x = self.embed(ids)
+        slow = x
+        fast = torch.zeros_like(x)
+        for r in range(rounds):
+            slow = self.slow(slow + fast)
+            i = 0
+            with torch.no_grad():
+                while i < self.inner:
+                    fast = self.fast(fast + slow.to(x.dtype) + x)
+                    i += 1
+        return slow
+'''
+
+CONFIG = {"rounds": 2, "fast_steps": 4, "blocks_per_tower": 3}
+
+
+def test_hrm_text_reads_the_loops_stacks_and_sums():
+    found = recurrence.read(transformers_code("hrm_text"))
+    assert found.owner == "HrmTextModel" and found.file == "modeling_hrm_text.py"
+    assert found.loop.key == "H_cycles" and found.loop.head == "for high_cycle_idx in range(self.config.H_cycles)"
+    low, high = found.calls
+    assert (low.attr, low.stack, low.layers, low.layer_class, low.length_key) == (
+        "L_module", "HrmTextStack", "layers", "HrmTextDecoderLayer", "num_layers_per_stack")
+    assert [loop.key for loop in low.loops] == ["H_cycles", "L_cycles"]
+    assert low.inputs == ("hidden_states_low_cycle", "hidden_states_high_cycle")  # .to(device) taken off
+    assert low.output == "hidden_states_low_cycle"
+    assert (high.attr, [loop.key for loop in high.loops]) == ("H_module", ["H_cycles"])
+    assert high.inputs == ("hidden_states_high_cycle", "hidden_states_low_cycle")
+    assert high.output == "hidden_states_high_cycle" and high.line > low.line
+    assert found.initial == {"hidden_states_high_cycle": "inputs_embeds", "hidden_states_low_cycle": "self.z_L_init"}
+    config = {"H_cycles": 2, "L_cycles": 3, "num_layers_per_stack": 3}
+    # Each layer position runs H * L times in the L stack and H times in the H stack: 3 * 8 = 24 caches, which is
+    # what transformers' cycle_offset addresses (num_hidden_layers = num_layers_per_stack * H * (L + 1)).
+    assert (low.runs(config), high.runs(config), found.attention_steps(config)) == (6, 2, 8)
+    assert found.attention_steps({"H_cycles": 2}) is None  # a bound config.json does not set: not counted
+
+
+def test_a_lab_with_other_names_order_and_loops_is_read_the_same_way():
+    found = recurrence.read({"modeling_lab.py": LAB_TOWERS})
+    assert found.owner == "TwoSpeedModel" and found.loop.key == "rounds"  # `rounds = cfg.rounds`, cfg the config
+    slow, fast = found.calls
+    assert (slow.attr, slow.stack, slow.layers, slow.layer_class, slow.length_key) == (
+        "slow", "Tower", "blocks", "LabBlock", "blocks_per_tower")
+    assert slow.inputs == ("slow", "fast") and [loop.key for loop in slow.loops] == ["rounds"]
+    assert fast.inputs == ("fast", "slow", "x")
+    assert [loop.key for loop in fast.loops] == ["rounds", "fast_steps"]  # `while i < self.inner`, copied from config
+    assert fast.loops[1].head == "while i < self.inner"
+    assert found.initial == {"slow": "x", "fast": "torch.zeros_like(x)"}
+    assert (slow.runs(CONFIG), fast.runs(CONFIG), found.attention_steps(CONFIG)) == (2, 8, 10)
+
+
+def test_a_stack_called_once_or_a_model_without_stacks_reads_nothing():
+    once = LAB_TOWERS.replace("                while i < self.inner:\n                    fast = self.fast(",
+                              "                if i < self.inner:\n                    fast = self.fast(")
+    once = once.replace("        for r in range(rounds):\n            slow = self.slow(slow + fast)\n",
+                        "        if rounds:\n            slow = self.slow(slow + fast)\n")
+    assert recurrence.read({"modeling_lab.py": once}) is None
+    assert recurrence.read(transformers_code("llama")) is None
+
+
+def test_the_refusal_names_the_recurrence_and_what_the_port_lacks():
+    config = {"H_cycles": 2, "L_cycles": 3, "num_layers_per_stack": 3}
+    found = forms.repeated_stack(transformers_code("hrm_text"), config)
+    assert found.startswith(
+        "a layer stack run more than once per forward: HrmTextModel.forward runs self.L_module (HrmTextStack) on "
+        "hidden_states_low_cycle + hidden_states_high_cycle, config.L_cycles times per cycle, then self.H_module "
+        "(HrmTextStack) on hidden_states_high_cycle + hidden_states_low_cycle, in config.H_cycles cycles "
+        "(modeling_hrm_text.py:")
+    assert found.endswith("the port runs one list of decoder layers once, with one KV cache per layer, where this "
+                          "forward makes 24 attention calls with the weights of 6 layers in 2 lists, each call keeping "
+                          "a KV cache of its own")
+    lab = forms.repeated_stack({"modeling_lab.py": LAB_TOWERS}, CONFIG)
+    assert "TwoSpeedModel.forward runs self.slow (Tower) on slow + fast, then self.fast (Tower) on fast + slow + x, " \
+           "config.fast_steps times per cycle, in config.rounds cycles (modeling_lab.py:" in lab
+    assert "makes 30 attention calls with the weights of 6 layers in 2 lists" in lab
