@@ -564,9 +564,9 @@ UNSUPPORTED = {
                                             "looks up its table relative_attention_bias")),
     # HRM's L stack run L_cycles times, then its H stack, in H_cycles cycles (scaffold.detect.recurrence).
     "hrm_text-cycles": ("hrm_text", {}, ("a layer stack run more than once per forward: HrmTextModel.forward runs "
-                                         "self.L_module (HrmTextStack) on hidden_states_low_cycle + "
-                                         "hidden_states_high_cycle, config.L_cycles times per cycle, then "
-                                         "self.H_module")),
+                                         "config.H_cycles cycles of self.L_module (HrmTextStack, on "
+                                         "hidden_states_low_cycle + hidden_states_high_cycle) config.L_cycles "
+                                         "times, then self.H_module")),
     "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
                                          "axial_pos_shape": [16, 32]},
                             "reversible residual streams: ReformerLayer.forward adds the attention's output"),

@@ -111,14 +111,14 @@ def test_the_refusal_names_the_recurrence_and_what_the_port_lacks():
     config = {"H_cycles": 2, "L_cycles": 3, "num_layers_per_stack": 3}
     found = forms.repeated_stack(transformers_code("hrm_text"), config)
     assert found.startswith(
-        "a layer stack run more than once per forward: HrmTextModel.forward runs self.L_module (HrmTextStack) on "
-        "hidden_states_low_cycle + hidden_states_high_cycle, config.L_cycles times per cycle, then self.H_module "
-        "(HrmTextStack) on hidden_states_high_cycle + hidden_states_low_cycle, in config.H_cycles cycles "
+        "a layer stack run more than once per forward: HrmTextModel.forward runs config.H_cycles cycles of "
+        "self.L_module (HrmTextStack, on hidden_states_low_cycle + hidden_states_high_cycle) config.L_cycles times, "
+        "then self.H_module (HrmTextStack, on hidden_states_high_cycle + hidden_states_low_cycle) "
         "(modeling_hrm_text.py:")
     assert found.endswith("the port runs one list of decoder layers once, with one KV cache per layer, where this "
                           "forward makes 24 attention calls with the weights of 6 layers in 2 lists, each call keeping "
                           "a KV cache of its own")
     lab = forms.repeated_stack({"modeling_lab.py": LAB_TOWERS}, CONFIG)
-    assert "TwoSpeedModel.forward runs self.slow (Tower) on slow + fast, then self.fast (Tower) on fast + slow + x, " \
-           "config.fast_steps times per cycle, in config.rounds cycles (modeling_lab.py:" in lab
+    assert "TwoSpeedModel.forward runs config.rounds cycles of self.slow (Tower, on slow + fast), then self.fast " \
+           "(Tower, on fast + slow + x) config.fast_steps times (modeling_lab.py:" in lab
     assert "makes 30 attention calls with the weights of 6 layers in 2 lists" in lab

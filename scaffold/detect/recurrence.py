@@ -80,15 +80,16 @@ class Recurrence:
         return None if None in runs else sum(runs)
 
     def describe(self) -> str:
-        """`self.L_module (HrmTextStack) on a + b, config.L_cycles times per cycle, then self.H_module ...`."""
+        """`config.H_cycles cycles of self.L_module (HrmTextStack, on a + b) config.L_cycles times, then
+        self.H_module (HrmTextStack, on b + a)`: the stacks and their inputs in parentheses, which the catalogue
+        folds out of the feature it counts."""
         parts = []
         for call in self.calls:
-            inner = [loop for loop in call.loops[1:]]
-            times = " x ".join(f"config.{loop.key}" if loop.key else f"`{loop.head}`" for loop in inner)
-            part = f"self.{call.attr} ({call.stack}) on {' + '.join(call.inputs) or 'its input'}"
-            parts.append(part + (f", {times} times per cycle" if times else ""))
+            times = " x ".join(f"config.{loop.key}" if loop.key else f"`{loop.head}`" for loop in call.loops[1:])
+            part = f"self.{call.attr} ({call.stack}, on {' + '.join(call.inputs) or 'its input'})"
+            parts.append(part + (f" {times} times" if times else ""))
         outer = f"config.{self.loop.key}" if self.loop.key else f"`{self.loop.head}`"
-        return f"{', then '.join(parts)}, in {outer} cycles"
+        return f"{outer} cycles of {', then '.join(parts)}"
 
 
 def read(sources: dict, config: dict | None = None) -> Recurrence | None:
