@@ -1,6 +1,8 @@
-"""A decoder layer of several attention/MLP sublayers and a shortcut beside them (scaffold.detect.sublayers), named
-in forms.several_attentions' refusal: on transformers' LongCat-Flash and on lab modules that compute the same form
-under other names, unrolled or in a loop, with identity experts written otherwise."""
+"""A decoder layer of several attention/MLP sublayers and a shortcut beside them (scaffold.detect.sublayers): read as
+the form the port runs (`read`: pre-norm sublayers, a shortcut MoE reading one sublayer's normed states, added to the
+layer's output), or named in forms.several_attentions' refusal where it computes otherwise; identity experts and the
+latent attention's LoRA scales read for the port. On transformers' LongCat-Flash and on lab modules that compute the
+same form under other names, unrolled or in a loop, with identity experts written otherwise."""
 
 from __future__ import annotations
 
@@ -144,13 +146,27 @@ def test_longcat_flash_identity_experts_are_named_where_config_json_has_them():
     assert sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
 
 
-def test_the_refusal_names_the_sublayers_the_shortcut_and_the_identity_experts():
-    found = forms.several_attentions(transformers_code("longcat_flash"), {"zero_expert_num": 256})
-    assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
-                            "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
-    assert ("; 2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
-            "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp (LongcatFlashMoE)") in found
-    assert "; the port's decoder layer computes one attention and one MLP. Also unported behind it: identity " in found
+def _read(sources: dict, name: str, config: dict | None = None):
+    cls, _forward, attention, _built = _layer(sources, name)
+    return sublayers.read(cls, "modeling.py", attention, config or {})
+
+
+def test_longcat_flash_is_the_form_the_port_runs():
+    code = transformers_code("longcat_flash")
+    found = _read(code, "LongcatFlashDecoderLayer")
+    assert isinstance(found, sublayers.Portable)
+    assert (found.count, found.attention, found.attn_norm, found.mlp_norm, found.mlp, found.shortcut, found.reads) == (
+        2, "self_attn", "input_layernorm", "post_attention_layernorm", "mlps", "mlp", 0)
+    assert forms.several_attentions(code, {"zero_expert_num": 256}) is None
+
+
+def test_longcat_flash_identity_experts_are_read_for_the_port():
+    classes = _classes(transformers_code("longcat_flash"))
+    found = sublayers.identity_experts_read(classes, "LongcatFlashMoE", {"zero_expert_num": 256})
+    assert (found.block, found.test, found.key) == ("LongcatFlashExperts", "expert_idx >= self.num_routed_experts",
+                                                     "zero_expert_num")
+    assert found.where.startswith("modeling_longcat_flash.py:")
+    assert sublayers.identity_experts_read(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
 
 
 def test_a_lab_block_written_otherwise_is_read_the_same():
@@ -159,11 +175,36 @@ def test_a_lab_block_written_otherwise_is_read_the_same():
     assert found.count == "2" and found.parts == ("pre_norms", "attns", "mid_norms", "ffns")
     assert found.shortcut.startswith("self.bank (LabBank) reads mid_norms[0]'s output")
     assert "after sublayer 1" in found.shortcut and "return x + side" in found.shortcut
-    message = forms.several_attentions(code, {"real_experts": 4, "null_experts": 2})
+    read = _read(code, "LabBlock")
+    assert isinstance(read, sublayers.Portable)
+    assert (read.attention, read.attn_norm, read.mlp_norm, read.mlp, read.shortcut, read.reads) == (
+        "attns", "pre_norms", "mid_norms", "ffns", "bank", 0)
+    assert forms.several_attentions(code, {"real_experts": 4, "null_experts": 2}) is None
+    identity = sublayers.identity_experts_read(_classes(code), "LabBank", {"real_experts": 4, "null_experts": 2})
+    assert (identity.test, identity.key) == ("e > self.n_real - 1", "null_experts")
+
+
+def test_a_lab_shortcut_reading_the_last_sublayer_is_read_so():
+    code = lab(LAB_UNROLLED.replace("        side = self.bank(h)\n", "").replace(
+        "        x = x + self.ffns[1](self.mid_norms[1](x))\n",
+        "        h = self.mid_norms[1](x)\n        side = self.bank(h)\n        x = x + self.ffns[1](h)\n"))
+    found = _read(code, "LabBlock")
+    assert isinstance(found, sublayers.Portable) and found.reads == 1
+
+
+def test_a_lab_block_in_another_form_is_named():
+    # Post-norm sublayers: x = norm(x + attn(x)).
+    post = lab(LAB_UNROLLED.replace("        x = x + self.attns[1](self.pre_norms[1](x), cos, sin, mask)\n",
+                                    "        x = self.pre_norms[1](x + self.attns[1](x, cos, sin, mask))\n"))
+    found = _read(post, "LabBlock")
+    assert isinstance(found, str), found
+    message = forms.several_attentions(post, {})
     assert "LabBlock.forward calls LabAttention 2 times" in message
-    assert ("identity experts: LabBank.forward hands a token's state on unchanged for expert indices "
-            "e > self.n_real - 1") in message and "config.json null_experts = 2" in message
-    assert "Also unported" not in forms.several_attentions(code, {"real_experts": 4, "null_experts": 0})
+    assert "; the port runs pre-norm sublayers, and LabBlock.forward (modeling_lab.py:" in message
+    # The shortcut scaled before it is added: a step the reader does not follow, named with its line.
+    scaled = lab(LAB_UNROLLED.replace("        return x + side\n", "        return x + 0.5 * side\n"))
+    found = _read(scaled, "LabBlock")
+    assert "a step the sublayer reader does not follow: 0.5 * side (line" in found, found
 
 
 def test_a_shortcut_that_is_not_added_back_is_no_shortcut():
@@ -177,6 +218,7 @@ def test_a_lab_block_looping_over_its_sublayers_is_named():
     assert found.startswith("several attention computations in one decoder layer: LabBlock.forward calls "
                             "LabAttention 2 times, in a loop over self.attns (modeling_lab.py:")
     assert "2 sublayers in sequence, sublayer i calling n1[i], attns[i], n2[i], ffns[i]" in found
+    assert "with no mixture of experts beside them" in found  # read through the loop, named for what it lacks
     one = LAB_LOOPED.replace("for _ in range(2)", "for _ in range(1)")
     assert forms.several_attentions(lab(one), {}) is None
 
