@@ -265,3 +265,41 @@ def test_a_lab_attention_scaling_its_queries_by_its_own_number_is_named():
     handed = LAB_GAINED.replace("q = self.gain * q", "q = q").replace("scale=self.temperature",
                                                                        "scale=self.temperature * self.gain")
     assert sublayers.scaled_inputs(_classes({"modeling_lab.py": handed}), "LabLatentAttention") is None
+
+
+def test_longcat_flash_checkpoint_reads_as_sublayers_and_maps_every_tensor(tmp_path):
+    """transformers' LongCat-Flash at the catalogue's tiny sizes, two layers: the spec the port is generated from,
+    every tensor with a home (each sublayer's modules in the port's lists at their index; the identity experts'
+    gate/up tensors skipped), and the static checks of every shard and shape."""
+    from catalogue import overrides_for  # the catalogue's tiny sizes
+
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.mapping import weight_table
+    from scaffold.tiny import build_tiny
+    from scaffold.verify import static
+    from scaffold.verify.report import Report
+
+    ckpt_dir = tmp_path / "longcat"
+    build_tiny("longcat_flash", str(ckpt_dir), architecture="CatalogueLongcatFlashForCausalLM",
+               overrides={**overrides_for("longcat_flash"), "num_hidden_layers": 4})
+    ckpt = read_checkpoint(ckpt_dir)
+    spec = detect(ckpt)
+    assert (spec.num_layers, spec.sublayer_count, spec.sublayer_mlp, spec.shortcut_reads) == (2, 2, "mlps", 0)
+    assert (spec.zero_expert_count, spec.source("zero_expert_count").expr) == (4, "config.zero_expert_num")
+    assert spec.sublayer_latent_scales == ["kv", "q"] and spec.moe_renormalize is False
+    assert spec.moe_intermediate_size == 64 and spec.source("moe_intermediate_size").expr == \
+        "config.expert_ffn_hidden_size"
+    rows, homeless = weight_table(spec, ckpt)
+    assert not homeless
+    params = {r.checkpoint: (r.param, r.shard) for r in rows}
+    assert params["model.layers.1.self_attn.1.q_a_proj.weight"] == ("model.layers.1.self_attn.1.fused_qkv_a_proj.weight", 0)
+    assert params["model.layers.1.mlps.1.up_proj.weight"] == ("model.layers.1.mlps.1.gate_up_proj.weight", 1)
+    assert params["model.layers.0.post_attention_layernorm.1.weight"][0] == \
+        "model.layers.0.post_attention_layernorm.1.weight"
+    assert params["model.layers.0.mlp.experts.5.gate_proj.weight"] == (None, None)  # an identity expert's
+    assert params["model.layers.0.mlp.experts.3.gate_proj.weight"][1] == (3, "w1")
+    report = Report("port", str(ckpt_dir))
+    static.check_mapping(report, spec, ckpt, (rows, homeless))
+    static.check_shapes(report, spec, ckpt)
+    assert all(c.status == "pass" for c in report.checks), report.checks
