@@ -303,3 +303,57 @@ def test_longcat_flash_checkpoint_reads_as_sublayers_and_maps_every_tensor(tmp_p
     static.check_mapping(report, spec, ckpt, (rows, homeless))
     static.check_shapes(report, spec, ckpt)
     assert all(c.status == "pass" for c in report.checks), report.checks
+
+
+LAB_MLA = LAB_PRELUDE + '''import math
+
+
+class LabMLA(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_down = nn.Linear(config.hidden_size, config.q_lora_rank, bias=False)
+        self.q_norm = LabRMSNorm(config.q_lora_rank)
+        self.q_up = nn.Linear(config.q_lora_rank, config.num_attention_heads * 96, bias=False)
+        self.kv_down = nn.Linear(config.hidden_size, config.kv_lora_rank + 64, bias=False)
+        self.latent_norm = LabRMSNorm(config.kv_lora_rank)
+        self.q_gain = math.sqrt(config.hidden_size / config.q_lora_rank)
+        self.kv_gain = (config.hidden_size / config.kv_lora_rank) ** 0.5
+
+    def forward(self, x, cos, sin):
+        q = self.q_up(self.q_norm(self.q_down(x))) * self.q_gain
+        latent, k_rot = torch.split(self.kv_down(x), [512, 64], dim=-1)
+        latent = self.kv_gain * self.latent_norm(latent)
+        return attend(q, latent, k_rot, cos, sin)
+'''
+LAB_MLA_NAMES = {"q_b_proj": "q_up", "kv_a_norm": "latent_norm"}
+
+
+def test_a_lab_latent_attention_written_otherwise_has_its_scales_read():
+    classes = _classes({"modeling_lab.py": LAB_MLA})
+    scales, evidence = sublayers.latent_scales(classes, "LabMLA", LAB_MLA_NAMES, {})
+    assert scales == ["kv", "q"]
+    assert "LabMLA.forward multiplies self.q_up(self.q_norm(self.q_down(x))) by (hidden_size / q_lora_rank)" in evidence
+    # The rotated key scaled too: not what the port folds into the latent norm, named.
+    rotated = LAB_MLA.replace("        return attend(", "        k_rot = k_rot * self.kv_gain\n        return attend(")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": rotated}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and "scaled by the kv_lora_rank factor hold" in found and "kv_down" in found
+    # Only the query's rotated half scaled: named.
+    half = LAB_MLA.replace("        q = self.q_up(self.q_norm(self.q_down(x))) * self.q_gain\n",
+                           "        q_pass, q_rot = self.q_up(self.q_norm(self.q_down(x))).split([32, 64], dim=-1)\n"
+                           "        q_rot = q_rot * self.q_gain\n        q = torch.cat([q_pass, q_rot], dim=-1)\n")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": half}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and "only part of the query (q_rot of q_pass, q_rot) is scaled" in found
+    # A factor of another form (by the head width): the port folds none of it, named.
+    other = LAB_MLA.replace("(config.hidden_size / config.kv_lora_rank) ** 0.5", "config.head_dim ** 0.5")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": other}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and found.startswith("values scaled by numbers of the attention's own")
+
+
+def test_longcat_flash_mla_lora_scales_are_read_for_the_port():
+    names = {"q_b_proj": "q_b_proj", "kv_a_norm": "kv_a_layernorm"}
+    scales, evidence = sublayers.latent_scales(_classes(transformers_code("longcat_flash")), "LongcatFlashMLA", names,
+                                               {})
+    assert scales == ["kv", "q"]
+    assert "LongcatFlashMLA.forward multiplies q_pass, q_rot by (hidden_size / q_lora_rank) ** 0.5" in evidence
+    assert sublayers.latent_scales(_classes(transformers_code("deepseek_v3")), "DeepseekV3Attention", names, {}) == \
+        ([], "")

@@ -323,15 +323,20 @@ def scaled_inputs(classes: dict, name: str) -> str | None:
             numbers[node.targets[0].attr] = node.value
     handed = {n.attr for call in subtree(forward) if isinstance(call, ast.Call) for k in call.keywords
               for n in subtree(k.value) if isinstance(n, ast.Attribute) and _dotted(n.value) == "self"}
-    uses = [(n, side.attr) for n in subtree(forward) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
-            for side in (n.left, n.right) if isinstance(side, ast.Attribute) and _dotted(side.value) == "self"
-            and side.attr in numbers and side.attr not in handed]
+    uses = _own_products(forward, numbers, handed)
     if not uses:
         return None
     products = ", ".join(dict.fromkeys(ast.unparse(n) for n, _ in uses))
     defined = "; ".join(dict.fromkeys(f"self.{a} = {ast.unparse(numbers[a])}" for _, a in uses))
     return (f"values scaled by numbers of the attention's own: {name}.forward computes {products} "
             f"({file}:{uses[0][0].lineno}; {defined}), beside the scale it hands the attention function")
+
+
+def _own_products(forward: ast.FunctionDef, numbers, handed=frozenset()) -> list[tuple[ast.BinOp, str]]:
+    """(product, attribute) for each `X * self.A` of the forward with A one of `numbers`, not handed on."""
+    return [(n, side.attr) for n in subtree(forward) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+            for side in (n.left, n.right) if isinstance(side, ast.Attribute) and _dotted(side.value) == "self"
+            and side.attr in numbers and side.attr not in handed]
 
 
 # ------------------------------------------------------------------ the form the port computes
@@ -747,6 +752,17 @@ def _origin(forward: ast.FunctionDef, name: str, line: int, depth: int = 0) -> s
     return None
 
 
+def _square_root(node: ast.expr) -> ast.expr | None:
+    """X of `X ** 0.5`, `math.sqrt(X)` or `X ** (1 / 2)`."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and (
+            isinstance(node.right, ast.Constant) and node.right.value == 0.5
+            or ast.unparse(node.right) in ("1 / 2", "(1 / 2)")):
+        return node.left
+    if isinstance(node, ast.Call) and _dotted(node.func) in ("math.sqrt", "sqrt") and len(node.args) == 1:
+        return node.args[0]
+    return None
+
+
 def latent_scales(classes: dict, name: str, names: dict, config: dict) -> tuple[list[str], str] | str:
     """Which of the latent attention's query ('q') and normed key/value latent ('kv') its forward multiplies by
     (config.hidden_size / rank) ** 0.5 of their LoRA rank (LongCat-Flash's mla_scale_q_lora, mla_scale_kv_lora), with
@@ -766,42 +782,50 @@ def latent_scales(classes: dict, name: str, names: dict, config: dict) -> tuple[
         attr, value = node.targets[0].attr, node.value
         if isinstance(value, ast.Attribute) and _dotted(value.value) == "config":
             ranks[attr] = value.attr
-        elif (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow) and isinstance(value.right, ast.Constant)
-              and value.right.value == 0.5 and isinstance(value.left, ast.BinOp) and isinstance(value.left.op, ast.Div)
-              and _dotted(value.left.left) in ("config.hidden_size", "self.hidden_size")):
-            rank = value.left.right
+        elif (root := _square_root(value)) is not None and isinstance(root, ast.BinOp) \
+                and isinstance(root.op, ast.Div) and _dotted(root.left) in ("config.hidden_size", "self.hidden_size"):
+            rank = root.right
             key = rank.attr if isinstance(rank, ast.Attribute) and _dotted(rank.value) == "config" else \
                 ranks.get(rank.attr) if isinstance(rank, ast.Attribute) and _dotted(rank.value) == "self" else None
             kind = next((k for k, v in RANK_KEYS.items() if v == key), None)
             if kind is not None:
                 factors[attr] = kind
-    scaled: dict[str, list[tuple[str, ast.BinOp]]] = {}
+    scaled: dict[str, list[tuple[str, ast.BinOp, str | None]]] = {}  # kind -> (what, product, the module it holds)
     for node in subtree(forward):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for side, value in ((node.right, node.left), (node.left, node.right)):
                 if isinstance(side, ast.Attribute) and _dotted(side.value) == "self" and side.attr in factors:
-                    if not isinstance(value, ast.Name):
+                    if isinstance(value, ast.Name):
+                        origin = _origin(forward, value.id, node.lineno)
+                    elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                            and _dotted(value.func.value) == "self":
+                        origin = value.func.attr  # a module's output scaled as it is computed: all of it
+                    else:
                         return other
-                    scaled.setdefault(factors[side.attr], []).append((value.id, node))
+                    scaled.setdefault(factors[side.attr], []).append((_short(value), node, origin))
     # Every number of its own the forward multiplies by must be one of these factors.
-    if not scaled or sum(len(v) for v in scaled.values()) != other.count(" * self."):
+    own = {a for _n, a in _own_products(forward, {a for a in ranks.keys() | factors.keys()} | {
+        n.targets[0].attr for n in subtree(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+        and isinstance(n.targets[0], ast.Attribute) and isinstance(n.value, (ast.BinOp, ast.Call))})}
+    if not scaled or not own <= set(factors):
         return other
     roles = {"q": names.get("q_b_proj"), "kv": names.get("kv_a_norm")}
     for kind, uses in scaled.items():
-        origins = {_origin(forward, n, node.lineno) for n, node in uses}
+        origins = {origin for _n, _node, origin in uses}
         if origins != {roles[kind]}:
-            return (f"{other}: {', '.join(sorted(n for n, _ in uses))} scaled by the {RANK_KEYS[kind]} factor hold "
+            return (f"{other}: {', '.join(sorted(n for n, _, _ in uses))} scaled by the {RANK_KEYS[kind]} factor hold "
                     f"{', '.join(sorted(str(o) for o in origins))}, where the port folds it into {roles[kind]}")
-        if kind == "q":  # every part of the query: the split's targets all scaled
+        if kind == "q" and not any(isinstance(node.left, ast.Call) or isinstance(node.right, ast.Call)
+                                   for _n, node, _o in uses):  # every part of the query: the split's targets
             first = min(uses, key=lambda u: u[1].lineno)
             parts = [n for n in subtree(forward) if isinstance(n, ast.Assign) and n.lineno < first[1].lineno and any(
                 isinstance(m, ast.Name) and m.id == first[0] for t in n.targets for m in subtree(t))]
             split = max(parts, key=lambda n: n.lineno) if parts else None
             targets = {m.id for t in split.targets for m in subtree(t) if isinstance(m, ast.Name)} if split else set()
-            if targets != {n for n, _ in uses}:
-                return f"{other}: only part of the query ({', '.join(sorted(n for n, _ in uses))} of " \
+            if targets != {n for n, _, _ in uses}:
+                return f"{other}: only part of the query ({', '.join(sorted(n for n, _, _ in uses))} of " \
                        f"{', '.join(sorted(targets))}) is scaled"
-    evidence = "; ".join(f"{name}.forward multiplies {', '.join(dict.fromkeys(n for n, _ in uses))} by "
+    evidence = "; ".join(f"{name}.forward multiplies {', '.join(dict.fromkeys(n for n, _, _ in uses))} by "
                          f"(hidden_size / {RANK_KEYS[kind]}) ** 0.5 ({file}:{uses[0][1].lineno})"
                          for kind, uses in sorted(scaled.items()))
     return sorted(scaled), evidence
