@@ -691,7 +691,7 @@ def check(ckpt: Checkpoint, spec: Spec) -> None:
     detectors read, each sublayer's dense MLP is the port's gated MLP at the config's intermediate size, and the
     latent attention's LoRA scales are read (spec sublayer_latent_scales). Refused by name otherwise."""
     sources = modeling_sources(ckpt)
-    file, cls, form = layer_form(sources, ckpt.config)
+    _file, cls, form = layer_form(sources, ckpt.config)
     names, where = spec.names, ckpt.config_file
     if form.shortcut != names.get("mlp") or "experts" not in names:
         raise unsupported(f"{form.evidence}: the shortcut self.{form.shortcut} is not the mixture of experts the port "
