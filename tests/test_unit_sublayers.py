@@ -137,15 +137,6 @@ def test_longcat_flash_runs_two_sublayers_and_a_shortcut_moe():
     assert "residual + hidden_states + shortcut_mlp_output" in found.shortcut
 
 
-def test_longcat_flash_identity_experts_are_named_where_config_json_has_them():
-    classes = _classes(transformers_code("longcat_flash"))
-    found = sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 256})
-    assert found.startswith("identity experts: LongcatFlashExperts.forward hands a token's state on unchanged for "
-                            "expert indices expert_idx >= self.num_routed_experts (modeling_longcat_flash.py:")
-    assert "config.json zero_expert_num = 256" in found and "Triton kernel" in found
-    assert sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
-
-
 def _read(sources: dict, name: str, config: dict | None = None):
     cls, _forward, attention, _built = _layer(sources, name)
     return sublayers.read(cls, "modeling.py", attention, config or {})
@@ -226,7 +217,8 @@ def test_a_lab_block_looping_over_its_sublayers_is_named():
 def test_a_plain_layer_has_no_sublayers():
     code = transformers_code("llama")
     assert sublayers.sublayers(*_layer(code, "LlamaDecoderLayer")) is None
-    assert sublayers.identity_experts(_classes(transformers_code("mixtral")), "MixtralSparseMoeBlock", {}) is None
+    assert sublayers.identity_experts_read(_classes(transformers_code("mixtral")), "MixtralSparseMoeBlock",
+                                               {}) is None
 
 
 def test_longcat_flash_mla_lora_scales_are_named():

@@ -1,22 +1,21 @@
 """The sublayers of a decoder layer that computes attention more than once, read from its forward (as text, never
-run), for `forms.several_attentions` to name what the layer computes: LongCat-Flash's layer runs two sublayers in
-sequence, sublayer i calling input_layernorm[i], self_attn[i], post_attention_layernorm[i] and mlps[i], and a
-shortcut MoE (`self.mlp`) that reads the first sublayer's normed states and is added to the layer's output after
-the last sublayer. A lab may write the same thing otherwise: other names, a loop over its module lists
-(`for i in range(2): x = x + self.attns[i](self.norms[i](x))`) or over their zip.
+run): LongCat-Flash's layer runs two sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i],
+post_attention_layernorm[i] and mlps[i], and a shortcut MoE (`self.mlp`) that reads the first sublayer's normed
+states and is added to the layer's output after the last sublayer. A lab may write the same thing otherwise: other
+names, a loop over its module lists (`for i in range(2): x = x + self.attns[i](self.norms[i](x))`) or over their zip.
 
 What is read:
-- the sublayers: the module lists the forward indexes by the same constant (self.A[0], self.B[0], ...) in the
-  order it calls them, and how many indices it calls; or the `for` loop whose body calls the attention through
-  its list (indexed by the loop's variable, or a name the loop takes from the list), with the list's length from
-  __init__ (a list literal, `range(2)`, or `range(config.K)`);
-- a shortcut: a module called once, outside the lists, whose output is not the running states but is added to
-  them later; which sublayer's module produced what it reads, and the line where its output is added;
-- identity experts inside that module (LongCat-Flash's zero experts): the experts' forward hands a token's state on
-  unchanged (an nn.Identity, or the state itself) for expert indices past the routed ones, their number read from
-  the config key the experts' __init__ adds to the routed count. vLLM's FusedMoE computes those only in a Triton
-  kernel (`zero_expert_type`: `zero_experts_compute_triton`), which its CPU build does not run
-  (`vllm.triton_utils.HAS_TRITON` is False there).
+- `sublayers` / `looped`: the module lists the forward indexes per sublayer, in call order, and a shortcut module
+  called once beside them, in words for `forms.several_attentions`' refusal;
+- `read`: the forward evaluated over terms and compared with the form the port runs (`Portable`: pre-norm
+  sublayers and a shortcut MoE reading one sublayer's normed states, added to the layer's output), else a sentence
+  naming what differs; `view` shows the detectors sublayer 0 as the layer and `check` holds the rest;
+- identity experts inside the shortcut (LongCat-Flash's zero experts, `identity_experts_read`): the experts' forward
+  hands a token's state on unchanged (an nn.Identity, or the state itself) for expert indices past the routed ones,
+  their number read from the config key the experts' __init__ adds to the routed count. vLLM's FusedMoE computes
+  those only in a Triton kernel (`zero_expert_type`), which its CPU build does not run (`HAS_TRITON` is False
+  there): the port adds them beside FusedMoE (scaffold.detect.moe._zero_experts, spec zero_expert_count);
+- the latent attention's LoRA scales (`latent_scales`), folded by the port into the latent norms' weights.
 """
 
 from __future__ import annotations
@@ -283,17 +282,6 @@ def identity_experts_read(classes: dict, name: str, config: dict, depth: int = 0
         if found:
             return found
     return None
-
-
-def identity_experts(classes: dict, name: str, config: dict) -> str | None:
-    """`identity_experts_read`'s finding in words, as a form the port does not compute."""
-    found = identity_experts_read(classes, name, config)
-    if found is None:
-        return None
-    count = found.count(config)
-    return (f"identity experts: {found.block}.forward hands a token's state on unchanged for expert indices "
-            f"{found.test} ({found.where}{'; ' + count if count else ''}), which "
-            "vLLM's FusedMoE computes only in a Triton kernel (zero_expert_type) its CPU build does not run")
 
 
 def _built_classes(cls: ast.ClassDef) -> list[str]:
