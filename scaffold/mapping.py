@@ -30,6 +30,7 @@ from scaffold.spec import (
     PER_LAYER_INPUT_LAYER_ROLES,
     PER_LAYER_INPUT_MODEL_ROLES,
     Spec,
+    identity_expert_tensor,
     port_names,
     renamed_prefixes,
     renamed_substrings,
@@ -305,12 +306,43 @@ def port_param(spec: Spec, name: str) -> str:
     return name
 
 
+def sublayer_targets(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
+    """map_in_layer, where the layer runs sublayers (spec.sublayer_count): a module of sublayer i's lists
+    (`self_attn.1.q_a_proj.weight`, `mlps.1.gate_proj.weight`) maps as the layer's own module of that role would, its
+    parameters in the port's list at the same index (`self_attn.1.fused_qkv_a_proj.weight`)."""
+    found = sublayer_module(spec, rest)
+    if found is None:
+        return map_in_layer(spec, rest, modules)
+    attr, index, inner = found
+    role_module = spec.names["mlp"] if attr == spec.sublayer_mlp else attr
+    targets = map_in_layer(spec, f"{role_module}.{inner}", modules)
+    if targets is None:
+        return None
+    return [(f"{attr}.{index}.{param[len(role_module) + 1:]}" if param else param, shard, note)
+            for param, shard, note in targets]
+
+
+def sublayer_module(spec: Spec, rest: str) -> tuple[str, int, str] | None:
+    """(list, sublayer index, the rest) of a name inside a decoder layer held by one of its sublayer lists."""
+    if not spec.sublayer_count:
+        return None
+    n = spec.names
+    lists = {n["self_attn"], n["attn_norm"], n["mlp_norm"], spec.sublayer_mlp}
+    attr, _, tail = rest.partition(".")
+    index, _, inner = tail.partition(".")
+    if attr in lists and index.isdigit() and int(index) < spec.sublayer_count and inner:
+        return attr, int(index), inner
+    return None
+
+
 def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     """map_tensor for the tensor `rest` inside a decoder layer (`self_attn.q_proj.weight`), with parameter
     names inside the layer too: the answer is the same in every layer."""
     n = spec.names
     if _skipped(rest):
         return [(None, None, "recomputed buffer")]
+    if identity_expert_tensor(spec, rest):
+        return [(None, None, "an identity expert's projection, never computed with (the expert hands the state on)")]
     if any(rest.startswith(f"{n['self_attn']}.{m}.") for m in spec.key_selector):
         return [(None, None, f"top-k key selector, not computed: every key is kept up to index_topk "
                              f"({spec.index_topk}) tokens")]
@@ -431,7 +463,7 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
             continue
         layer, rest = split
         if rest not in inside:
-            inside[rest] = (natural("." + rest), map_in_layer(spec, rest, modules))
+            inside[rest] = (natural("." + rest), sublayer_targets(spec, rest, modules))
         key, targets = inside[rest]
         keyed.append(([*head, int(layer), *key], name, _prefixed(port_param(spec, f"{prefix}{layer}."), targets)))
     keyed.sort(key=lambda item: item[0])

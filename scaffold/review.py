@@ -300,6 +300,23 @@ def decisions(spec) -> list[str]:
                    f"({_md(spec.source('moe_output_norm').detail)}), applied after the experts' all-reduce"
                    + (", kept on the decoder layer by the checkpoint and loaded into the block" if
                       spec.moe_output_norm_on_layer else "") + ".")
+    if spec.sublayer_count:
+        n = spec.names
+        out.append(f"- {spec.sublayer_count} sublayers per decoder layer, each with its own `{n['attn_norm']}`, "
+                   f"`{n['self_attn']}`, `{n['mlp_norm']}` and `{spec.sublayer_mlp}` (module lists indexed by the "
+                   f"sublayer); the mixture of experts `{n['mlp']}` reads sublayer {spec.shortcut_reads}'s "
+                   f"`{n['mlp_norm']}` output and is added to the layer's output "
+                   f"({_md(spec.source('sublayer_count').detail)}). Each sublayer's attention caches under a layer "
+                   f"name of its own ({spec.sublayer_count} x layer + sublayer).")
+    if spec.zero_expert_count:
+        out.append(f"- {spec.zero_expert_count} identity experts (`{_md(spec.source('zero_expert_count').expr or '')}`)"
+                   f" scored after the routed ones ({_md(spec.source('zero_expert_count').detail)}): the block takes "
+                   "the top-k itself, hands FusedMoE the routed experts' slots (the others weight 0) and adds each "
+                   "chosen identity expert's weight times the token's state; their gate/up tensors are not loaded.")
+    if spec.sublayer_latent_scales:
+        out.append(f"- the latent attention scales {' and '.join(spec.sublayer_latent_scales)} by "
+                   f"(hidden_size / rank) ** 0.5 ({_md(spec.source('sublayer_latent_scales').detail)}): folded into "
+                   "the latent norms' weights on load.")
     if spec.attn_sub_norm:
         out.append(f"- a norm over the whole attention output, `{spec.names['self_attn']}.{spec.names['attn_sub_norm']}`"
                    f", before `{spec.names['o_proj']}` ({_md(spec.source('attn_sub_norm').detail)}); its weight is "

@@ -429,6 +429,11 @@ class Spec:
         [], group="attention", probe="self_attn", omit_when_empty=True,
         doc="the attention's modules that compute that selection (DeepSeek-V3.2's indexer): their tensors are "
             "not loaded, the selection keeping every key up to index_topk")
+    sublayer_latent_scales: list[str] = spec_field(
+        [], group="attention", probe="self_attn", omit_when_empty=True,
+        doc="latent attention whose queries ('q') and normed key/value latent ('kv') are multiplied by "
+            "(hidden_size / rank) ** 0.5 of their LoRA rank (LongCat-Flash's mla_scale_q_lora, mla_scale_kv_lora); "
+            "the port folds the factor into the latent norm's weight on load")
     attn_logit_softcap: float | None = spec_field(None, group="attention", probe="self_attn",
                                                   doc="scores capped at c * tanh(s / c); None: not capped")
     qkv_clip: float | None = spec_field(None, group="attention", probe="self_attn", omit_when_empty=True,
@@ -576,6 +581,10 @@ class Spec:
                                  doc="expert groups of the group-limited top-k; 0: no groups")
     moe_topk_groups: int = spec_field(0, group="moe", probe="mlp", limit=8192, omit_when_empty=True,
                                       doc="the groups the top-k experts are chosen from; 0: no groups")
+    zero_expert_count: int = spec_field(
+        0, group="moe", probe="mlp", limit=65536, config_key=True, omit_when_empty=True,
+        doc="identity (zero-compute) experts the router scores after the routed ones (LongCat-Flash's "
+            "zero_expert_num): a token routed to one gets its state times the routing weight; 0: none")
     moe_routed_scaling_factor: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the routing weights are scaled by this after the top k; None: not scaled")
@@ -656,6 +665,17 @@ class Spec:
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a module of the decoder layer holding the attention's norm, the attention and the MLP's norm (DBRX's "
             "norm_attn_norm), read as the usual layer: its modules load onto the port's layer; empty: none")
+    sublayer_count: int = spec_field(
+        0, group="norms", probe="layer", limit=64, omit_when_empty=True,
+        doc="pre-norm sublayers the decoder layer runs in sequence, each with its own attention, norms and MLP "
+            "kept in module lists indexed by the sublayer (LongCat-Flash's 2); 0: one, the layer's own modules")
+    sublayer_mlp: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="the module list holding each sublayer's dense MLP (LongCat-Flash's mlps), where sublayer_count is set")
+    shortcut_reads: int = spec_field(
+        0, group="norms", probe="layer", limit=64, omit_when_empty=True,
+        doc="with sublayers, the MoE block is a shortcut: it reads the MLP norm's output of this sublayer and its "
+            "output is added to the layer's output (LongCat-Flash's 0)")
     layer_scalar: str = spec_field(
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
@@ -772,8 +792,9 @@ class Spec:
 
     @property
     def has_dense_mlp(self) -> bool:
-        """Whether some layer has a dense MLP: every model but one whose every layer routes to experts."""
-        return not self.is_moe or bool(self.dense_layers)
+        """Whether some layer has a dense MLP: every model but one whose every layer routes to experts (a layer of
+        sublayers has a dense MLP in each, its experts a shortcut beside them)."""
+        return not self.is_moe or bool(self.dense_layers) or bool(self.sublayer_count)
 
     @property
     def sparse_layers(self) -> list[int]:
@@ -1002,7 +1023,7 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         value = getattr(spec, name)
         if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block",
                                                      "key_bias_proj", "key_bias_param", "residual_scale_attn",
-                                                     "residual_scale_mlp"):
+                                                     "residual_scale_mlp", "sublayer_mlp"):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
@@ -1368,6 +1389,21 @@ def attention_module(names: dict[str, str]) -> str:
     self_attn.attn_inner behind an attention wrapper (GPT-Neo's attn.attention)."""
     inner = names.get("attn_inner")
     return f"{names['self_attn']}.{inner}" if inner else names["self_attn"]
+
+
+def identity_expert_tensor(spec: Spec, rest: str) -> bool:
+    """Whether `rest` (a name inside a decoder layer) is a projection of an identity expert: transformers keeps the
+    gate and up projections of every expert it scores, routed or identity (LongCat-Flash's gate_up_proj is
+    [routed + zero experts, ...]), and an identity expert never computes with them."""
+    if not spec.zero_expert_count or "experts" not in spec.names:
+        return False
+    n = spec.names
+    head = f"{n['mlp']}.{n['experts']}."
+    if not rest.startswith(head):
+        return False
+    index, _, tail = rest[len(head):].partition(".")
+    return (index.isdigit() and spec.num_experts <= int(index) < spec.num_experts + spec.zero_expert_count
+            and tail in {f"{n[r]}.weight" for r in ("expert_gate_proj", "expert_up_proj") if r in n})
 
 
 def renamed_substrings(spec: Spec) -> dict[str, str | None]:

@@ -61,6 +61,9 @@ FAMILY_OVERRIDES: dict[str, tuple[dict, str]] = {
     "deepseek_v2": ({**LATENT[0], "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
                     LATENT[1] + "; its config leaves num_experts_per_tok None (the model cannot be made without it) "
                                 "and the expert groups None (one group: its greedy top-k)"),
+    "longcat_flash": ({**LATENT[0], "zero_expert_num": 4},
+                      LATENT[1] + "; as many identity (zero) experts as routed ones (its default is 256 beside BASE's "
+                                  "4 routed experts, so the top-k would choose almost only identity experts)"),
     "gpt_neox": ({"num_key_value_heads": 4}, "no grouped-query attention: kv heads equal heads"),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 8},
                 "attention_types must name one kind per layer (BASE's 3), and a window shorter than the prompts"),

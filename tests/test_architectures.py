@@ -121,6 +121,13 @@ ARCHITECTURES = {
                                     "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
                                     "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
                                     "indexer_types": ["full", "shared", "full"]}),
+    # LongCat-Flash: two pre-norm sublayers per layer (their own latent attention, norms and dense MLP) and a
+    # mixture of experts beside them reading the first sublayer's normed states, added to the layer's output; as
+    # many identity (zero) experts as routed ones, softmax routing with a correction bias, scaled, not renormalized;
+    # the MLA LoRA scales. Two layers (num_hidden_layers is twice num_layers): four attentions, four KV caches.
+    "longcat_flash": ("longcat_flash", {**LATENT, "num_hidden_layers": 4, "n_routed_experts": 4, "moe_topk": 2,
+                                        "expert_ffn_hidden_size": 64, "zero_expert_num": 4,
+                                        "routed_scaling_factor": 2.0}),
     # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
     # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
@@ -400,6 +407,8 @@ EXPECTED_SPEC = {
     "deepseek_v3": {"qkv_layout": "latent", "q_lora_rank": 96, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 32, "v_head_dim": 32, "rope_neox_style": False, "moe_sigmoid": True,
                     "dense_layers": [0]},
+    "longcat_flash": {"qkv_layout": "latent", "sublayer_count": 2, "sublayer_mlp": "mlps", "zero_expert_count": 4, "sublayer_latent_scales": ["kv", "q"], "moe_renormalize": False,
+                      "moe_routed_scaling_factor": 2.0, "num_layers": 2},
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
     "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
@@ -570,11 +579,6 @@ UNSUPPORTED = {
     "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
                                          "axial_pos_shape": [16, 32]},
                             "reversible residual streams: ReformerLayer.forward adds the attention's output"),
-    "longcat_flash-two-attentions": ("longcat_flash", {"n_routed_experts": 4, "moe_topk": 2,
-                                                       "moe_intermediate_size": 64},
-                                     ("2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
-                                      "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp "
-                                      "(LongcatFlashMoE) reads post_attention_layernorm[0]'s output")),
     # Doge's CDMoE (is_moe): experts are rows of two embedding tables, looked up by a product-key top-k.
     "doge-cdmoe": ("doge", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 2},
                    ("experts kept as rows of embedding tables: DogeCDMoE.forward looks up down_embed, up_embed by "

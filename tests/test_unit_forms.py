@@ -191,10 +191,22 @@ def test_a_fused_add_norm_layer_with_a_residual_argument_is_not_reversible():
 
 # ------------------------------------------------------------------ several attentions in one layer
 def test_longcat_flash_computes_two_attentions_per_layer():
-    found = forms.several_attentions(transformers_code("longcat_flash"), {})
+    # Two pre-norm sublayers and a shortcut MoE: the form the port runs (scaffold.detect.sublayers), not refused.
+    code = transformers_code("longcat_flash")
+    assert forms.several_attentions(code, {}) is None
+    # The shortcut's output added after the first sublayer only: another form, named.
+    file = next(iter(code))
+    moved = code[file].replace("        hidden_states = residual + hidden_states\n\n        # shortcut connection",
+                               "        hidden_states = residual + hidden_states + shortcut_mlp_output\n\n"
+                               "        # shortcut connection").replace(
+        "hidden_states = residual + hidden_states + shortcut_mlp_output\n\n        return",
+        "hidden_states = residual + hidden_states\n\n        return")
+    assert moved != code[file]
+    found = forms.several_attentions({file: moved}, {})
     assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
                             "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
     assert "self.self_attn[0](...)" in found and "self.self_attn[1](...)" in found
+    assert "do not compute pre-norm residual sublayers with the shortcut's output added to the layer's output" in found
 
 
 LAB_TWO_ATTENTIONS = LAB_ATTENTION + LAB_DECODER.replace(

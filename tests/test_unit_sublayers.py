@@ -1,6 +1,8 @@
-"""A decoder layer of several attention/MLP sublayers and a shortcut beside them (scaffold.detect.sublayers), named
-in forms.several_attentions' refusal: on transformers' LongCat-Flash and on lab modules that compute the same form
-under other names, unrolled or in a loop, with identity experts written otherwise."""
+"""A decoder layer of several attention/MLP sublayers and a shortcut beside them (scaffold.detect.sublayers): read as
+the form the port runs (`read`: pre-norm sublayers, a shortcut MoE reading one sublayer's normed states, added to the
+layer's output), or named in forms.several_attentions' refusal where it computes otherwise; identity experts and the
+latent attention's LoRA scales read for the port. On transformers' LongCat-Flash and on lab modules that compute the
+same form under other names, unrolled or in a loop, with identity experts written otherwise."""
 
 from __future__ import annotations
 
@@ -135,22 +137,27 @@ def test_longcat_flash_runs_two_sublayers_and_a_shortcut_moe():
     assert "residual + hidden_states + shortcut_mlp_output" in found.shortcut
 
 
-def test_longcat_flash_identity_experts_are_named_where_config_json_has_them():
+def _read(sources: dict, name: str, config: dict | None = None):
+    cls, _forward, attention, _built = _layer(sources, name)
+    return sublayers.read(cls, "modeling.py", attention, config or {})
+
+
+def test_longcat_flash_is_the_form_the_port_runs():
+    code = transformers_code("longcat_flash")
+    found = _read(code, "LongcatFlashDecoderLayer")
+    assert isinstance(found, sublayers.Portable)
+    assert (found.count, found.attention, found.attn_norm, found.mlp_norm, found.mlp, found.shortcut, found.reads) == (
+        2, "self_attn", "input_layernorm", "post_attention_layernorm", "mlps", "mlp", 0)
+    assert forms.several_attentions(code, {"zero_expert_num": 256}) is None
+
+
+def test_longcat_flash_identity_experts_are_read_for_the_port():
     classes = _classes(transformers_code("longcat_flash"))
-    found = sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 256})
-    assert found.startswith("identity experts: LongcatFlashExperts.forward hands a token's state on unchanged for "
-                            "expert indices expert_idx >= self.num_routed_experts (modeling_longcat_flash.py:")
-    assert "config.json zero_expert_num = 256" in found and "Triton kernel" in found
-    assert sublayers.identity_experts(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
-
-
-def test_the_refusal_names_the_sublayers_the_shortcut_and_the_identity_experts():
-    found = forms.several_attentions(transformers_code("longcat_flash"), {"zero_expert_num": 256})
-    assert found.startswith("several attention computations in one decoder layer: LongcatFlashDecoderLayer.forward "
-                            "calls LongcatFlashMLA 2 times (modeling_longcat_flash.py:")
-    assert ("; 2 sublayers in sequence, sublayer i calling input_layernorm[i], self_attn[i], "
-            "post_attention_layernorm[i], mlps[i], and a shortcut: self.mlp (LongcatFlashMoE)") in found
-    assert "; the port's decoder layer computes one attention and one MLP. Also unported behind it: identity " in found
+    found = sublayers.identity_experts_read(classes, "LongcatFlashMoE", {"zero_expert_num": 256})
+    assert (found.block, found.test, found.key) == ("LongcatFlashExperts", "expert_idx >= self.num_routed_experts",
+                                                     "zero_expert_num")
+    assert found.where.startswith("modeling_longcat_flash.py:")
+    assert sublayers.identity_experts_read(classes, "LongcatFlashMoE", {"zero_expert_num": 0}) is None
 
 
 def test_a_lab_block_written_otherwise_is_read_the_same():
@@ -159,11 +166,36 @@ def test_a_lab_block_written_otherwise_is_read_the_same():
     assert found.count == "2" and found.parts == ("pre_norms", "attns", "mid_norms", "ffns")
     assert found.shortcut.startswith("self.bank (LabBank) reads mid_norms[0]'s output")
     assert "after sublayer 1" in found.shortcut and "return x + side" in found.shortcut
-    message = forms.several_attentions(code, {"real_experts": 4, "null_experts": 2})
+    read = _read(code, "LabBlock")
+    assert isinstance(read, sublayers.Portable)
+    assert (read.attention, read.attn_norm, read.mlp_norm, read.mlp, read.shortcut, read.reads) == (
+        "attns", "pre_norms", "mid_norms", "ffns", "bank", 0)
+    assert forms.several_attentions(code, {"real_experts": 4, "null_experts": 2}) is None
+    identity = sublayers.identity_experts_read(_classes(code), "LabBank", {"real_experts": 4, "null_experts": 2})
+    assert (identity.test, identity.key) == ("e > self.n_real - 1", "null_experts")
+
+
+def test_a_lab_shortcut_reading_the_last_sublayer_is_read_so():
+    code = lab(LAB_UNROLLED.replace("        side = self.bank(h)\n", "").replace(
+        "        x = x + self.ffns[1](self.mid_norms[1](x))\n",
+        "        h = self.mid_norms[1](x)\n        side = self.bank(h)\n        x = x + self.ffns[1](h)\n"))
+    found = _read(code, "LabBlock")
+    assert isinstance(found, sublayers.Portable) and found.reads == 1
+
+
+def test_a_lab_block_in_another_form_is_named():
+    # Post-norm sublayers: x = norm(x + attn(x)).
+    post = lab(LAB_UNROLLED.replace("        x = x + self.attns[1](self.pre_norms[1](x), cos, sin, mask)\n",
+                                    "        x = self.pre_norms[1](x + self.attns[1](x, cos, sin, mask))\n"))
+    found = _read(post, "LabBlock")
+    assert isinstance(found, str), found
+    message = forms.several_attentions(post, {})
     assert "LabBlock.forward calls LabAttention 2 times" in message
-    assert ("identity experts: LabBank.forward hands a token's state on unchanged for expert indices "
-            "e > self.n_real - 1") in message and "config.json null_experts = 2" in message
-    assert "Also unported" not in forms.several_attentions(code, {"real_experts": 4, "null_experts": 0})
+    assert "; the port runs pre-norm sublayers, and LabBlock.forward (modeling_lab.py:" in message
+    # The shortcut scaled before it is added: a step the reader does not follow, named with its line.
+    scaled = lab(LAB_UNROLLED.replace("        return x + side\n", "        return x + 0.5 * side\n"))
+    found = _read(scaled, "LabBlock")
+    assert "a step the sublayer reader does not follow: 0.5 * side (line" in found, found
 
 
 def test_a_shortcut_that_is_not_added_back_is_no_shortcut():
@@ -177,6 +209,7 @@ def test_a_lab_block_looping_over_its_sublayers_is_named():
     assert found.startswith("several attention computations in one decoder layer: LabBlock.forward calls "
                             "LabAttention 2 times, in a loop over self.attns (modeling_lab.py:")
     assert "2 sublayers in sequence, sublayer i calling n1[i], attns[i], n2[i], ffns[i]" in found
+    assert "with no mixture of experts beside them" in found  # read through the loop, named for what it lacks
     one = LAB_LOOPED.replace("for _ in range(2)", "for _ in range(1)")
     assert forms.several_attentions(lab(one), {}) is None
 
@@ -184,7 +217,8 @@ def test_a_lab_block_looping_over_its_sublayers_is_named():
 def test_a_plain_layer_has_no_sublayers():
     code = transformers_code("llama")
     assert sublayers.sublayers(*_layer(code, "LlamaDecoderLayer")) is None
-    assert sublayers.identity_experts(_classes(transformers_code("mixtral")), "MixtralSparseMoeBlock", {}) is None
+    assert sublayers.identity_experts_read(_classes(transformers_code("mixtral")), "MixtralSparseMoeBlock",
+                                               {}) is None
 
 
 def test_longcat_flash_mla_lora_scales_are_named():
@@ -223,3 +257,95 @@ def test_a_lab_attention_scaling_its_queries_by_its_own_number_is_named():
     handed = LAB_GAINED.replace("q = self.gain * q", "q = q").replace("scale=self.temperature",
                                                                        "scale=self.temperature * self.gain")
     assert sublayers.scaled_inputs(_classes({"modeling_lab.py": handed}), "LabLatentAttention") is None
+
+
+def test_longcat_flash_checkpoint_reads_as_sublayers_and_maps_every_tensor(tmp_path):
+    """transformers' LongCat-Flash at the catalogue's tiny sizes, two layers: the spec the port is generated from,
+    every tensor with a home (each sublayer's modules in the port's lists at their index; the identity experts'
+    gate/up tensors skipped), and the static checks of every shard and shape."""
+    from catalogue import overrides_for  # the catalogue's tiny sizes
+
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.mapping import weight_table
+    from scaffold.tiny import build_tiny
+    from scaffold.verify import static
+    from scaffold.verify.report import Report
+
+    ckpt_dir = tmp_path / "longcat"
+    build_tiny("longcat_flash", str(ckpt_dir), architecture="CatalogueLongcatFlashForCausalLM",
+               overrides={**overrides_for("longcat_flash"), "num_hidden_layers": 4})
+    ckpt = read_checkpoint(ckpt_dir)
+    spec = detect(ckpt)
+    assert (spec.num_layers, spec.sublayer_count, spec.sublayer_mlp, spec.shortcut_reads) == (2, 2, "mlps", 0)
+    assert (spec.zero_expert_count, spec.source("zero_expert_count").expr) == (4, "config.zero_expert_num")
+    assert spec.sublayer_latent_scales == ["kv", "q"] and spec.moe_renormalize is False
+    assert spec.moe_intermediate_size == 64 and spec.source("moe_intermediate_size").expr == \
+        "config.expert_ffn_hidden_size"
+    rows, homeless = weight_table(spec, ckpt)
+    assert not homeless
+    params = {r.checkpoint: (r.param, r.shard) for r in rows}
+    assert params["model.layers.1.self_attn.1.q_a_proj.weight"] == ("model.layers.1.self_attn.1.fused_qkv_a_proj.weight", 0)
+    assert params["model.layers.1.mlps.1.up_proj.weight"] == ("model.layers.1.mlps.1.gate_up_proj.weight", 1)
+    assert params["model.layers.0.post_attention_layernorm.1.weight"][0] == \
+        "model.layers.0.post_attention_layernorm.1.weight"
+    assert params["model.layers.0.mlp.experts.5.gate_proj.weight"] == (None, None)  # an identity expert's
+    assert params["model.layers.0.mlp.experts.3.gate_proj.weight"][1] == (3, "w1")
+    report = Report("port", str(ckpt_dir))
+    static.check_mapping(report, spec, ckpt, (rows, homeless))
+    static.check_shapes(report, spec, ckpt)
+    assert all(c.status == "pass" for c in report.checks), report.checks
+
+
+LAB_MLA = LAB_PRELUDE + '''import math
+
+
+class LabMLA(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_down = nn.Linear(config.hidden_size, config.q_lora_rank, bias=False)
+        self.q_norm = LabRMSNorm(config.q_lora_rank)
+        self.q_up = nn.Linear(config.q_lora_rank, config.num_attention_heads * 96, bias=False)
+        self.kv_down = nn.Linear(config.hidden_size, config.kv_lora_rank + 64, bias=False)
+        self.latent_norm = LabRMSNorm(config.kv_lora_rank)
+        self.q_gain = math.sqrt(config.hidden_size / config.q_lora_rank)
+        self.kv_gain = (config.hidden_size / config.kv_lora_rank) ** 0.5
+
+    def forward(self, x, cos, sin):
+        q = self.q_up(self.q_norm(self.q_down(x))) * self.q_gain
+        latent, k_rot = torch.split(self.kv_down(x), [512, 64], dim=-1)
+        latent = self.kv_gain * self.latent_norm(latent)
+        return attend(q, latent, k_rot, cos, sin)
+'''
+LAB_MLA_NAMES = {"q_b_proj": "q_up", "kv_a_norm": "latent_norm"}
+
+
+def test_a_lab_latent_attention_written_otherwise_has_its_scales_read():
+    classes = _classes({"modeling_lab.py": LAB_MLA})
+    scales, evidence = sublayers.latent_scales(classes, "LabMLA", LAB_MLA_NAMES, {})
+    assert scales == ["kv", "q"]
+    assert "LabMLA.forward multiplies self.q_up(self.q_norm(self.q_down(x))) by (hidden_size / q_lora_rank)" in evidence
+    # The rotated key scaled too: not what the port folds into the latent norm, named.
+    rotated = LAB_MLA.replace("        return attend(", "        k_rot = k_rot * self.kv_gain\n        return attend(")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": rotated}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and "scaled by the kv_lora_rank factor hold" in found and "kv_down" in found
+    # Only the query's rotated half scaled: named.
+    half = LAB_MLA.replace("        q = self.q_up(self.q_norm(self.q_down(x))) * self.q_gain\n",
+                           "        q_pass, q_rot = self.q_up(self.q_norm(self.q_down(x))).split([32, 64], dim=-1)\n"
+                           "        q_rot = q_rot * self.q_gain\n        q = torch.cat([q_pass, q_rot], dim=-1)\n")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": half}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and "only part of the query (q_rot of q_pass, q_rot) is scaled" in found
+    # A factor of another form (by the head width): the port folds none of it, named.
+    other = LAB_MLA.replace("(config.hidden_size / config.kv_lora_rank) ** 0.5", "config.head_dim ** 0.5")
+    found = sublayers.latent_scales(_classes({"modeling_lab.py": other}), "LabMLA", LAB_MLA_NAMES, {})
+    assert isinstance(found, str) and found.startswith("values scaled by numbers of the attention's own")
+
+
+def test_longcat_flash_mla_lora_scales_are_read_for_the_port():
+    names = {"q_b_proj": "q_b_proj", "kv_a_norm": "kv_a_layernorm"}
+    scales, evidence = sublayers.latent_scales(_classes(transformers_code("longcat_flash")), "LongcatFlashMLA", names,
+                                               {})
+    assert scales == ["kv", "q"]
+    assert "LongcatFlashMLA.forward multiplies q_pass, q_rot by (hidden_size / q_lora_rank) ** 0.5" in evidence
+    assert sublayers.latent_scales(_classes(transformers_code("deepseek_v3")), "DeepseekV3Attention", names, {}) == \
+        ([], "")

@@ -31,6 +31,7 @@ from scaffold.detect import (
     rope,
     scaling,
     sizes,
+    sublayers,
 )
 from scaffold.errors import ScaffoldError, SpecError
 from scaffold.spec import CONFIG_KEY_FIELDS, Source, Spec, Undetermined, Unknown, validate_identifiers, validate_names
@@ -80,6 +81,7 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
     # The detectors read norms by their `weight`; a lab's norms may keep it as `scale` (the port maps it back).
     ckpt = normparams.view(ckpt, spec)
     ckpt = blocks.view(ckpt, spec)
+    whole, ckpt = ckpt, sublayers.view(ckpt, spec)
     for detector in DETECTORS:
         try:
             detector.detect(ckpt, spec)
@@ -94,6 +96,8 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
             # Checked against a value still unknown: not a finding about the checkpoint. Said, not raised.
             spec.unknowns.setdefault(f"({_name(detector)})", _blocked(detector, exc))
             _undecided(spec, detector, f"the {_name(detector)} detector stopped on a value still unknown")
+    if spec.sublayer_count and not spec.unknowns:
+        sublayers.check(whole, spec)  # the sublayers the view left out, against what detection found
     return spec
 
 

@@ -369,9 +369,12 @@ def several_attentions(sources: dict, config: dict) -> str | None:
     found = _attention_calls(sources)
     if found is None:
         return None
+    form = sublayers.layer_form(sources, config)
+    if form is not None and isinstance(form[2], sublayers.Portable):
+        return None  # pre-norm sublayers the port runs (scaffold.detect.sublayers.view)
     file, cls, forward, calls = found
     if len(calls) < 2:
-        return _looped_attention(file, cls, forward, sources)
+        return _looped_attention(file, cls, forward, sources, config)
     # Calls in the two branches of one `if` run one at a time: the layer computes one of them.
     where = _exclusive(forward)
     kept: list[tuple[ast.Call, str]] = []
@@ -396,15 +399,19 @@ def _sublayers_tail(sources: dict, config: dict, cls: ast.ClassDef, forward: ast
     found = sublayers.sublayers(cls, forward, attention, built)
     if found is None:
         return "; the port's decoder layer computes one attention"
-    tail = f"; {found.describe()}; the port's decoder layer computes one attention and one MLP"
-    classes = _classes(sources)
-    behind = [sublayers.identity_experts(classes, found.shortcut_class, config) if found.shortcut_class else None]
-    behind += [sublayers.scaled_inputs(classes, c) for c in sorted({built[a][0] for a in attention})]
-    behind = [b for b in behind if b]
-    return tail + (f". Also unported behind it: {'; and '.join(behind)}" if behind else "")
+    return f"; {found.describe()}{_unported_sublayers(sources, config)}"
 
 
-def _looped_attention(file: str, cls: ast.ClassDef, forward: ast.FunctionDef, sources: dict) -> str | None:
+def _unported_sublayers(sources: dict, config: dict) -> str:
+    """What keeps the sublayers from the form the port runs (`sublayers.read`), as the refusal's tail."""
+    form = sublayers.layer_form(sources, config)
+    if form is None or not isinstance(form[2], str):
+        return "; the port's decoder layer computes one attention and one MLP"
+    return f"; the port runs pre-norm sublayers, and {form[2]}"
+
+
+def _looped_attention(file: str, cls: ast.ClassDef, forward: ast.FunctionDef, sources: dict,
+                      config: dict) -> str | None:
     """An attention called once in the forward's text, inside a loop over a list of attention modules."""
     built = _built(cls)
     attention = {a for a, (c, _) in built.items() if c in _attention_classes(sources)}
@@ -416,8 +423,7 @@ def _looped_attention(file: str, cls: ast.ClassDef, forward: ast.FunctionDef, so
         return None
     return (f"several attention computations in one decoder layer: {cls.name}.forward calls {built[attr][0]} "
             f"{layout.count} times, in a loop over self.{attr} ({_where(file, loop)}: for {ast.unparse(loop.target)} "
-            f"in {_line(loop.iter, 50)}); {layout.describe()}; the port's decoder layer computes one attention and "
-            "one MLP")
+            f"in {_line(loop.iter, 50)}); {layout.describe()}{_unported_sublayers(sources, config)}")
 
 
 def reversible_residual(sources: dict, config: dict) -> str | None:

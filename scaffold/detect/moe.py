@@ -33,13 +33,14 @@ from scaffold.detect import (
     sourcecode,
     stacked,
     subconfigs,
+    sublayers,
     submodules,
 )
 from scaffold.detect import mlp as mlp_detector
 from scaffold.detect.common import MISSING, config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec, shared_projection_roles, stacked_shapes
+from scaffold.spec import Source, Spec, identity_expert_tensor, shared_projection_roles, stacked_shapes
 
 EXPERT_TENSOR = re.compile(r"^(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
 # Known expert projection names: (gate, up, down). The gate goes through the activation.
@@ -697,11 +698,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if path.norm_division:
             _norm_division(spec, ckpt, path)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
+    scored = experts + _zero_experts(spec, ckpt, sources)  # the router scores the identity experts too
     base = f"{n['model']}.{n['layers']}"
     mlp = n["mlp"]
-    shapes = {f"{mlp}.{n['router']}.weight": (experts, hidden)}
+    shapes = {f"{mlp}.{n['router']}.weight": (scored, hidden)}
     if spec.router_bias:
-        shapes[f"{mlp}.{n['router']}.bias"] = (experts,)
+        shapes[f"{mlp}.{n['router']}.bias"] = (scored,)
     if spec.experts_layout in ("stacked", "flattened"):
         shapes.update(stacked_shapes(spec))
     else:
@@ -733,11 +735,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 raise CheckpointError(f"tensor {name} has shape {list(info.shape)}, but hidden size {hidden}, "
                                       f"{experts} experts of intermediate size {inter} need {list(shape)}.", where)
         if spec.moe_correction_bias:
-            _check_bias(ckpt, f"{base}.{layer}.{mlp}.{spec.moe_correction_bias}", experts)
+            _check_bias(ckpt, f"{base}.{layer}.{mlp}.{spec.moe_correction_bias}", scored)
         inside = f"{base}.{layer}."
         bias = f"{mlp}.{spec.moe_correction_bias}" if spec.moe_correction_bias else None  # Laguna's, under experts
         extra = sorted(name for name in expert_tensors.get(layer, ())
-                       if name[len(inside):] not in shapes and name[len(inside):] != bias)
+                       if name[len(inside):] not in shapes and name[len(inside):] != bias
+                       and not (identity_expert_tensor(spec, name[len(inside):])
+                                and ckpt.tensors[name].shape == (inter, hidden)))
         if extra:
             raise CheckpointError(f"tensor {extra[0]} is an expert past the {experts} that config.json declares, "
                                   "or a part of one the generator does not know.", where)
@@ -750,6 +754,35 @@ def _one_for_every_layer(ckpt: Checkpoint, spec: Spec, keys: tuple[str, ...], wh
     if isinstance(value, list):
         raise unsupported(f"a per-layer MoE {what} (config.json {key} is a list of {len(value)}, one per layer; "
                           "the port reads one value for every layer)", ckpt.config_file, spec.model_type)
+
+
+def _zero_experts(spec: Spec, ckpt: Checkpoint, sources: dict) -> int:
+    """Identity experts (LongCat-Flash's zero experts, `sublayers.identity_experts_read`): their count, read from the
+    config key the experts' __init__ adds to the routed count (spec zero_expert_count); 0 where the code has none
+    or config.json sets none. The port computes them beside FusedMoE for a top-k taken as it is (not renormalized,
+    not grouped); another routing with them is refused by name."""
+    block = routing.routing(sources, spec.names["experts"]) if sources else None
+    found = sublayers.identity_experts_read(sourcecode._classes(sources), block.block, ckpt.config) \
+        if block is not None else None
+    if found is None:
+        spec.set("zero_expert_count", 0, Source("default", "no identity experts in the code"))
+        return 0
+    evidence = f"{found.block}.forward hands a token's state on unchanged for expert indices {found.test} ({found.where})"
+    value = ckpt.config.get(found.key) if found.key else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise unsupported(f"identity experts ({evidence}) whose count config.json does not give "
+                          f"({'config.' + found.key if found.key else 'no config key added to the routed count'})",
+                          ckpt.config_file, spec.model_type)
+    other = [what for what, on in (("renormalized top-k weights", spec.moe_renormalize),
+                                   ("a top-k within expert groups", spec.moe_groups),
+                                   ("routing weights on the experts' input", spec.moe_weights_on_input),
+                                   ("sparsemixer routing", spec.moe_routing != "topk")) if on]
+    if other:
+        raise unsupported(f"identity experts ({evidence}) with {other[0]}: the port computes them for a top-k "
+                          "taken as it is", ckpt.config_file, spec.model_type)
+    spec.set("zero_expert_count", value, Source("config", f"config.json {found.key}; {evidence}",
+                                                f"config.{found.key}"))
+    return value
 
 
 def _check_bias(ckpt: Checkpoint, name: str, experts: int) -> None:
@@ -989,5 +1022,10 @@ def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str
                     if (isinstance(node, ast.Attribute) and "intermediate" in node.attr
                             and codekeys._is_config(node.value)):
                         keys.add(node.attr)
+                    # `self.intermediate_size = config.K` (LongCat-Flash's expert_ffn_hidden_size)
+                    elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+                          and isinstance(node.targets[0], ast.Attribute) and "intermediate" in node.targets[0].attr
+                          and isinstance(node.value, ast.Attribute) and codekeys._is_config(node.value.value)):
+                        keys.add(node.value.attr)
     keys = {k for k in keys if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
     return keys.pop() if len(keys) == 1 else None

@@ -167,9 +167,10 @@ class _Uses:
     softmax_after_topk: bool = False
     scores_then_topk: bool = False
 
-    def read(self, body: ast.AST) -> None:
+    def read(self, body: ast.AST, topk_methods: tuple[str, ...] = ()) -> None:
         self.softmax_after_topk |= _order(body, ("topk",), ("softmax",))
-        self.scores_then_topk |= _order(body, ("softmax", "sigmoid"), ("topk",))
+        # A top-k taken in a method of the router's own class (LongCat-Flash's `self.get_topk_indices(scores)`).
+        self.scores_then_topk |= _order(body, ("softmax", "sigmoid"), ("topk", *topk_methods))
         # Locals assigned a norm (`denominator = torch.norm(weights, p=..., dim=-1)`), for the divisions below.
         normed = {t.id: node.value for node in subtree(body) if isinstance(node, ast.Assign)
                   and _calls_norm(node.value) for t in node.targets if isinstance(t, ast.Name)}
@@ -246,7 +247,7 @@ def _norm_order(call: ast.Call) -> ast.AST | None:
 def _operands(call: ast.Call) -> list[ast.AST]:
     """What `torch.f(x, ...)`, `F.f(x)` or `x.f(...)` is applied to."""
     on_tensor = isinstance(call.func, ast.Attribute) and _dotted(call.func).rsplit(".", 1)[0] not in (
-        "torch", "F", "nn.functional", "torch.nn.functional")
+        "torch", "F", "nn.functional", "torch.nn.functional", "self")  # self.method(x): a method of the module
     return [call.func.value] if on_tensor else list(call.args[:1])
 
 
@@ -406,7 +407,8 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
         for _ in range(MAX_DEPTH):
             following = []
             for body, owner in frontier:
-                uses.read(body)
+                uses.read(body, tuple(m.name for m in (owner.body if owner is not None else ())
+                                      if isinstance(m, ast.FunctionDef) and m is not body and _calls(m, "topk")))
                 for node in subtree(body):
                     if not isinstance(node, ast.Call):
                         continue

@@ -18,6 +18,7 @@ from scaffold.mapping import (
     port_rest,
     renamed_name,
     stacked_modules,
+    sublayer_module,
     transposed_modules,
     weight_table,
 )
@@ -153,7 +154,29 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{mlp}.{n['mlp_sub_norm']}.{kind}"] = (None,)
         for tensor in spec.act_tensors:  # the activation's own (xIELU's alpha_p, ...)
             params[f"{p}{mlp}.{n['act_fn']}.{tensor}"] = (None,)
-    return params
+    return _in_sublayers(spec, params) if spec.sublayer_count else params
+
+
+def _in_sublayers(spec: Spec, params: dict[str, tuple]) -> dict[str, tuple]:
+    """A layer of sublayers (spec.sublayer_count): the attention's and the norms' parameters once per sublayer, in
+    the lists at each index, and each sublayer's dense MLP (gated) beside the mixture of experts."""
+    n = spec.names
+    head = f"{n['model']}.{n['layers']}."
+    lists = (n["self_attn"], n["attn_norm"], n["mlp_norm"])
+    out: dict[str, tuple] = {}
+    for name, shards in params.items():
+        layer, _, rest = name[len(head):].partition(".") if name.startswith(head) else ("", "", "")
+        attr, _, inner = rest.partition(".")
+        if layer.isdigit() and attr in lists:
+            out.update((f"{head}{layer}.{attr}.{i}.{inner}", shards) for i in range(spec.sublayer_count))
+        else:
+            out[name] = shards
+    for layer in range(spec.num_layers):
+        for i in range(spec.sublayer_count):
+            mlp = f"{head}{layer}.{spec.sublayer_mlp}.{i}."
+            out[f"{mlp}{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
+            out[f"{mlp}{n['down_proj']}.weight"] = (None,)
+    return out
 
 
 def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
@@ -243,7 +266,7 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     else:
         want[f"{mlp}.{n['gate_up_proj']}"] = 2 * inter
     if spec.is_moe:
-        want[f"{mlp}.{n['router']}"] = spec.num_experts
+        want[f"{mlp}.{n['router']}"] = spec.num_experts + spec.zero_expert_count  # identity experts scored too
     stacked = {}  # experts stored 3-D: the whole shape of each tensor, by its name inside a layer
     if spec.is_moe and spec.experts_layout in ("stacked", "flattened"):
         stacked = stacked_shapes(spec)
@@ -278,6 +301,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         if not name.startswith(prefix) or not name.endswith(".weight"):
             continue
         layer, rest = name[len(prefix):].split(".", 1)
+        if (sublayer := sublayer_module(spec, rest)) is not None:  # checked as its role's module of a plain layer
+            attr, _index, inner = sublayer
+            rest = f"{n['mlp'] if attr == spec.sublayer_mlp else attr}.{inner}"
         module = port_rest(spec, renamed_name(spec, rest)).rsplit(".", 1)[0]
         if module in want:
             seen.add(module)
