@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import headsizes, layerinputs, sourcecode
+from scaffold.detect import headsizes, layerinputs, layerwidths, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -89,6 +89,12 @@ def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
                 if (isinstance(value, list) and len(value) == layers
                         and all(_is_int(v) and v > 0 for v in value)):
                     found.append((node.targets[0].attr, arg.value.attr, value))
+    # A module whose own __init__ takes its width from config.KEY[layer_idx] (Gemma-3n's MLP; scaffold.detect.sizes
+    # checks each layer's tensors against its width).
+    for attr, key, _where in layerwidths.per_layer_widths(sourcecode.modeling_sources(ckpt), "config.hidden_size"):
+        value = ckpt.config.get(key)
+        if isinstance(value, list) and len(value) == layers and all(_is_int(v) and v > 0 for v in value):
+            found.append((attr, key, value))
     return found
 
 
