@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import headsizes, layerinputs, layerwidths, sourcecode
+from scaffold.detect import headsizes, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -44,6 +44,11 @@ def check(ckpt: Checkpoint) -> None:
         raise unsupported(f"{explained} ({exc.problem.rstrip('.')})"
                           + (f"; besides, {besides.short()}" if besides else ""), ckpt.config_file,
                           ckpt.config.get("model_type")) from None
+    # Several copies of the residual stream handed through the layers (Gemma-3n's AltUp, hyper-connections' streams):
+    # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
+    several = streams.read(sourcecode.modeling_sources(ckpt))
+    if several is not None:
+        raise unsupported(str(several), ckpt.config_file, ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
     # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
     try:
