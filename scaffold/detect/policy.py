@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import headsizes, layerinputs, layerwidths, sourcecode, streams
+from scaffold.detect import branches, headsizes, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -46,15 +46,33 @@ def check(ckpt: Checkpoint) -> None:
                           ckpt.config.get("model_type")) from None
     # Several copies of the residual stream handed through the layers (Gemma-3n's AltUp, hyper-connections' streams):
     # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
-    several = streams.read(sourcecode.modeling_sources(ckpt))
+    sources = sourcecode.modeling_sources(ckpt)
+    several = streams.read(sources)
     if several is not None:
-        raise unsupported(str(several), ckpt.config_file, ckpt.config.get("model_type"))
+        raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
+                          ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
     # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
     try:
         layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors)
     except layerinputs.Refused as exc:
         raise unsupported(str(exc), ckpt.config_file, ckpt.config.get("model_type")) from None
+
+
+def _behind_streams(ckpt: Checkpoint, sources: dict) -> str:
+    """What else the layers compute that the port does not, named behind the copies of the residual stream: the
+    per-layer inputs where the port computes them otherwise, a low-rank residual branch, a cutoff on a projection's
+    output on the layers config.json takes it (scaffold.detect.branches)."""
+    behind = []
+    try:
+        layerinputs.read(sources, ckpt.config, ckpt.tensors)
+    except layerinputs.Refused as exc:
+        behind.append(str(exc))
+    layers = ckpt.config.get("num_hidden_layers")
+    behind += [found for found in (branches.low_rank_branch(sources),
+                                   branches.gate_cutoff(sources, ckpt.config, layers) if _is_int(layers) else None)
+               if found]
+    return f"; behind it, {'; '.join(behind)}" if behind else ""
 
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:
