@@ -125,3 +125,17 @@ def test_the_port_builds_each_layers_mlp_from_the_codes_expression(tmp_path):
     model = next(text for name, text in files.items() if name.endswith("model.py"))
     assert "layer_idx = extract_layer_index(prefix)" in model
     assert "config.intermediate_size[layer_idx]," in model
+
+
+def test_tensor_parallel_sizes_count_every_layers_width():
+    """A TP size serves the checkpoint only where every layer's MLP width divides over it (layer 0's alone is what
+    the twin's sharding proof loads)."""
+    from scaffold.spec import Spec
+    from scaffold.verify import _servable_at_real_sizes
+    from scaffold.verify.report import PASS, Check
+
+    spec = Spec(num_heads=8, num_kv_heads=8, intermediate_size=256, layer_intermediate_sizes=[256, 260, 256])
+    check = Check("tensor-parallel sharding", PASS, "TP=2: ok")
+    _servable_at_real_sizes(check, spec)
+    assert check.data["servable_at_checkpoint_sizes"] == [2, 4]  # 260 rows do not divide over 8 ranks
+    assert "256/260 MLP rows" in check.detail
