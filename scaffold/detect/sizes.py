@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import Checkpoint, _short_list
 from scaffold.detect import codekeys, configreads, dataflow, layerwidths, policy, positions, subconfigs
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
@@ -176,7 +176,7 @@ def _layer_mlp_widths(ckpt: Checkpoint, spec: Spec, sources: dict, keys: tuple[s
              if k == key]
     if not found or len(values) != spec.num_layers:
         raise UnsupportedArchitecture(
-            f"per-layer sizes: config key {key!r} holds one value per layer ({_short(values)}), "
+            f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(values)}), "
             + (f"but {spec.num_layers} layers" if found else "where the port builds every layer from one value")
             + (f" (the code reads config.{key}[layer_idx] at {found[0][1]})" if found else
                " (the reader finds no MLP built from config." + key + "[layer_idx])"), ckpt.config_file)
@@ -187,10 +187,6 @@ def _layer_mlp_widths(ckpt: Checkpoint, spec: Spec, sources: dict, keys: tuple[s
              Source("code", f"{where}: the MLP's down projection takes config.{key}[layer_idx] features",
                     f"config.{key}[layer_idx]"))
     return True
-
-
-def _short(values: list) -> str:
-    return repr(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... {len(values)} values]"
 
 
 def _valued(found: codekeys.CodeExpr | None, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:
