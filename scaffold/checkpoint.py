@@ -83,6 +83,9 @@ POSITIVE_INT_KEYS = (
     "n_head", "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size", "n_inner", "ffn_dim",
     "ffn_hidden_size", "vocab_size", "max_position_embeddings", "n_positions",
 )
+# MLP widths a config may hold one per layer (Gemma-3n's intermediate_size): detect.sizes reads whether the code builds
+# each layer's MLP from its own entry, and refuses the list otherwise.
+LAYER_LIST_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
 POSITIVE_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon", "rope_theta")
 BOOL_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 STRING_KEYS = ("hidden_act", "hidden_activation", "activation_function", "torch_dtype", "dtype")
@@ -338,7 +341,8 @@ def validate_config(config: dict, where: Path) -> None:
     for key in POSITIVE_INT_KEYS:
         value = config.get(key)
         if isinstance(value, list) and value and all(_is_int(v) and v > 0 for v in value):
-            # Gemma-3n's intermediate_size: well-formed, one size per layer, which no template builds.
+            if key in LAYER_LIST_KEYS:
+                continue  # Gemma-3n's intermediate_size: the sizes detector ports it where the code reads it per layer
             raise UnsupportedArchitecture(
                 f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(value)}), "
                 "where the port builds every layer from one value.", where)

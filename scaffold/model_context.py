@@ -9,6 +9,7 @@ pieces a port carries (`choices`), which names it imports (`imports`), how a nor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,6 +85,13 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     kv_heads_expr = ((kv_source.expr if kv_source.kind == "code" and kv_source.expr
                       and "layer_num_kv_heads" not in overridden else f"{spec.layer_num_kv_heads!r}[layer_idx]")
                      if spec.layer_num_kv_heads else None)
+    # Each layer's MLP width (Gemma-3n's config.intermediate_size[layer_idx]): the code's expression, else the list.
+    width_source = spec.source("layer_intermediate_sizes")
+    mlp_width_expr = ((width_source.expr if width_source.kind == "code" and width_source.expr
+                       and re.fullmatch(r"config\.[A-Za-z]\w*\[layer_idx\]", width_source.expr)
+                       and "layer_intermediate_sizes" not in overridden
+                       else f"{list(spec.layer_intermediate_sizes)!r}[layer_idx]")
+                      if spec.layer_intermediate_sizes else None)
     # The code's own condition for the layers whose attention holds the sinks (MiMo-V2's sliding layers), else the
     # listed layers; None where every layer holds them.
     sinks_source = spec.source("attention_sinks_layers")
@@ -157,6 +165,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "window_condition": window_condition,
         "o_bias_condition": o_bias_condition,
         "kv_heads_expr": kv_heads_expr,
+        "mlp_width_expr": mlp_width_expr,
         "sinks_condition": sinks_condition,
         # Value heads of their own width (v_head_dim, with separate q, k, v): the port pads the heads for vLLM's
         # attention, which takes one head size.

@@ -353,7 +353,10 @@ def decisions(spec) -> list[str]:
                  else "the checkpoint's gate_up_proj holds up rows then gate rows; load_weights cuts it and loads "
                       "the second half as shard 0 (gate), the first as shard 1 (up)")
         out.append(f"- MLP: gated, {where} of `{n['mlp']}.{n['gate_up_proj']}` (`MergedColumnParallelLinear`, "
-                   f"{spec.intermediate_size} rows each), activation `{_md(spec.hidden_act)}` "
+                   + (f"each layer's own width, `{_md(spec.source('layer_intermediate_sizes').expr or '')}` "
+                      f"({', '.join(map(str, spec.layer_intermediate_sizes))}) rows each"
+                      if spec.layer_intermediate_sizes else f"{spec.intermediate_size} rows each")
+                   + f"), activation `{_md(spec.hidden_act)}` "
                    + ("fused with the multiply."
                       if (gated_forms(spec.hidden_act) or ("and_mul",))[0] == "and_mul"
                       else "on the gate half, then the multiply (vLLM has no fused kernel for it; `get_act_fn`)."))

@@ -272,6 +272,11 @@ class Spec:
                                                    "per_layer_config: the port evaluates the code's expression over "
                                                    "config and layer_idx); empty: num_kv_heads in every layer")
     intermediate_size: int = spec_field(0, group="sizes", probe="mlp", config_key=True, doc="the dense MLP's width")
+    layer_intermediate_sizes: list[int] = spec_field(
+        [], group="sizes", probe="mlp", omit_when_empty=True,
+        doc="each layer's MLP width, where config.json holds one per layer and the code builds each layer's MLP from "
+            "its own (Gemma-3n's intermediate_size[layer_idx]: the port evaluates the code's expression per layer); "
+            "empty: intermediate_size in every layer")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
     max_position: int = spec_field(2048, group="sizes", config_key=True, doc="the longest sequence served")
@@ -1140,6 +1145,11 @@ def validate_names(spec: Spec, origin: str) -> None:
         raise SpecError(f"layer_num_heads must give each of the {spec.num_layers} layers a positive head count that "
                         f"its {spec.num_kv_heads} KV heads divide, with separate q, k, v projections and no gate "
                         "folded into the query projection.", origin)
+    if spec.layer_intermediate_sizes and (len(spec.layer_intermediate_sizes) != spec.num_layers or spec.is_moe
+                                          or any(not isinstance(w, int) or w <= 0
+                                                 for w in spec.layer_intermediate_sizes)):
+        raise SpecError(f"layer_intermediate_sizes must give each of the {spec.num_layers} layers a positive MLP "
+                        "width, in a model without experts.", origin)
     if spec.layer_num_kv_heads and (len(spec.layer_num_kv_heads) != spec.num_layers
                                     or spec.qkv_layout != "separate" or spec.attn_output_gate == "in_query"
                                     or any(kv <= 0 or spec.heads_of(i) % kv

@@ -204,7 +204,8 @@ def test_each_stopping_detector_names_the_fields_it_decides():
                 "shared_expert_intermediate_size", "dense_layers", "gate_extra_bias", "norm_weightless",
                 "embedding_norm", "attention_sinks", "attn_output_gate", "attn_gate_act", "attn_gate_bias",
                 "attn_temperature_floor_scale", "attn_temperature_scale", "attn_temperature_nope_only",
-                "layer_head_dim", "layer_num_kv_heads", "v_norm", "layer_scalar", "per_layer_input_size",
+                "layer_head_dim", "layer_num_kv_heads", "layer_intermediate_sizes", "v_norm", "layer_scalar",
+                "per_layer_input_size",
                 # Doge's bias per key and residual scales.
                 "key_bias_proj", "key_bias_param", "key_bias_proj_bias", "key_bias_window", "residual_scale_attn",
                 "residual_scale_mlp"}

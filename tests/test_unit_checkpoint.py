@@ -7,9 +7,10 @@ import struct
 
 import pytest
 from ckpt_factory import Shape, config_for, tensors_for, write_checkpoint
-from helpers import read
+from helpers import detect_until, read
 
 from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import sizes
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 
@@ -82,15 +83,26 @@ def test_config_that_is_not_json_is_an_error_naming_it(tmp_path):
 
 
 def test_a_size_given_per_layer_is_refused_as_a_feature_not_as_bad_input(tmp_path):
-    # Gemma-3n's config.json: intermediate_size holds one width per layer. Well-formed, not portable.
+    # Gemma-3n's config.json: intermediate_size holds one width per layer. Well-formed; the reader leaves an MLP
+    # width list to detect.sizes, which ports it only where the code builds each layer's MLP from its own entry
+    # (Llama's code does not: refused there, tests/test_unit_layer_widths.py); any other size given per layer is
+    # refused as the reader reads it.
     write_checkpoint(tmp_path, Shape())
     config = json.loads((tmp_path / "config.json").read_text())
     config["intermediate_size"] = [256] * config["num_hidden_layers"]
     (tmp_path / "config.json").write_text(json.dumps(config))
+    ckpt = read_checkpoint(tmp_path)
     with pytest.raises(UnsupportedArchitecture) as err:
-        read_checkpoint(tmp_path)
+        detect_until(ckpt, sizes)
     assert err.value.message.startswith(str(tmp_path / "config.json"))
     assert "per-layer sizes: config key 'intermediate_size' holds one value per layer" in err.value.message
+    config["intermediate_size"] = 256
+    config["num_attention_heads"] = [4] * config["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitecture, match="per-layer sizes: config key 'num_attention_heads' holds one "
+                                                      "value per layer"):
+        read_checkpoint(tmp_path)
+    config["num_attention_heads"] = 4
     config["intermediate_size"] = [256, 0]  # a list with a size that is no size stays bad input
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="must be a positive integer"):

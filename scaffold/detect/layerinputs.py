@@ -671,16 +671,39 @@ def _factors(term) -> tuple[Const, list]:
     return Const(1.0, "1.0"), [term]
 
 
-def _strip(term, sizes, layers, width, problems):
-    """term without its reshapes (each must end in [layers, width] sizes) and with casts kept out."""
+def _whole_layer_axis(index: str, layers, config: dict) -> bool:
+    """Whether the index `[..., :N, :]` over a [layers, width] term's last two axes keeps all of it: N evaluates to the layers (Gemma-3n slices its table's lookup by
+    config.num_hidden_layers, a no-op where the table holds exactly that many layers)."""
+    inner = index[1:-1] if index.startswith("(") and index.endswith(")") else index
+    try:
+        node = ast.parse(f"x[{inner}]", mode="eval").body.slice
+    except SyntaxError:
+        return False
+    elts = list(node.elts) if isinstance(node, ast.Tuple) else [node]
+    if len(elts) != 3 or not (isinstance(elts[0], ast.Constant) and elts[0].value is Ellipsis):
+        return False
+    cut, rest = elts[1], elts[2]
+    if not (isinstance(cut, ast.Slice) and cut.lower is None and cut.step is None and cut.upper is not None
+            and isinstance(rest, ast.Slice) and rest.lower is None and rest.upper is None and rest.step is None):
+        return False
+    upper = _num(cut.upper, config, {})
+    return upper is not None and isinstance(layers, int) and upper.value == float(layers)
+
+
+def _strip(term, sizes, layers, width, problems, config=None):
+    """term without its reshapes (each must end in [layers, width] sizes) and the slices that keep every layer of a
+    term reshaped so, and with casts kept out."""
     if not isinstance(term, tuple) or not term:
         return term
+    if term[0] == "slice" and config is not None and _whole_layer_axis(term[2], layers, config) and any(
+            t[0] == "reshape" and t[2] == (float(layers), float(width)) for t in _subterms(term[1])):
+        return _strip(term[1], sizes, layers, width, problems, config)
     if term[0] == "reshape":
         if term[2] != (float(layers), float(width)):
             problems.append(f"a reshape to {term[2]} (the port packs each token's per-layer inputs layer by layer, "
                             f"[{layers}, {width}])")
-        return _strip(term[1], sizes, layers, width, problems)
-    return tuple(_strip(t, sizes, layers, width, problems) if isinstance(t, tuple) else t for t in term)
+        return _strip(term[1], sizes, layers, width, problems, config)
+    return tuple(_strip(t, sizes, layers, width, problems, config) if isinstance(t, tuple) else t for t in term)
 
 
 def _show(term) -> str:
@@ -744,7 +767,7 @@ def read(sources: dict, config: dict, tensors) -> PerLayerForm | None:
     if width is None:
         refuse(f"{found.table}'s width is not num_hidden_layers x a per-layer width")
     problems: list[str] = []
-    body = _strip(term[1], None, layers, width, problems)
+    body = _strip(term[1], None, layers, width, problems, config)
     if problems:
         refuse(problems[0])
     scale, rest = _factors(body)

@@ -526,7 +526,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         names["self_attn"], names["attn_inner"] = flow.attention, flow.attention_inner
     per_layer_read = _per_layer_attention_argument(sources, flow, flow.attention) if code_attn is not None else None
     read_heads = (attn.split(".")[0], per_layer_read.key) if per_layer_read is not None else None
+    # The MLP's width per layer, read by detect.sizes (layer_intermediate_sizes) and checked by detect.mlp.
+    widths = spec.source("layer_intermediate_sizes").expr if spec.layer_intermediate_sizes else None
     for module, key, counts in policy.layer_sized_modules(ckpt):
+        if widths == f"config.{key}[layer_idx]" and counts == spec.layer_intermediate_sizes:
+            continue
         if len(set(counts)) > 1 and (module, key) != read_heads:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
             raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with config.{key}[layer_idx], "

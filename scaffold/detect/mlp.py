@@ -67,19 +67,32 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise unsupported(f"the MLP changes its projections' outputs before their product ({altered}), which the "
                           "port's act(gate) * up does not compute", where, spec.model_type)
     base = f"{n['model']}.{n['layers']}"
+    widths = spec.layer_intermediate_sizes
+    if widths and (spec.is_moe or spec.mlp_kind == "gated" and spec.gate_up_layout == "fused"):
+        raise unsupported(f"MLP widths of each layer's own ({spec.source('layer_intermediate_sizes').detail}) in "
+                          + ("a MoE model" if spec.is_moe else "a fused gate_up projection") + ", where the port "
+                          "builds those from one width", where, spec.model_type)
     inter, hidden = spec.intermediate_size, spec.hidden_size
-    if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
-        shapes = {"gate_up_proj": (2 * inter, hidden)}
-    elif spec.mlp_kind == "gated":
-        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden)}
-    else:
-        shapes = {"up_proj": (inter, hidden)}
-    shapes["down_proj"] = (hidden, inter)
+
+    def shapes_of(inter: int) -> dict:
+        if spec.mlp_kind == "gated" and spec.gate_up_layout == "fused":
+            shapes = {"gate_up_proj": (2 * inter, hidden)}
+        elif spec.mlp_kind == "gated":
+            shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden)}
+        else:
+            shapes = {"up_proj": (inter, hidden)}
+        shapes["down_proj"] = (hidden, inter)
+        return shapes
+
+    shapes = shapes_of(inter)
     _check_declared(ckpt, spec, shapes)
     sparse = set(spec.sparse_layers)  # their experts are checked by detect.moe
     for layer in range(spec.num_layers):
         if layer in sparse:
             continue
+        if widths:  # this layer's own width
+            inter = widths[layer]
+            shapes = shapes_of(inter)
         for role, shape in shapes.items():
             # OPT's fc1, fc2 are the layer's own (spec.mlp_on_layer): no MLP module in the checkpoint's name.
             name = f"{base}.{layer}.{n[role] if spec.mlp_on_layer else n['mlp'] + '.' + n[role]}.weight"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import headsizes, layerinputs, sourcecode
+from scaffold.detect import branches, headsizes, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -44,12 +44,35 @@ def check(ckpt: Checkpoint) -> None:
         raise unsupported(f"{explained} ({exc.problem.rstrip('.')})"
                           + (f"; besides, {besides.short()}" if besides else ""), ckpt.config_file,
                           ckpt.config.get("model_type")) from None
+    # Several copies of the residual stream handed through the layers (Gemma-3n's AltUp, hyper-connections' streams):
+    # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
+    sources = sourcecode.modeling_sources(ckpt)
+    several = streams.read(sources)
+    if several is not None:
+        raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
+                          ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
     # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
     try:
         layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors)
     except layerinputs.Refused as exc:
         raise unsupported(str(exc), ckpt.config_file, ckpt.config.get("model_type")) from None
+
+
+def _behind_streams(ckpt: Checkpoint, sources: dict) -> str:
+    """What else the layers compute that the port does not, named behind the copies of the residual stream: the
+    per-layer inputs where the port computes them otherwise, a low-rank residual branch, a cutoff on a projection's
+    output on the layers config.json takes it (scaffold.detect.branches)."""
+    behind = []
+    try:
+        layerinputs.read(sources, ckpt.config, ckpt.tensors)
+    except layerinputs.Refused as exc:
+        behind.append(str(exc))
+    layers = ckpt.config.get("num_hidden_layers")
+    behind += [found for found in (branches.low_rank_branch(sources),
+                                   branches.gate_cutoff(sources, ckpt.config, layers) if _is_int(layers) else None)
+               if found]
+    return f"; behind it, {'; '.join(behind)}" if behind else ""
 
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:
@@ -89,6 +112,12 @@ def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
                 if (isinstance(value, list) and len(value) == layers
                         and all(_is_int(v) and v > 0 for v in value)):
                     found.append((node.targets[0].attr, arg.value.attr, value))
+    # A module whose own __init__ takes its width from config.KEY[layer_idx] (Gemma-3n's MLP; scaffold.detect.sizes
+    # checks each layer's tensors against its width).
+    for attr, key, _where in layerwidths.per_layer_widths(sourcecode.modeling_sources(ckpt), "config.hidden_size"):
+        value = ckpt.config.get(key)
+        if isinstance(value, list) and len(value) == layers and all(_is_int(v) and v > 0 for v in value):
+            found.append((attr, key, value))
     return found
 
 

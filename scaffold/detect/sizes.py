@@ -13,12 +13,12 @@ from __future__ import annotations
 import ast
 import re
 
-from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, configreads, dataflow, policy, positions, subconfigs
+from scaffold.checkpoint import Checkpoint, _short_list
+from scaffold.detect import codekeys, configreads, dataflow, layerwidths, policy, positions, subconfigs
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
-from scaffold.errors import CheckpointError
+from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.spec import Source, Spec, Undetermined
 
 # Config keys each size goes by in the checkpoints the generator knows (first present wins).
@@ -138,6 +138,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("head_dim", spec.hidden_size // spec.num_heads,
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
     _layer_sizes(spec, layer_sizes)
+    if _layer_mlp_widths(ckpt, spec, sources or modeling_sources(ckpt), keys("intermediate_size")):
+        return
     found = (_mlp_width(sources, spec, ckpt.config, aliases)
              or _layer_mlp_width(sources or modeling_sources(ckpt), ckpt.config, aliases))
     key, _ = config_value(ckpt, *keys("intermediate_size"))
@@ -157,6 +159,34 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk = spec.source("hidden_size").expr
         spec.set("intermediate_size", 4 * spec.hidden_size,
                  Source("default", "no intermediate_size: 4 * hidden_size", f"4 * {hk}" if hk else None))
+
+
+def _layer_mlp_widths(ckpt: Checkpoint, spec: Spec, sources: dict, keys: tuple[str, ...]) -> bool:
+    """Each layer's MLP width where config.json holds the width key as one value per layer (Gemma-3n's
+    intermediate_size): ported where the MLP's down projection takes config.K[i] features in layer i, the expression
+    followed from the MLP's __init__ through the decoder layer's constructor call to the layer list's index; the
+    port evaluates it per layer (spec layer_intermediate_sizes). Refused otherwise. False where the key holds one
+    value."""
+    key = next((k for k in keys if isinstance(ckpt.config.get(k), list)), None)
+    spec.set("layer_intermediate_sizes", [], Source("default", "every layer's MLP is intermediate_size wide"))
+    if key is None:
+        return False
+    values = ckpt.config[key]
+    found = [(k, at) for _attr, k, at in layerwidths.per_layer_widths(sources, spec.source("hidden_size").expr)
+             if k == key]
+    if not found or len(values) != spec.num_layers:
+        raise UnsupportedArchitecture(
+            f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(values)}), "
+            + (f"but {spec.num_layers} layers" if found else "where the port builds every layer from one value")
+            + (f" (the code reads config.{key}[layer_idx] at {found[0][1]})" if found else
+               " (the reader finds no MLP built from config." + key + "[layer_idx])"), ckpt.config_file)
+    where = found[0][1]
+    spec.set("intermediate_size", values[0],
+             Source("code", f"{where}: config.{key}[layer_idx] (layer 0's)", f"config.{key}[0]"))
+    spec.set("layer_intermediate_sizes", list(values),
+             Source("code", f"{where}: the MLP's down projection takes config.{key}[layer_idx] features",
+                    f"config.{key}[layer_idx]"))
+    return True
 
 
 def _valued(found: codekeys.CodeExpr | None, config: dict, aliases: dict) -> tuple[codekeys.CodeExpr, int] | None:

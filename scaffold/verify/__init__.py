@@ -186,13 +186,15 @@ def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
         return
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     every = set(spec.layer_num_heads) or {heads}  # each layer's own query heads, where they differ
+    widths = set(spec.layer_intermediate_sizes) or {inter}  # each layer's own MLP width, where they differ
     # Differential attention pairs head i with head i + H/2: each rank computes H / (2 TP) pairs.
     pairs = 2 if spec.diff_lambdas else 1
     divides = [tp for tp in tp_sizes if not (any(h % (tp * pairs) for h in every) or (kv < tp and tp % kv)
-                                             or (kv >= tp and kv % tp) or inter % tp
+                                             or (kv >= tp and kv % tp) or any(w % tp for w in widths)
                                              or spec.diff_lambdas and kv % tp)]
     others = [tp for tp in tp_sizes if tp not in divides]
-    check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {inter} MLP rows) "
+    rows = "/".join(map(str, sorted(widths)))
+    check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {rows} MLP rows) "
                      f"TP={', '.join(map(str, divides)) or 'none'} divide"
                      + (f", TP={', '.join(map(str, others))} do not" if others else ""))
     check.data["servable_at_checkpoint_sizes"] = divides

@@ -283,6 +283,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     # Compared under the port's names: the checkpoint's tensors are renamed below as the port loads them (a
     # router kept one module deeper, gate.wg, loads as the port's wg), so the modules expected are renamed too.
     want = {renamed_name(spec, f"{module}.weight").rsplit(".", 1)[0]: rows for module, rows in want.items()}
+    # The MLP's gate / up rows, which layers of widths of their own (layer_intermediate_sizes) size per layer.
+    mlp_modules = {renamed_name(spec, f"{mlp}.{n[r]}.weight").rsplit(".", 1)[0]
+                   for r in ("gate_proj", "up_proj", "gate_up_proj") if r in n} if spec.has_dense_mlp else set()
     query = renamed_name(spec, f"{attn}.{n['q_proj']}.weight").rsplit(".", 1)[0] if "q_proj" in n else None
     key = renamed_name(spec, f"{attn}.{n['k_proj']}.weight").rsplit(".", 1)[0] if "k_proj" in n else None
     value = renamed_name(spec, f"{attn}.{n['v_proj']}.weight").rsplit(".", 1)[0] if "v_proj" in n else None
@@ -316,11 +319,16 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
                     and int(layer) < spec.num_layers:  # this layer's own KV heads (and head width)
                 wanted = spec.kv_heads_of(int(layer)) * (spec.head_dim_of(int(layer)) if module == key
                                                          else spec.value_dim_of(int(layer)))
+            if spec.layer_intermediate_sizes and wanted in (inter, 2 * inter) and module in mlp_modules \
+                    and layer.isdigit() and int(layer) < spec.num_layers:  # this layer's own MLP width
+                wanted = wanted // inter * spec.layer_intermediate_sizes[int(layer)]
             if module == query and spec.layer_head_dim and layer.isdigit() and int(layer) < spec.num_layers:
                 wanted = spec.num_heads * spec.head_dim_of(int(layer))  # this layer's own head width
             if rows != wanted:
                 problems.append(f"{name} has {rows} rows, the spec needs {wanted}")
     problems += [f"no checkpoint tensor for {m}" for m in sorted((set(want) | set(stacked)) - seen)]
+    inter = ("/".join(map(str, sorted(set(spec.layer_intermediate_sizes)))) if spec.layer_intermediate_sizes
+             else inter)
     mlp_detail = (f"gate/up {inter} rows each" if spec.mlp_kind == "gated" else f"up {inter} rows")
     if spec.is_moe:
         mlp_detail = (f"{spec.num_experts} experts with gate/up {spec.moe_intermediate_size} rows each"

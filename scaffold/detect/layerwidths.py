@@ -1,0 +1,56 @@
+"""Modules of the decoder layer built with a width of each layer's own: a linear that maps config.K[i] features back
+to the hidden size in layer i (Gemma-3n's MLP, `config.intermediate_size[layer_idx]`), the width followed from the
+module's __init__ through the decoder layer's constructor call to the layer list's index (window's steps), whatever
+the modules, the key and the parameters are called. detect.sizes ports it as layer_intermediate_sizes; the policy's
+shape check lets that module's tensors differ from layer to layer."""
+
+from __future__ import annotations
+
+import ast
+
+from scaffold.detect import codekeys, dataflow, window
+from scaffold.detect.linears import linear_classes
+from scaffold.detect.sourcecode import subtree
+
+
+def _config_key(node: ast.AST) -> str | None:
+    """`K` of `config.K` / `self.config.K`."""
+    if isinstance(node, ast.Attribute) and codekeys._is_config(node.value):
+        return node.attr
+    return None
+
+
+def per_layer_widths(sources: dict, hidden: str | None) -> list[tuple[str, str, str]]:
+    """(the layer's attribute, K, file:line) of each linear, in a module the decoder layer builds, that maps
+    config.K[i] features back to the hidden size (`hidden`, the config expression) with i the layer's index (the
+    layer list's loop variable, handed down through the constructors)."""
+    if not sources or not hidden:
+        return []
+    layer_found = dataflow.layer_class(sources)
+    if layer_found is None:
+        return []
+    layer_file, layer_cls, list_line = layer_found
+    layer_init = window._init(layer_cls)
+    linear = linear_classes(sources)
+    found = []
+    for attr, call in dataflow._init_assignments(layer_init).items():
+        sub = dataflow._submodule_class(sources, call)
+        if sub is None:
+            continue
+        file, cls = sub
+        init = window._init(cls)
+        for node in subtree(init) if init is not None else ():
+            kind = linear.get(codekeys.callee(node)) if isinstance(node, ast.Call) else None
+            if kind is None or len(node.args) <= max(kind.in_arg, kind.out_arg):
+                continue
+            out = codekeys.config_expr(node.args[kind.out_arg], init)
+            if not out or out[0] != hidden:
+                continue
+            width = window._lift(node.args[kind.in_arg], init, {})
+            width = window._lift(width, None, window._bind(init, call))
+            width = window._lift(width, layer_init, {})
+            width = window._to_layer_list(sources, layer_file, list_line, layer_init, width)
+            if (isinstance(width, ast.Subscript) and isinstance(width.slice, ast.Name)
+                    and width.slice.id == "layer_idx" and (key := _config_key(width.value)) is not None):
+                found.append((attr, key, f"{file}:{node.lineno}"))
+    return found

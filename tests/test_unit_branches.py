@@ -1,0 +1,131 @@
+"""Forms named behind several copies of the residual stream (scaffold.detect.branches): a low-rank residual branch
+(Gemma-3n's Laurel) and a statistical cutoff on a projection's output (its activation sparsity), read from what the
+code computes on transformers' file and on lab modules written otherwise; an MLP with its residual inside, a gated
+per-layer block and a cutoff no layer takes name nothing."""
+
+from __future__ import annotations
+
+import pytest
+from ckpt_factory import Shape
+from helpers import LAB_PRELUDE, read, transformers_code
+from test_unit_streams import LAB_STACKED
+
+from scaffold.checkpoint import read_checkpoint
+from scaffold.detect import branches, detect
+from scaffold.errors import UnsupportedArchitecture
+
+# A lab's layer written unlike Gemma-3n's: the branch's linears a and b through config.branch_rank, applied in one
+# expression, normed, the input added on the right; the cutoff a method `cut` (torch.special.ndtri, clamp_min of the
+# centred gate) called under a flag read from a config list by the layer's index.
+LAB = "\n" + LAB_PRELUDE + '''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.num_attention_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.num_attention_heads * config.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        return self.wo(self.wq(x))
+
+
+class LabShortcut(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.a = nn.Linear(config.hidden_size, config.branch_rank, bias=False)
+        self.b = nn.Linear(config.branch_rank, config.hidden_size, bias=False)
+        self.n = LabRMSNorm(config.hidden_size)
+
+    def forward(self, h):
+        return self.n(self.b(self.a(h))) + h
+
+
+class LabMLP(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.sparse = config.sparse_layers[layer_idx]
+
+    def cut(self, g):
+        z = torch.special.ndtri(torch.tensor(0.9))
+        centred = g - g.mean(-1, keepdim=True) - g.std(-1, keepdim=True) * z
+        return torch.clamp_min(centred, 0.0)
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        if self.sparse:
+            g = self.cut(g)
+        return self.down_proj(F.gelu(g) * self.up_proj(x))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = LabAttention(config, layer_idx)
+        self.mlp = LabMLP(config, layer_idx)
+        self.side = LabShortcut(config)
+        self.input_layernorm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        h = self.input_layernorm(x)
+        x = x + self.self_attn(h, cos, sin, mask) + self.side(h)
+        return x + self.mlp(x)
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+
+def test_gemma3n_laurel_and_activation_sparsity_are_named():
+    code = transformers_code("gemma3n")
+    laurel = branches.low_rank_branch(code)
+    assert laurel.startswith("a low-rank residual branch (Laurel): the decoder layer's laurel "
+                             "(Gemma3nTextLaurelBlock, modeling_gemma3n.py:")
+    assert "linear_right(linear_left(x))" in laurel and "config.laurel_rank features" in laurel
+    pattern = {"activation_sparsity_pattern": [0.95, 0.0, 0.95]}
+    cutoff = branches.gate_cutoff(code, pattern, 3)
+    assert cutoff.startswith("a statistical cutoff on a projection's output (activation sparsity): "
+                             "Gemma3nTextMLP._gaussian_topk")
+    assert cutoff.endswith("where config.activation_sparsity_pattern[layer_idx] > 0.0: layers [0, 2]")
+    # The catalogue's tiny config (every layer 0.0) takes the branch nowhere: nothing to port there.
+    assert branches.gate_cutoff(code, {"activation_sparsity_pattern": [0.0] * 3}, 3) is None
+
+
+def test_a_lab_branch_and_cutoff_written_otherwise_are_named():
+    code = {"modeling_lab.py": LAB}
+    laurel = branches.low_rank_branch(code)
+    assert laurel is not None and "layer's side (LabShortcut" in laurel and "b(a(x))" in laurel
+    assert "config.branch_rank features" in laurel
+    cutoff = branches.gate_cutoff(code, {"sparse_layers": [False, True]}, 2)
+    assert cutoff is not None and "LabMLP.cut" in cutoff and cutoff.endswith(": layers [1]")
+    assert branches.gate_cutoff(code, {"sparse_layers": [False, False]}, 2) is None
+    assert "does not decide" in branches.gate_cutoff(code, {}, 2)
+
+
+def test_a_branch_with_an_activation_or_a_second_input_and_a_cutoff_without_statistics_name_nothing():
+    activated = LAB.replace("self.n(self.b(self.a(h))) + h", "self.n(self.b(F.relu(self.a(h)))) + h")
+    assert branches.low_rank_branch({"modeling_lab.py": activated}) is None
+    plain = LAB.replace("g.std(-1, keepdim=True) * z", "z")
+    assert branches.gate_cutoff({"modeling_lab.py": plain}, {"sparse_layers": [True, True]}, 2) is None
+    # TimesFM's MLP adds its input inside (through an activation); EmbeddingGemma-2's per-layer block gates by a
+    # second input; Llama has neither form.
+    for model in ("timesfm", "embedding_gemma2", "llama"):
+        assert branches.low_rank_branch(transformers_code(model)) is None, model
+        assert branches.gate_cutoff(transformers_code(model), {}, 2) is None, model
+
+
+def test_the_streams_refusal_names_the_forms_behind_it(tmp_path):
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_streams", extra={"branch_rank": 8})
+    read(tmp_path, shape)
+    stacked = LAB_STACKED.replace("class LabModel(", LAB.split("class LabShortcut(")[1].split("class LabMLP(")[0]
+                                  .join(["class LabShortcut(", "class LabModel("]))
+    stacked = stacked.replace("        self.mix = nn.Linear(", "        self.side = LabShortcut(config)\n"
+                                                               "        self.mix = nn.Linear(")
+    (tmp_path / "modeling_lab.py").write_text(stacked)
+    with pytest.raises(UnsupportedArchitecture, match=r"alternating updates \(AltUp\): .*; behind it, a low-rank "
+                                                      r"residual branch \(Laurel\): the decoder layer's side"):
+        detect(read_checkpoint(tmp_path))
