@@ -292,6 +292,11 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                                        ("expert_swiglu_limit", read.swigluoai.limit)):
             spec.set(field, value, Source("config", f"config.json {origin[7:]}", origin) if origin.startswith(
                 "config.") else Source("code", f"{read.swigluoai.evidence}: {origin}"))
+    if read.clamped_silu is not None:
+        spec.set("expert_activation", "silu_clamp", Source("code", read.clamped_silu.evidence))
+        value, origin = read.clamped_silu.limit
+        spec.set("expert_clamp_limit", value, Source("config", f"config.json {origin[7:]}", origin)
+                 if origin.startswith("config.") else Source("code", f"{read.clamped_silu.evidence}: {origin}"))
     if biases:
         names.update(stacked_gate_up_bias=biases[found[read.gate_up]][len(mlp) + 1:],
                      stacked_down_bias=biases[found[read.down]][len(mlp) + 1:])

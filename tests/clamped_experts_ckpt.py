@@ -1,0 +1,118 @@
+"""A lab checkpoint whose routed experts clamp gate and up before the SiLU, the way HY-V4 and GLM-5-Next do:
+
+    silu(gate.clamp(max=L)) * up.clamp(-L, L)
+
+It is a tiny Qwen3-MoE (scaffold.tiny.build_tiny) shipped as remote code: transformers' own modeling_qwen3_moe.py
+with its relative imports made absolute and its experts class replaced by a lab's, written otherwise than HY-V4's
+(no `_apply_gate`, no @use_experts_implementation, torch.clamp with a positional bound, silu spelled as
+g * sigmoid(g), the bound in a config key of its own, `expert_clip`). The default bound is well inside the
+range of the tiny model's gate and up values, so a port without the clamp is far from transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+NAME = "clampmoe"
+ARCHITECTURE = "ClampmoeForCausalLM"
+OVERRIDES = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True,
+             "mlp_only_layers": [1]}
+
+LAB_EXPERTS = '''class Qwen3MoeExperts(nn.Module):
+    """A lab's experts: every expert's [gate; up] rows in one 3-D tensor, both clipped to expert_clip."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_routed = config.num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * config.moe_intermediate_size,
+                                                     config.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(config.num_experts, config.hidden_size,
+                                                  config.moe_intermediate_size))
+        self.clip = config.expert_clip
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = hidden_states.new_zeros(hidden_states.shape)
+        for e in range(self.n_routed):
+            rows, slots = torch.nonzero(top_k_index == e, as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            projected = nn.functional.linear(hidden_states[rows], self.gate_up_proj[e])
+            g, u = projected.chunk(2, dim=-1)
+            g = torch.clamp(g, max=self.clip)
+            u = torch.clamp(u, -self.clip, self.clip)
+            y = nn.functional.linear(g * torch.sigmoid(g) * u, self.down_proj[e])
+            out.index_add_(0, rows, y * top_k_weights[rows, slots].unsqueeze(-1))
+        return out
+
+
+'''
+
+
+def modeling_source() -> str:
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
+    text = (root / "models" / "qwen3_moe" / "modeling_qwen3_moe.py").read_text(encoding="utf-8")
+    text = text.replace("from ... import", "from transformers import").replace("from ...", "from transformers.")
+    assert text.count("from .configuration_qwen3_moe import Qwen3MoeConfig") == 1
+    text = text.replace("from .configuration_qwen3_moe import Qwen3MoeConfig",
+                        f"from .configuration_{NAME} import ClampmoeConfig as Qwen3MoeConfig")
+    # The experts class, its decorator included, up to the next class: replaced whole.
+    found = re.search(r"@use_experts_implementation\nclass Qwen3MoeExperts\(nn\.Module\):.*?\n(?=class )", text,
+                      flags=re.S)
+    assert found, "modeling_qwen3_moe.py: no @use_experts_implementation class Qwen3MoeExperts"
+    text = text[:found.start()] + LAB_EXPERTS + text[found.end():]
+    return text.replace("Qwen3MoeForCausalLM", ARCHITECTURE)
+
+
+CONFIGURATION = f'''from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
+
+
+class ClampmoeConfig(Qwen3MoeConfig):
+    model_type = "{NAME}"
+
+    def __init__(self, expert_clip=0.25, **kwargs):
+        self.expert_clip = expert_clip
+        super().__init__(**kwargs)
+'''
+
+
+def build(out: Path, *, clip: float = 0.25, seed: int = 0) -> Path:
+    """Write the checkpoint into `out` (created; replaced if there) and return it."""
+    from scaffold.tiny import build_tiny
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    base = build_tiny("qwen3_moe", out.parent / f".{out.name}-qwen3_moe", overrides=OVERRIDES, seed=seed)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tensors = {}
+    for file in sorted(base.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    # transformers saves Qwen3-MoE's experts one tensor per expert and projection; the lab's class holds them
+    # 3-D: [gate; up] rows of every expert in gate_up_proj, and down_proj.
+    per_expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for name in [n for n in tensors if per_expert.fullmatch(n)]:
+        prefix, e, proj = per_expert.fullmatch(name).groups()
+        experts.setdefault(prefix, {})[(int(e), proj)] = tensors.pop(name)
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]).contiguous()
+        tensors[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)]).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((base / "config.json").read_text())
+    shutil.rmtree(base)
+    config.update(model_type=NAME, architectures=[ARCHITECTURE], expert_clip=clip,
+                  auto_map={"AutoConfig": f"configuration_{NAME}.ClampmoeConfig",
+                            "AutoModelForCausalLM": f"modeling_{NAME}.{ARCHITECTURE}"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / f"configuration_{NAME}.py").write_text(CONFIGURATION)
+    (out / f"modeling_{NAME}.py").write_text(modeling_source())
+    return out
