@@ -61,7 +61,7 @@ def modeling_source() -> str:
                         f"from .configuration_{NAME} import ClampmoeConfig as Qwen3MoeConfig")
     # The experts class, its decorator included, up to the next class: replaced whole.
     found = re.search(r"@use_experts_implementation\nclass Qwen3MoeExperts\(nn\.Module\):.*?\n(?=class )", text,
-                      flags=re.S)
+                      flags=re.DOTALL)
     assert found, "modeling_qwen3_moe.py: no @use_experts_implementation class Qwen3MoeExperts"
     text = text[:found.start()] + LAB_EXPERTS + text[found.end():]
     return text.replace("Qwen3MoeForCausalLM", ARCHITECTURE)
@@ -81,10 +81,10 @@ class ClampmoeConfig(Qwen3MoeConfig):
 
 def build(out: Path, *, clip: float = 0.25, seed: int = 0) -> Path:
     """Write the checkpoint into `out` (created; replaced if there) and return it."""
-    from scaffold.tiny import build_tiny
-
     import torch
     from safetensors.torch import load_file, save_file
+
+    from scaffold.tiny import build_tiny
 
     out = Path(out)
     base = build_tiny("qwen3_moe", out.parent / f".{out.name}-qwen3_moe", overrides=OVERRIDES, seed=seed)
