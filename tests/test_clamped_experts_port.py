@@ -1,6 +1,7 @@
 """Routed experts computing silu(gate.clamp(max=L)) * up.clamp(-L, L) (HY-V4's and GLM-5-Next's form) ported and
 verified in the real vLLM engine against transformers running the checkpoint's own remote code
-(tests/clamped_experts_ckpt.py builds it: a lab's experts class in a tiny Qwen3-MoE, the bound in config.expert_clip).
+(tests/clamped_experts_ckpt.py builds it: a lab's experts class in a tiny Qwen3-MoE or GLM-4-MoE, the bound in
+config.expert_clip).
 
 vLLM's FusedMoE takes the bound as swiglu_limit, but its CPU kernel does not apply it, so the port computes these
 experts itself (the port's ClampedSiluExperts: vLLM's router, FusedMoE's parameters and loader). The bound is far
@@ -15,12 +16,13 @@ from helpers import own_weight_tests_pass, scaffold, verified_at_parity
 
 
 @pytest.mark.slow
-def test_the_clamp_matters_on_the_lab_checkpoint(tmp_path):
+@pytest.mark.parametrize("base", ["qwen3_moe", "glm4_moe"])
+def test_the_clamp_matters_on_the_lab_checkpoint(base, tmp_path):
     """The checkpoint's bound changes what transformers computes: a port that dropped the clamp could not pass."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    ckpt = build(tmp_path / "clampmoe")
+    ckpt = build(tmp_path / "clampmoe", base=base)
     model = AutoModelForCausalLM.from_pretrained(ckpt, trust_remote_code=True, dtype=torch.float32)
     ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -33,9 +35,14 @@ def test_the_clamp_matters_on_the_lab_checkpoint(tmp_path):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.extended)], ids=["tp1", "tp2"])
-def test_clamped_silu_experts_port_at_parity(tp, tmp_path):
-    ckpt = build(tmp_path / "clampmoe")
+@pytest.mark.parametrize("base, tp", [
+    ("qwen3_moe", 1),
+    # HY-V4's routing (sigmoid scores, a correction bias, expert groups, a scaling factor) and shared experts.
+    pytest.param("glm4_moe", 1, marks=pytest.mark.extended),
+    pytest.param("qwen3_moe", 2, marks=pytest.mark.extended),
+], ids=["qwen3_moe-tp1", "glm4_moe-tp1", "qwen3_moe-tp2"])
+def test_clamped_silu_experts_port_at_parity(base, tp, tmp_path):
+    ckpt = build(tmp_path / "clampmoe", base=base)
     out = tmp_path / "port"
     new = scaffold("new", ckpt, "-o", out, "--trust-remote-code", check=False)
     assert new.returncode == 0, f"scaffold new refused the clamped-experts checkpoint:\n{new.stderr[-3000:]}"
