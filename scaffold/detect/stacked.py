@@ -4,8 +4,9 @@ transformers' fused-experts classes (GraniteMoE's, Mixtral's since v5) hold ever
 projection in one parameter `gate_up_proj` [experts, 2 x width, hidden] and the down projection in
 `down_proj` [experts, hidden, width]. Which half of `gate_up_proj` is the gate, and whether the code
 multiplies by the stored matrix as [out, in] (F.linear) or [in, out] (torch.bmm, `@`), is read from the
-class's methods, never guessed: a cut the port's FusedMoE does not compute (interleaved gate/up columns,
-a clamped SwiGLU) is named in the refusal. Experts stored [in, out] (Aria's, Llama 4's `x @ self.down_proj[e]`)
+class's methods, never guessed: a cut the port does not compute (interleaved gate/up columns other than
+GPT-OSS's swigluoai, a clamped SwiGLU that is neither swigluoai nor HY-V4's silu(gate.clamp(max=L)) *
+up.clamp(-L, L), both read by `gluformula`) is named in the refusal. Experts stored [in, out] (Aria's, Llama 4's `x @ self.down_proj[e]`)
 are cut the same way with each expert's slice transposed.
 """
 
