@@ -388,6 +388,9 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         activations.add("get_act_fn")
     # Differential attention gathers the value heads and the outputs across ranks; its init may call math.exp.
     diff = bool(spec.diff_lambdas)
+    # Experts computing silu(gate.clamp(max=L)) * up.clamp(-L, L): the port's own experts module (vLLM's CPU
+    # FusedMoE kernel takes no clamp limit), with vLLM's router.
+    clamped = moe and spec.expert_activation == "silu_clamp"
     stdlib = [
         *([Import("math")] if alibi or diff else []),
         Import("re"),
@@ -407,15 +410,17 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj)),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj) or clamped),
             ("get_tensor_model_parallel_world_size", True),
             ("tensor_model_parallel_all_gather", sharded_norm or diff),
-            ("tensor_model_parallel_all_reduce", routed),
+            ("tensor_model_parallel_all_reduce", routed or clamped),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
+        *([Import("vllm.model_executor.layers.fused_moe.router.router_factory", ("create_fused_moe_router",))]
+          if clamped else []),
         # LayerNorm1P is the port's own class.
         *([Import("vllm.model_executor.layers.layernorm", tuple(sorted(
             ({"RMSNorm"} if diff else set()) | (set() if flags["layer_norm_1p"] else {norm_class(spec)}))))]
@@ -451,7 +456,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),
-        *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced else []),
+        *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced or clamped else []),
+        *([Import("vllm.utils.torch_utils", ("direct_register_custom_op",))] if clamped else []),
     ]
     return stdlib, third_party
 

@@ -295,6 +295,14 @@ def decisions(spec) -> list[str]:
         out.append(f"- a bias the MoE block adds to its output, `{spec.names['mlp']}.{spec.moa_moe_bias}` "
                    f"({_md(spec.source('moa_moe_bias').detail)}), after the experts' all-reduce (whole on every "
                    "rank).")
+    if spec.expert_activation == "silu_clamp":
+        limit = spec.source("expert_clamp_limit").expr or str(spec.expert_clamp_limit)
+        out.append(f"- **experts computed by the port, not by FusedMoE**: they compute silu(gate.clamp(max=L)) * "
+                   f"up.clamp(-L, L) with L = `{_md(limit)}` ({spec.expert_clamp_limit:g}; "
+                   f"{_md(spec.source('expert_activation').detail)}). vLLM's FusedMoE takes L as swiglu_limit, but "
+                   "its CPU kernel does not apply it; the port's ClampedSiluExperts routes with vLLM's router and "
+                   "loops over the routed experts in torch (one custom op): unquantized, without expert "
+                   "parallelism or EPLB, slower than FusedMoE's kernels.")
     if spec.moe_output_norm:
         out.append(f"- a norm over the MoE block's output, `{spec.names['mlp']}.{spec.moe_output_norm}` "
                    f"({_md(spec.source('moe_output_norm').detail)}), applied after the experts' all-reduce"

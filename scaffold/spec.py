@@ -617,10 +617,16 @@ class Spec:
         doc="stacked experts: which half of each expert's rows in names.stacked_gate_up is the gate; interleaved: "
             "gate and up alternate row by row (gate on the even rows, GPT-OSS's [..., ::2])")
     expert_activation: str = spec_field(
-        "act_and_mul", group="moe", probe="mlp", choices=("act_and_mul", "swigluoai"), omit_when_empty=True,
+        "act_and_mul", group="moe", probe="mlp", choices=("act_and_mul", "swigluoai", "silu_clamp"),
+        omit_when_empty=True,
         doc="what the experts compute of gate and up: act_and_mul: hidden_act(gate) * up; swigluoai: GPT-OSS's "
             "clamped SwiGLU (up.clamp(-limit, limit) + 1) * g * sigmoid(alpha * g), g = gate.clamp(max=limit), "
-            "vLLM's FusedMoE activation of that name (alpha 1.702, limit 7.0 in its kernel)")
+            "vLLM's FusedMoE activation of that name (alpha 1.702, limit 7.0 in its kernel); silu_clamp: HY-V4's "
+            "silu(gate.clamp(max=L)) * up.clamp(-L, L), L = expert_clamp_limit (vLLM's SiluAndMulWithClamp; the "
+            "port computes these experts itself, since vLLM's CPU FusedMoE kernel takes no clamp limit)")
+    expert_clamp_limit: float | None = spec_field(
+        None, group="moe", probe="mlp", omit_when_empty=True,
+        doc="silu_clamp experts: the clamp limit L the code reads (read by the port from its config at run time)")
     expert_swiglu_alpha: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="swigluoai experts: the alpha the code reads (the port refuses a config whose alpha is not the "
@@ -1343,6 +1349,10 @@ def validate_names(spec: Spec, origin: str) -> None:
         elif spec.expert_bias or spec.expert_activation != "act_and_mul" or spec.expert_gate_up_order == "interleaved":
             raise SpecError("expert_bias, expert_activation and an interleaved expert_gate_up_order are read for "
                             "experts stored 3-D (experts_layout \"stacked\") only.", origin)
+        if spec.expert_activation == "silu_clamp" and (spec.expert_bias or spec.moe_weights_on_input
+                                                       or spec.expert_clamp_limit is None):
+            raise SpecError("silu_clamp experts are computed with expert_clamp_limit, without biases and with the "
+                            "routing weights on the experts' output.", origin)
         if (spec.expert_gate_up_order == "interleaved") != (spec.expert_activation == "swigluoai") and (
                 spec.expert_gate_up_order == "interleaved"):
             raise SpecError("an interleaved expert_gate_up_order is computed by the swigluoai experts only.", origin)

@@ -588,15 +588,19 @@ UNSUPPORTED = {
                                  ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
                                   "tid2eid by input_ids")),
     # Several copies of the residual stream through the layers (scaffold.detect.streams): Gemma-3n's AltUp (its MLP
-    # widths per layer port; the catalogue's tiny config) and HY-V4's hyper-connections.
+    # widths per layer port; the catalogue's tiny config).
     "gemma3n_text-altup": ("gemma3n_text", {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
                                             "num_kv_shared_layers": 0, "vocab_size_per_layer_input": 256,
                                             "hidden_size_per_layer_input": 32},
                            ("alternating updates (AltUp): Gemma3nTextModel.forward stacks self.config.altup_num_inputs "
                             "copies of the residual stream")),
-    "hy_v4-hyper-connections": ("hy_v4", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
-                                ("hyper-connections: HYV4Model.forward expands the hidden states into "
-                                 "self.config.hc_mult residual streams")),
+    # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L), which the port computes): its
+    # hyper-connections keep several residual streams, mixed into each sublayer's input by the layer's attn_hc and
+    # ffn_hc and collapsed by hc_head before the final norm.
+    "hy_v4-hyper-connections": ("hy_v4", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
+                                ("hyper-connections: HYV4DecoderLayer.forward computes the attention's input with "
+                                 "self.attn_hc (HYV4HyperConnection) from the layer's input")),
     # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
     # layers as parallel lists; and Fuyu's causal LM takes image patches.
     "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},

@@ -369,10 +369,14 @@ class FfnBank(nn.Module):
     ("b, a = h.chunk(2, dim=-1)",
      "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = (b + 1) * a * torch.sigmoid(self.beta * a)",
      False, "its values differ"),
-    # An operation the reader does not follow is named, not guessed.
+    # silu with the +1: neither swigluoai (alpha 1) nor HY-V4's clamped SiLU (no +1): both differences named.
     ("a, b = h.chunk(2, dim=-1)",
      "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = (b + 1) * F.silu(a)",
-     False, "the gate computes F.silu"),
+     False, "nor is it silu(gate.clamp(max=L)) * up.clamp(-L, L)"),
+    # An operation the reader does not follow is named, not guessed.
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = (b + 1) * F.gelu(a)",
+     False, "the gate computes F.gelu"),
 ])
 def test_a_labs_clamped_swiglu_is_read_by_what_it_computes(cut, body, interleaved, problem):
     from scaffold.detect import stacked
@@ -385,6 +389,72 @@ def test_a_labs_clamped_swiglu_is_read_by_what_it_computes(cut, body, interleave
         assert read_code.swigluoai.limit == (7.0, "config.glu_cap") and read_code.swigluoai.alpha == (1.702, "1.702")
     else:
         assert problem in read_code.problem, read_code.problem
+
+
+# ------------------------------------------------------------ experts computing a clamped SiLU (HY-V4's)
+@pytest.mark.parametrize("model_type", ["hy_v4", "glm5_next"])
+def test_hy_v4_and_glm5_next_experts_compute_a_clamped_silu(model_type):
+    """silu(gate.clamp(max=L)) * up.clamp(-L, L) on halves of gate_up_proj, L = config.swiglu_limit: not
+    swigluoai (no alpha, no +1), read as its own form, whichever limit the config holds."""
+    from scaffold.detect import stacked
+
+    for limit in (10.0, 0.5):
+        config = {"num_local_experts": 4, "hidden_size": 64, "moe_intermediate_size": 32, "swiglu_limit": limit}
+        read_code = stacked.experts_code(_transformers_source(model_type), ("down_proj", "gate_up_proj"), config)
+        assert read_code.problem is None, read_code.problem
+        assert read_code.swigluoai is None and read_code.clamped_silu.limit == (limit, "config.swiglu_limit")
+        assert (read_code.gate_up, read_code.up_first, read_code.interleaved) == ("gate_up_proj", False, False)
+
+
+@pytest.mark.parametrize("cut, body, problem", [
+    # Other names, torch.clamp with a positional bound, silu written as a * sigmoid(a), the bound a config key of
+    # its own.
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = torch.clamp(a, max=self.cap)\n        b = b.clip(-self.cap, self.cap)\n        out = a * torch.sigmoid(a) * b",
+     None),
+    # F.silu over the clamped gate inline, the up half clamped after the product is formed: the same values.
+    ("a, b = h.chunk(2, dim=-1)",
+     "out = F.silu(a.clamp(max=self.cap)) * torch.clamp(b, min=-self.cap, max=self.cap)", None),
+    # silu clamped after the activation (vLLM's SwigluStepAndMul), the up half unclamped, the gate clamped from
+    # below too, the halves swapped: other formulas, refused with the difference.
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = F.silu(a).clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = a * b",
+     "nor is it silu(gate.clamp(max=L)) * up.clamp(-L, L)"),
+    ("a, b = h.chunk(2, dim=-1)", "a = a.clamp(max=self.cap)\n        out = F.silu(a) * b",
+     "nor is it silu(gate.clamp(max=L))"),
+    ("a, b = h.chunk(2, dim=-1)",
+     "a = a.clamp(-self.cap, self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = F.silu(a) * b",
+     "nor is it silu(gate.clamp(max=L))"),
+    ("b, a = h.chunk(2, dim=-1)",
+     "a = a.clamp(max=self.cap)\n        b = b.clamp(-self.cap, self.cap)\n        out = F.silu(a) * b",
+     "nor is it silu(gate.clamp(max=L))"),
+])
+def test_a_labs_clamped_silu_is_read_by_what_it_computes(cut, body, problem):
+    from scaffold.detect import stacked
+
+    source = LAB_CLAMPED.replace("CUT", cut).replace("BODY", body)
+    read_code = stacked.experts_code({"m.py": source}, ("w_in", "w_out"), {"glu_cap": 0.75})
+    if problem is None:
+        assert read_code.problem is None, read_code.problem
+        assert read_code.clamped_silu.limit == (0.75, "config.glu_cap") and read_code.swigluoai is None
+    else:
+        assert read_code.clamped_silu is None and problem in read_code.problem, read_code.problem
+
+
+def test_a_clamped_silu_inside_the_loop_over_the_experts_is_read():
+    """The lab checkpoint's experts (tests/clamped_experts_ckpt.py): the cut and the formula inside the loop over
+    the experts, the bound in config.expert_clip; the number of experts, another number the class reads, is not
+    taken for the bound."""
+    from clamped_experts_ckpt import LAB_EXPERTS
+
+    from scaffold.detect import stacked
+
+    # The bound's key renamed so that config.num_experts (also 4) is tried first.
+    source = "import torch\nfrom torch import nn\n\n\n" + LAB_EXPERTS.replace("config.expert_clip", "config.x_clip")
+    config = {"num_experts": 4, "moe_intermediate_size": 64, "hidden_size": 128, "x_clip": 4.0}
+    read_code = stacked.experts_code({"m.py": source}, ("gate_up_proj", "down_proj"), config)
+    assert read_code.problem is None, read_code.problem
+    assert read_code.clamped_silu.limit == (4.0, "config.x_clip")
 
 
 # ------------------------------------------------------------ a shared expert computing a clamped SwiGLU

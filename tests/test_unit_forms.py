@@ -4,6 +4,7 @@ decoder, and the same lab models with the form taken out, name nothing."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import LAB_DECODER, LAB_PRELUDE, transformers_code
 
 from scaffold.detect import forms
@@ -187,6 +188,68 @@ def test_a_fused_add_norm_layer_with_a_residual_argument_is_not_reversible():
     found = forms.reversible_residual(lab(coupled), {})
     assert found is not None and "LabFusedLayer.forward adds the attention's output to residual while the " \
         "attention reads hidden" in found, found
+
+
+# ------------------------------------------------------------------ hyper-connections
+@pytest.mark.parametrize("model_type, cls, mixer", [("hy_v4", "HYV4DecoderLayer", "attn_hc (HYV4HyperConnection)"),
+                                                    ("deepseek_v4", "DeepseekV4DecoderLayer",
+                                                     "attn_hc (DeepseekV4HyperConnection)")])
+def test_hy_v4_and_deepseek_v4_mix_residual_streams_around_each_sublayer(model_type, cls, mixer):
+    found = forms.hyper_connections(transformers_code(model_type), {})
+    assert found.startswith(f"hyper-connections: {cls}.forward computes the attention's input with self.{mixer} "
+                            "from the layer's input hidden_states"), found
+    assert "the port's decoder layer keeps one residual stream" in found
+
+
+# A lab's hyper-connections written otherwise: the mixer returns (mixed, gains) in the other order, the streams
+# axis is the last but one, the gains broadcast with [..., None], the residual added on the left.
+LAB_STREAMS = LAB_ATTENTION + '''class LabStreamMixer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n = config.n_streams
+        self.proj = nn.Linear(config.n_streams * config.hidden_size, 2 * config.n_streams, bias=False)
+
+    def forward(self, streams):
+        logits = self.proj(streams.flatten(-2))
+        pick, gains = logits.chunk(2, dim=-1)
+        return (pick.softmax(-1)[..., None] * streams).sum(-2), 2 * gains.sigmoid()
+
+
+class LabStreamBlock(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.mixer = LabStreamMixer(config)
+        self.attention = LabAttention(config, layer_idx)
+        self.ln = LabRMSNorm(config.hidden_size)
+
+    def forward(self, streams, cos, sin, mask):
+        mixed, gains = self.mixer(streams)
+        out = self.attention(self.ln(mixed), cos, sin, mask)
+        return streams + gains[..., None] * out[..., None, :]
+
+
+class LabStreamModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.blocks = nn.ModuleList([LabStreamBlock(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+# A gated residual: a module of the layer weights the attention's output, but the attention reads the plain
+# normed input, not what that module computes: one residual stream.
+LAB_GATED_RESIDUAL = LAB_STREAMS.replace("out = self.attention(self.ln(mixed), cos, sin, mask)",
+                                         "out = self.attention(self.ln(streams), cos, sin, mask)")
+
+
+def test_a_labs_stream_mixer_is_named_and_a_gated_residual_or_a_parallel_block_is_not():
+    found = forms.hyper_connections(lab(LAB_STREAMS), {})
+    assert found is not None and found.startswith(
+        "hyper-connections: LabStreamBlock.forward computes the attention's input with self.mixer (LabStreamMixer) "
+        "from the layer's input streams"), found
+    assert forms.hyper_connections(lab(LAB_GATED_RESIDUAL), {}) is None
+    assert forms.hyper_connections({"modeling_lab.py": PLAIN}, {}) is None
+    # Parallel blocks: the MLP reads the attention's normed input and its output is added beside the attention's.
+    for model_type in ("phi", "codegen", "gpt_neox", "llama"):
+        assert forms.hyper_connections(transformers_code(model_type), {}) is None, model_type
 
 
 # ------------------------------------------------------------------ several attentions in one layer

@@ -27,6 +27,8 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - Layers kept as parallel module lists, one per sublayer (XLM's attentions[i], ffns[i], layer_norm1[i] ...).
 - Attention scores summed from several products (XLNet's `ac + bd + ef`: Transformer-XL's content and
   relative-position terms), in an attention class the decoder layer builds.
+- Hyper-connections (HY-V4's, DeepSeek-V4's): a module of the decoder layer mixes the layer's input (several
+  residual streams) into the attention's input and weights the attention's output added back to each stream.
 - An integer table the code indexes by token ids (DeepSeek-V4's hash routing `tid2eid[input_ids]`), named where the
   reader refuses the tensor's dtype (`read_checkpoint`).
 """
@@ -485,6 +487,86 @@ def reversible_residual(sources: dict, config: dict) -> str | None:
     return None
 
 
+def hyper_connections(sources: dict, config: dict) -> str | None:
+    """Hyper-connections (HY-V4's, DeepSeek-V4's): a module of the decoder layer reads the layer's input (several
+    residual streams) and gives both what the attention reads (the streams mixed into one) and the weights with
+    which the attention's output is added back to every stream: `post, x = self.attn_hc(streams)`, then
+    `post * attention(norm(x)) + streams`. Read from what the forward's values derive from, not from names."""
+    found = _attention_calls(sources)
+    if found is None or not found[3]:
+        return None
+    file, cls, forward, calls = found
+    params = {a.arg for a in forward.args.args[1:]} | {a.arg for a in forward.args.kwonlyargs}
+    attention = {id(c) for c, _ in calls}
+    built = _built(cls)
+    deps: dict[str, set[str]] = {}
+    attention_reads: set[str] = set()
+
+    def reads(node: ast.AST) -> set[str]:
+        """The layer's inputs, "<attention>" and "<module:X>" (a call of self.X) that `node`'s value derives from;
+        the attention's output derives from the attention alone (what it reads is kept in attention_reads)."""
+        if isinstance(node, ast.Call) and id(node) in attention:
+            for arg in list(node.args) + [k.value for k in node.keywords]:
+                attention_reads.update(reads(arg))
+            return {"<attention>"}
+        if isinstance(node, ast.Name):
+            return set(deps.get(node.id, {node.id} if node.id in params else set()))
+        out = set()
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _dotted(node.func.value) == "self" \
+                and node.func.attr in built:
+            out.add(f"<module:{node.func.attr}>")
+        for child in ast.iter_child_nodes(node):
+            out |= reads(child)
+        return out
+
+    modules_read: dict[str, set[str]] = {}  # self.X -> what its calls' arguments derive from
+    for stmt in _statements(forward.body):
+        value = getattr(stmt, "value", None)
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) or value is None:
+            continue
+        for n in subtree(value):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and _dotted(n.func.value) == "self" \
+                    and n.func.attr in built and id(n) not in attention:
+                for arg in list(n.args) + [k.value for k in n.keywords]:
+                    modules_read.setdefault(n.func.attr, set()).update(reads(arg))
+        got = reads(value)
+        for n in subtree(value):
+            if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add)):
+                continue
+            left, right = reads(n.left), reads(n.right)
+            for out, other in ((left, right), (right, left)):
+                if "<attention>" not in out or "<attention>" in other or not other & params:
+                    continue
+                # The mixer's output weights the attention's output: a product of the two in this side of the sum
+                # (not a parallel block's MLP reading the same normed input).
+                side = n.left if out is left else n.right
+                weights = set().union(*[reads(f) for p in subtree(side) if isinstance(p, ast.BinOp)
+                                        and isinstance(p.op, ast.Mult) for a, f in ((p.left, p.right),
+                                                                                      (p.right, p.left))
+                                        if "<attention>" in reads(a) and "<attention>" not in reads(f)])
+                mixers = [m[len("<module:"):-1] for m in sorted(out & weights) if m.startswith("<module:")
+                          and m in attention_reads and modules_read.get(m[len("<module:"):-1], set()) & params
+                          and "<attention>" not in modules_read.get(m[len("<module:"):-1], set())]
+                if mixers:
+                    mixer = mixers[0]
+                    return (f"hyper-connections: {cls.name}.forward computes the attention's input with "
+                            f"self.{mixer} ({built[mixer][0]}) from the layer's input "
+                            f"{', '.join(sorted(modules_read[mixer] & params))} and adds the attention's output "
+                            f"weighted by what self.{mixer} gives to that input ({_where(file, stmt)}: "
+                            f"{_line(stmt)}): several residual streams mixed around each sublayer; the port's "
+                            "decoder layer keeps one residual stream")
+        if isinstance(stmt, ast.Return):
+            continue
+        if isinstance(stmt, ast.AugAssign):
+            got |= reads(stmt.target)
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        for target in targets:
+            for n in subtree(target):
+                if isinstance(n, ast.Name):
+                    deps[n.id] = got
+    return None
+
+
 def residual_scales(sources: dict, config: dict) -> str | None:
     layer = _decoder_layer(sources)
     if layer is None:
@@ -917,6 +999,6 @@ def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
     return {attr for attr, (name, _n) in _built(cls).items() if name in attention}
 
 
-FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
+FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, hyper_connections, parallel_lists,
            several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
            experts_beside_mlp, embedded_experts)

@@ -13,10 +13,18 @@ other names, another operand order, torch.clamp or F.sigmoid; or write another o
 MiniMax-M3's shared experts (a dense MLP) compute the same formula; for them the port uses vLLM's SwigluOAIAndMul,
 which takes alpha and limit as arguments (`dense_swigluoai`).
 
+HY-V4's experts (and GLM-5-Next's) compute another clamped SwiGLU, without alpha and without the +1:
+
+    silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+which is vLLM's SiluAndMulWithClamp (FusedMoE's `swiglu_limit` with activation "silu" on GPUs; vLLM's CPU experts,
+cpu_fused_moe, take no limit and would compute an unclamped SiLU): `read_clamped_silu` reads it the same way, at
+sample points scaled to each number the class reads, so the limit is whichever of them reproduces the formula.
+
 So the formula is not matched as text: the statements after the cut are interpreted over numbers (a small
-expression language: + - * /, unary minus, clamp/clip with min and max, sigmoid, dtype casts, numbers, and
+expression language: + - * /, unary minus, clamp/clip with min and max, sigmoid, silu, dtype casts, numbers, and
 `self.A` read from __init__ as `self.A = config.KEY` or a number), at sample points where the clamps matter,
-and compared with swigluoai's values. Anything else the statements compute is named, not guessed.
+and compared with the target's values. Anything else the statements compute is named, not guessed.
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ SAMPLES = [x / 2 for x in range(-24, 25, 3)]
 class SwigluOai:
     alpha: tuple[float, str]  # (value, where it comes from: config.KEY or the number in the code)
     limit: tuple[float, str]
+    evidence: str
+
+
+@dataclass(frozen=True)
+class ClampedSilu:
+    """silu(gate.clamp(max=limit)) * up.clamp(-limit, limit), as read."""
+    limit: tuple[float, str]  # (value, where it comes from: config.KEY or the number in the code)
     evidence: str
 
 
@@ -102,6 +117,9 @@ class _Eval:
         if name == "sigmoid" and len(args) == 1 and not keywords:
             x = self(args[0])
             return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+        if name == "silu" and len(args) == 1 and not (set(keywords) - {"inplace"}):
+            x = self(args[0])
+            return x / (1.0 + math.exp(-x)) if x > -700 else 0.0
         if name in ("clamp", "clip") and args:
             x = self(args[0])
             low = keywords.get("min", args[1] if len(args) > 1 else None)
@@ -117,8 +135,12 @@ class _Eval:
 
 def _result(func: ast.FunctionDef, start: int, down: str) -> tuple[list[ast.stmt], ast.AST] | None:
     """The statements after the cut (line `start`) and the expression whose value is the gated output: what the
-    function returns, or what it multiplies by self.<down>."""
-    body = [s for s in func.body if s.lineno > start]
+    function returns, or what it multiplies by self.<down>. The statements are those of the block holding the cut
+    (a loop over the experts' body, or the function's own)."""
+    block = next((getattr(n, field) for n in subtree(func) for field in ("body", "orelse")
+                  if isinstance(getattr(n, field, None), list)
+                  and any(getattr(s, "lineno", None) == start for s in getattr(n, field))), func.body)
+    body = [s for s in block if s.lineno > start]
     steps = []
     for stmt in body:
         for node in subtree(stmt):
@@ -140,13 +162,17 @@ def _result(func: ast.FunctionDef, start: int, down: str) -> tuple[list[ast.stmt
     return None
 
 
-def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]],
-                   down: str, file: str, alpha: float = ALPHA, limit: float = LIMIT) -> SwigluOai | str:
-    """The clamped SwiGLU the statements of `func` after the cut into `first` (even columns or first half) and
-    `second` compute, when it is swigluoai with `first` as the gate; else why not (a str)."""
-    cut = next(n.lineno for n in subtree(func) if isinstance(n, ast.Assign) and any(
+def _cut_line(func: ast.FunctionDef, first: str, second: str) -> int:
+    return next(n.lineno for n in subtree(func) if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Tuple) and [getattr(e, "id", None) for e in t.elts] in ([first, second], [second, first])
         for t in n.targets))
+
+
+def _worst(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]], down: str,
+           file: str, want, samples: list[float]) -> tuple[float, dict[str, tuple]] | str:
+    """The largest relative difference between what the statements after the cut compute and want(gate, up) over
+    the sample grid, and the self.A values they read; or why they cannot be read (a str naming the line)."""
+    cut = _cut_line(func, first, second)
     found = _result(func, cut, down)
     if found is None:
         return f"{file}:{cut}: no return and no product with self.{down} after the cut"
@@ -154,8 +180,8 @@ def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[
     used: dict[str, tuple] = {}
     worst = 0.0
     try:
-        for g in SAMPLES:
-            for u in SAMPLES:
+        for g in samples:
+            for u in samples:
                 env = {first: g, second: u}
                 evaluate = _Eval(env, values, used)
                 for stmt in steps:
@@ -168,11 +194,26 @@ def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[
                     else:
                         raise _Unknown(ast.unparse(stmt).splitlines()[0])
                 got = evaluate(result)
-                gate = min(g, limit)
-                want = (max(-limit, min(u, limit)) + 1.0) * gate / (1.0 + math.exp(-alpha * gate))
-                worst = max(worst, abs(got - want) / max(1.0, abs(want)))
+                expected = want(g, u)
+                worst = max(worst, abs(got - expected) / max(1.0, abs(expected)))
     except _Unknown as exc:
         return f"{file}:{cut}: the gate computes {str(exc)[:60]}, which the formula reader does not follow"
+    return worst, used
+
+
+def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]],
+                   down: str, file: str, alpha: float = ALPHA, limit: float = LIMIT) -> SwigluOai | str:
+    """The clamped SwiGLU the statements of `func` after the cut into `first` (even columns or first half) and
+    `second` compute, when it is swigluoai with `first` as the gate; else why not (a str)."""
+    def want(g: float, u: float) -> float:
+        gate = min(g, limit)
+        return (max(-limit, min(u, limit)) + 1.0) * gate / (1.0 + math.exp(-alpha * gate))
+
+    cut = _cut_line(func, first, second)
+    measured = _worst(func, first, second, values, down, file, want, SAMPLES)
+    if isinstance(measured, str):
+        return measured
+    worst, used = measured
     read = ", ".join(f"self.{a} = {w} ({v:g})" for a, (v, w) in sorted(used.items()))
     if worst > 1e-6:
         return (f"{file}:{cut}: with {read or 'no constants'}, its values differ from swigluoai's "
@@ -182,6 +223,44 @@ def read_swigluoai(func: ast.FunctionDef, first: str, second: str, values: dict[
     found_alpha = next((v for v in used.values() if v[0] == alpha), (alpha, "a number in the code"))
     found_limit = next((v for v in used.values() if v[0] == limit), (limit, "a number in the code"))
     return SwigluOai(found_alpha, found_limit, f"{file}:{cut}: {first} is the gate of swigluoai ({read})")
+
+
+def read_clamped_silu(func: ast.FunctionDef, first: str, second: str, values: dict[str, tuple[float, str]],
+                      down: str, file: str) -> ClampedSilu | str:
+    """silu(gate.clamp(max=L)) * up.clamp(-L, L) computed by the statements of `func` after the cut into `first`
+    (the gate) and `second`, with L one positive number the class reads (self.A = config.KEY or a number): the
+    first L at which it agrees everywhere on a grid scaled to L (both clamps, both signs, silu's curve); else why
+    not (a str naming the line)."""
+    cut = _cut_line(func, first, second)
+    # The numbers the class reads, and the numbers written in the function's clamps (`x.clamp(max=7.0)`).
+    written = {(abs(float(n.value)), "a number in the code") for c in subtree(func)
+               if isinstance(c, ast.Call) and _call_name(c) in ("clamp", "clip")
+               for n in subtree(c) if isinstance(n, ast.Constant) and isinstance(n.value, (int, float))
+               and not isinstance(n.value, bool)}
+    candidates = sorted({v for v in values.values() if v[0] > 0} | {w for w in written if w[0] > 0})
+    worst_seen = None
+    for limit, origin in candidates:
+        def want(g: float, u: float, limit: float = limit) -> float:
+            gate = min(g, limit)
+            return gate / (1.0 + math.exp(-gate)) * max(-limit, min(u, limit))
+
+        samples = sorted({limit * x / 4 for x in range(-10, 11)} | set(SAMPLES))
+        measured = _worst(func, first, second, values, down, file, want, samples)
+        if isinstance(measured, str):
+            return measured
+        worst, used = measured
+        if worst <= 1e-6:
+            read = ", ".join(f"self.{a} = {w} ({v:g})" for a, (v, w) in sorted(used.items()))
+            # Where the formula reads the limit from: the attribute of that value it read, not another key
+            # that happens to hold the same number.
+            origin = next((w for v, w in used.values() if v == limit), origin)
+            return ClampedSilu((limit, origin), f"{file}:{cut}: {first} is the gate of silu(gate.clamp(max=L)) * "
+                                                f"{second}.clamp(-L, L) ({read})")
+        worst_seen = max(worst, worst_seen or 0.0)
+    if worst_seen is None:
+        return f"{file}:{cut}: no positive number the class reads could be the clamp limit"
+    return (f"{file}:{cut}: its values differ from silu(gate.clamp(max=L)) * up.clamp(-L, L) at every limit L the "
+            f"class reads ({', '.join(f'{o} = {v:g}' for v, o in candidates)}) by up to {worst_seen:.2g}")
 
 
 def dense_swigluoai(cls: ast.ClassDef, file: str, values: dict[str, tuple[float, str]],

@@ -293,6 +293,11 @@ def _stacked_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
                                        ("expert_swiglu_limit", read.swigluoai.limit)):
             spec.set(field, value, Source("config", f"config.json {origin[7:]}", origin) if origin.startswith(
                 "config.") else Source("code", f"{read.swigluoai.evidence}: {origin}"))
+    if read.clamped_silu is not None:
+        spec.set("expert_activation", "silu_clamp", Source("code", read.clamped_silu.evidence))
+        value, origin = read.clamped_silu.limit
+        spec.set("expert_clamp_limit", value, Source("config", f"config.json {origin[7:]}", origin)
+                 if origin.startswith("config.") else Source("code", f"{read.clamped_silu.evidence}: {origin}"))
     if biases:
         names.update(stacked_gate_up_bias=biases[found[read.gate_up]][len(mlp) + 1:],
                      stacked_down_bias=biases[found[read.down]][len(mlp) + 1:])
@@ -776,7 +781,9 @@ def _zero_experts(spec: Spec, ckpt: Checkpoint, sources: dict) -> int:
     other = [what for what, on in (("renormalized top-k weights", spec.moe_renormalize),
                                    ("a top-k within expert groups", spec.moe_groups),
                                    ("routing weights on the experts' input", spec.moe_weights_on_input),
-                                   ("sparsemixer routing", spec.moe_routing != "topk")) if on]
+                                   ("sparsemixer routing", spec.moe_routing != "topk"),
+                                   ("clamped SiLU experts (the port's own experts module, not FusedMoE)",
+                                    spec.expert_activation == "silu_clamp")) if on]
     if other:
         raise unsupported(f"identity experts ({evidence}) with {other[0]}: the port computes them for a top-k "
                           "taken as it is", ckpt.config_file, spec.model_type)

@@ -4,8 +4,9 @@ transformers' fused-experts classes (GraniteMoE's, Mixtral's since v5) hold ever
 projection in one parameter `gate_up_proj` [experts, 2 x width, hidden] and the down projection in
 `down_proj` [experts, hidden, width]. Which half of `gate_up_proj` is the gate, and whether the code
 multiplies by the stored matrix as [out, in] (F.linear) or [in, out] (torch.bmm, `@`), is read from the
-class's methods, never guessed: a cut the port's FusedMoE does not compute (interleaved gate/up columns,
-a clamped SwiGLU) is named in the refusal. Experts stored [in, out] (Aria's, Llama 4's `x @ self.down_proj[e]`)
+class's methods, never guessed: a cut the port does not compute (interleaved gate/up columns other than
+GPT-OSS's swigluoai, a clamped SwiGLU that is neither swigluoai nor HY-V4's silu(gate.clamp(max=L)) *
+up.clamp(-L, L), both read by `gluformula`) is named in the refusal. Experts stored [in, out] (Aria's, Llama 4's `x @ self.down_proj[e]`)
 are cut the same way with each expert's slice transposed.
 """
 
@@ -35,6 +36,7 @@ class ExpertsCode:
     interleaved: bool = False  # gate and up alternate column by column (gate even, up odd)
     added: frozenset[str] = frozenset()  # parameters of the class the code adds (self.P_bias in `... + self.B[e]`)
     swigluoai: gluformula.SwigluOai | None = None  # the clamped SwiGLU vLLM's swigluoai computes, as read
+    clamped_silu: gluformula.ClampedSilu | None = None  # silu(gate.clamp(max=L)) * up.clamp(-L, L), as read
 
 
 def _self_attr(node: ast.AST, attrs: set[str]) -> str | None:
@@ -128,8 +130,16 @@ def experts_code(sources: dict[str, str], attrs: tuple[str, str], config: dict |
             return ExpertsCode(cls.name, file, attrs[0], attrs[1], False, where, (clamps or [
                 f"gate and up interleaved column by column ({file}:{strided[0][3]})"])[0])
         first, second, source, line, func = cut[0]
-        read = gluformula.read_swigluoai(func, first, second, _init_values(cls, config or {}),
-                                         next(a for a in attrs if a != source), file)
+        values, down = _init_values(cls, config or {}), next(a for a in attrs if a != source)
+        read = gluformula.read_swigluoai(func, first, second, values, down, file)
+        if isinstance(read, str) and not strided:
+            # HY-V4's: silu(gate.clamp(max=L)) * up.clamp(-L, L), no alpha and no +1, on halves.
+            clamped = gluformula.read_clamped_silu(func, first, second, values, down, file)
+            if not isinstance(clamped, str):
+                read = clamped
+            elif "does not follow" not in read:
+                read = (f"{read}; nor is it silu(gate.clamp(max=L)) * up.clamp(-L, L): "
+                        f"{clamped.split(': ', 1)[-1]}")
         if isinstance(read, str):
             return ExpertsCode(cls.name, file, attrs[0], attrs[1], False, where,
                                f"a clamped SwiGLU that is not vLLM's swigluoai: {read}")
@@ -163,7 +173,9 @@ def experts_code(sources: dict[str, str], attrs: tuple[str, str], config: dict |
         return ExpertsCode(cls.name, file, gate_up, down, False,
                            f"{file}:{line}: {first}, {second} = self.{gate_up}(...) "
                            f"{'even, odd columns' if strided else 'halves'}; {activation.evidence}",
-                           in_out=in_out, storage_evidence=storage, interleaved=bool(strided), swigluoai=activation,
+                           in_out=in_out, storage_evidence=storage, interleaved=bool(strided),
+                           swigluoai=activation if isinstance(activation, gluformula.SwigluOai) else None,
+                           clamped_silu=activation if isinstance(activation, gluformula.ClampedSilu) else None,
                            added=added)
     if len(splits) != 1:
         raise ValueError(f"{cls.name} ({where}) cuts its projections into two halves {len(splits)} times "
