@@ -596,11 +596,12 @@ UNSUPPORTED = {
                             "copies of the residual stream")),
     # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L), which the port computes): its
     # hyper-connections keep several residual streams, mixed into each sublayer's input by the layer's attn_hc and
-    # ffn_hc and collapsed by hc_head before the final norm.
+    # ffn_hc and collapsed by hc_head before the final norm. The model-level reading (scaffold.detect.streams) names
+    # it first; forms.hyper_connections reads the same inside a decoder layer (its unit tests).
     "hy_v4-hyper-connections": ("hy_v4", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
                                           "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
-                                ("hyper-connections: HYV4DecoderLayer.forward computes the attention's input with "
-                                 "self.attn_hc (HYV4HyperConnection) from the layer's input")),
+                                ("hyper-connections: HYV4Model.forward expands the hidden states into "
+                                 "self.config.hc_mult residual streams")),
     # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
     # layers as parallel lists; and Fuyu's causal LM takes image patches.
     "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},
