@@ -554,6 +554,16 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
+    # Gemma 4's double-wide MLP: its KV-shared layers' MLP twice as wide as the others' (use_double_wide_mlp), a
+    # width __init__ computes from the layer's index.
+    "gemma4_text-double-wide-mlp": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                                    "num_hidden_layers": 5,
+                                                    "layer_types": ["sliding_attention", "sliding_attention",
+                                                                    "full_attention", "sliding_attention",
+                                                                    "full_attention"],
+                                                    "num_kv_shared_layers": 2, "use_double_wide_mlp": True},
+                                    "Gemma4TextMLP.__init__ computes intermediate_size = 256 in layer 0 and 512 in "
+                                    "layer 3"),
     # Gemma 4's MoE block: each layer runs its dense MLP and its own routed experts side by side and adds the two.
     "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                               "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,

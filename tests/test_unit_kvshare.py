@@ -141,3 +141,49 @@ def test_keys_normed_before_they_become_values_are_refused():
     found = kvshare.read({"modeling_lab.py": LAB_G4}, _config(value_every=2))
     assert isinstance(found, str)
     assert "(layer 1): keys through" in found and "'#kn'" in found and "values through" in found
+
+
+def test_an_mlp_sized_from_the_layer_index_is_named():
+    # Gemma 4's use_double_wide_mlp doubles the MLP of its KV-shared layers: refused naming the code's line.
+    code = transformers_code("gemma4")
+    wide = kvshare.sizes_by_layer(code, _gemma4(num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                                intermediate_size=256), "mlp", (0, 3))
+    assert wide is not None and "modeling_gemma4.py:" in wide
+    assert "Gemma4TextMLP.__init__ computes intermediate_size = 256 in layer 0 and 512 in layer 3" in wide
+    assert kvshare.sizes_by_layer(code, _gemma4(num_kv_shared_layers=2, use_double_wide_mlp=False,
+                                                intermediate_size=256), "mlp", (0, 3)) is None
+
+
+LAB_WIDE = "\n" + LAB_PRELUDE + '''class LabFFN(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        width = cfg.ffn_width + cfg.ffn_growth * i
+        self.w_in = nn.Linear(cfg.hidden_size, width)
+        self.w_out = nn.Linear(width, cfg.hidden_size)
+        self.width = width
+
+    def forward(self, x):
+        return self.w_out(F.gelu(self.w_in(x)))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.ffn = LabFFN(cfg, i)
+
+    def forward(self, x):
+        return x + self.ffn(x)
+
+
+class LabModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.layers = nn.ModuleList([LabLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
+'''
+
+
+def test_a_lab_ffn_growing_with_depth_is_named():
+    config = {"num_hidden_layers": 3, "hidden_size": 64, "ffn_width": 128, "ffn_growth": 32}
+    found = kvshare.sizes_by_layer({"modeling_lab.py": LAB_WIDE}, config, "ffn", (0, 2))
+    assert found is not None and "LabFFN.__init__ computes width = 128 in layer 0 and 192 in layer 2" in found
+    assert kvshare.sizes_by_layer({"modeling_lab.py": LAB_WIDE}, {**config, "ffn_growth": 0}, "ffn", (0, 2)) is None

@@ -133,10 +133,15 @@ def layer_self(functions: dict, init: ast.FunctionDef, config: dict, layer: int)
     env: dict = {params[0]: me}
     rest = params[1:]
     defaults = dict(zip(rest[len(rest) - len(init.args.defaults):], init.args.defaults))
+    is_config = [p for p in rest if p in ("config", "cfg", "conf") or p.endswith("config")]
+    # The layer's index: a parameter named so, else the one other parameter without a default.
+    plain = [p for p in rest if p not in defaults and p not in is_config]
+    index = [p for p in rest if any(w in p for w in ("layer", "idx", "index", "depth"))] or (
+        plain if len(plain) == 1 else [])
     for p in rest:
-        if p in ("config", "cfg") or p.endswith("config"):
+        if p in is_config:
             env[p] = _config_obj(config)
-        elif any(w in p for w in ("layer", "idx", "index", "depth")):
+        elif p in index:
             env[p] = layer
         elif p in defaults:
             try:
@@ -360,3 +365,39 @@ def _read_attention(sources, config, file, cls, producers, functions, layers, at
     if keq:
         parts.append(f"layer(s) {', '.join(map(str, keq))} take the keys' projection {k_src} as values")
     return LayerSources(tuple(kinds), f"{where}: {'; '.join(parts)}", stored_where)
+
+
+def sizes_by_layer(sources: dict, config: dict, module: str, layers: tuple[int, int]) -> str | None:
+    """Where the decoder layer's submodule `module` (its attribute, `mlp`) computes a size from the layer's index
+    (Gemma 4's double-wide MLP in its KV-shared layers, `config.intermediate_size * (2 if use_double_wide_mlp
+    else 1)`): FILE:LINE and the numbers its __init__ assigns differently in the two layers; None where it assigns
+    the same or is not followed."""
+    found = dataflow.layer_class(sources, None)
+    if found is None:
+        return None
+    _file, cls, _ = found
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    value = dataflow._init_assignments(init).get(module)
+    sub = dataflow._submodule_class(sources, conditions.selected(value, config) or value) if value is not None else None
+    if sub is None:
+        return None
+    file, sub_cls = sub
+    sub_init = next((n for n in sub_cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if sub_init is None:
+        return None
+    functions = {n.name: n for _f, tree in dataflow._parsed(sources) for n in tree.body
+                 if isinstance(n, ast.FunctionDef)}
+    try:
+        selves = [layer_self(functions, sub_init, config, i)[0].attrs for i in layers]
+    except (CannotEvaluate, *_VALUE_ERRORS):
+        return None
+    differ = [a for a, v in selves[0].items() if isinstance(v, int) and not isinstance(v, bool)
+              and isinstance(selves[1].get(a), int) and selves[1][a] != v]
+    if not differ:
+        return None
+    lines = {t.attr: node.lineno for node in subtree(sub_init) if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Attribute)}
+    a = differ[0]
+    return _where(file, lines.get(a, sub_init.lineno),
+                  f"{sub_cls.name}.__init__ computes {a} = {selves[0][a]} in layer {layers[0]} and {selves[1][a]} in "
+                  f"layer {layers[1]}")
