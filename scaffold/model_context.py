@@ -159,6 +159,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "kv_heads_expr": kv_heads_expr,
         # Layers reading an earlier layer's keys and values (vLLM's kv_sharing_target_layer_name), by layer.
         "kv_share": dict(zip(spec.kv_share_layers, spec.kv_share_sources)),
+        # The modules of such a layer's keys and values, which checkpoints may still hold (Gemma 4's do).
+        "kv_share_unused": tuple(f"{spec.names['self_attn']}.{m}" for m in
+                                 [spec.names[r] for r in ("k_proj", "v_proj", "k_norm") if r in spec.names]
+                                 + ([spec.v_norm] if spec.v_norm else [])) if spec.kv_share_layers else (),
         "sinks_condition": sinks_condition,
         # Value heads of their own width (v_head_dim, with separate q, k, v): the port pads the heads for vLLM's
         # attention, which takes one head size.
