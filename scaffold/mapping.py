@@ -279,7 +279,35 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     if inside is None:
         return [(None, None, "recomputed buffer")] if _skipped(name) or name in spec.skipped_tensors else None
     layer, rest = inside
-    return _prefixed(port_param(spec, f"{prefix}{layer}."), map_in_layer(spec, rest, modules))
+    return _prefixed(port_param(spec, f"{prefix}{layer}."),
+                     per_layer_targets(spec, int(layer), rest, map_in_layer(spec, rest, modules)))
+
+
+def per_layer_targets(spec: Spec, layer: int, rest: str, targets: Targets | None) -> Targets | None:
+    """map_in_layer's answer in the layers whose attention differs: a KV-shared layer (kv_share_layers) keeps its
+    query projection alone, as a module of its own under the checkpoint's name, and computes nothing with its
+    keys' or values' tensors; a layer taking the keys' projection as values (k_eq_v_layers) loads k_proj into the
+    k and the v shard."""
+    if targets is None or not (spec.kv_share_layers or spec.k_eq_v_layers):
+        return targets
+    n = spec.names
+    attn = n["self_attn"]
+    if layer in spec.kv_share_layers:
+        source = spec.kv_share_sources[spec.kv_share_layers.index(layer)]
+        module, _, kind = rest.rpartition(".")
+        if module == f"{attn}.{n['q_proj']}":
+            return [(rest, None, f"the queries' own projection; keys and values are layer {source}'s")]
+        if module in {f"{attn}.{n[r]}" for r in ("k_proj", "v_proj", "k_norm") if r in n} | (
+                {f"{attn}.{spec.v_norm}"} if spec.v_norm else set()):
+            return [(None, None, f"not computed: the layer reads layer {source}'s keys and values")]
+        return targets
+    if layer in spec.k_eq_v_layers:
+        out = list(targets)
+        for param, shard, note in targets:
+            if shard == "k":
+                out.append((param, "v", "the keys' projection, also the values' (no value projection here)"))
+        return out
+    return targets
 
 
 def renamed_name(spec: Spec, name: str) -> str:
@@ -465,6 +493,7 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
         if rest not in inside:
             inside[rest] = (natural("." + rest), sublayer_targets(spec, rest, modules))
         key, targets = inside[rest]
+        targets = per_layer_targets(spec, int(layer), rest, targets)
         keyed.append(([*head, int(layer), *key], name, _prefixed(port_param(spec, f"{prefix}{layer}."), targets)))
     keyed.sort(key=lambda item: item[0])
     for _, name, targets in keyed:

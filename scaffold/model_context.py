@@ -166,6 +166,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "o_bias_condition": o_bias_condition,
         "kv_heads_expr": kv_heads_expr,
         "mlp_width_expr": mlp_width_expr,
+        # Layers reading an earlier layer's keys and values (vLLM's kv_sharing_target_layer_name), by layer.
+        "kv_share": dict(zip(spec.kv_share_layers, spec.kv_share_sources)),
+        # The modules of such a layer's keys and values, which checkpoints may still hold (Gemma 4's do).
+        "kv_share_unused": tuple(f"{spec.names['self_attn']}.{m}" for m in
+                                 [spec.names[r] for r in ("k_proj", "v_proj", "k_norm") if r in spec.names]
+                                 + ([spec.v_norm] if spec.v_norm else [])) if spec.kv_share_layers else (),
         "sinks_condition": sinks_condition,
         # Value heads of their own width (v_head_dim, with separate q, k, v): the port pads the heads for vLLM's
         # attention, which takes one head size.
@@ -427,7 +433,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
           if diff or not flags["layer_norm_1p"] else []),
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
-             or spec.attn_output_gate not in ("none", "in_query") or bool(spec.per_layer_input_size)),
+             or spec.attn_output_gate not in ("none", "in_query") or bool(spec.per_layer_input_size)
+             or bool(spec.kv_share_layers)),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None

@@ -337,6 +337,13 @@ def decisions(spec) -> list[str]:
     if spec.v_norm:
         out.append(f"- an RMS norm without a scale over each value head, `{spec.names['self_attn']}.{spec.v_norm}` "
                    f"({_md(spec.source('v_norm').detail)}).")
+    if spec.kv_share_layers:
+        pairs = ", ".join(f"{i} <- {j}" for i, j in zip(spec.kv_share_layers, spec.kv_share_sources))
+        out.append(f"- layers that compute no keys or values and read an earlier layer's ({pairs}), served through "
+                   f"vLLM's `kv_sharing_target_layer_name` ({_md(spec.source('kv_share_layers').detail)}).")
+    if spec.k_eq_v_layers:
+        out.append(f"- layers {', '.join(map(str, spec.k_eq_v_layers))} take the keys' projection as values: its "
+                   f"rows are loaded into the k and the v shard ({_md(spec.source('k_eq_v_layers').detail)}).")
     out.append(f"- {_positions(spec)}.")
     if spec.attn_temperature_floor_scale is not None:
         out.append(f"- temperature tuning{' on the layers without rotary' if spec.attn_temperature_nope_only else ''}"

@@ -321,6 +321,18 @@ class Spec:
         "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
         doc="the attention's module that norms the values over each head without a scale (Gemma 4's v_norm, an "
             "RMS norm); empty: values as v_proj gives them")
+    kv_share_layers: list[int] = spec_field(
+        [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
+        doc="layers whose attention computes no keys or values of its own and reads those an earlier layer handed "
+            "its attention (Gemma 4's num_kv_shared_layers), each from the layer at the same place of "
+            "kv_share_sources: the port gives them vLLM's kv_sharing_target_layer_name")
+    kv_share_sources: list[int] = spec_field(
+        [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
+        doc="for each of kv_share_layers, the earlier layer whose keys and values (its KV cache) it reads")
+    k_eq_v_layers: list[int] = spec_field(
+        [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
+        doc="layers without a value projection whose values are the keys' projection, through the values' own "
+            "steps (Gemma 4's attention_k_eq_v): the port loads k_proj into the k and v shards there")
     qk_norm_rope_layers_only: bool = spec_field(
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="the q/k norms are built only in layers that rotate q and k (Llama 4's `use_qk_norm and use_rope`)")
@@ -1322,6 +1334,27 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.layer_scalar and spec.block not in ("pre_norm", "sandwich"):
         raise SpecError("layer_scalar multiplies the output of a layer with two residual adds in sequence: block must "
                         "be \"pre_norm\" or \"sandwich\".", origin)
+    if spec.kv_share_layers or spec.kv_share_sources:
+        pairs = list(zip(spec.kv_share_layers, spec.kv_share_sources))
+        if (len(spec.kv_share_layers) != len(spec.kv_share_sources) or spec.qkv_layout != "separate"
+                or any(j >= i or j in spec.kv_share_layers or i >= spec.num_layers for i, j in pairs)):
+            raise SpecError("kv_share_sources must give each of kv_share_layers an earlier layer that computes its own "
+                            "keys and values, with separate q, k, v projections.", origin)
+        if (spec.qk_norm not in ("none", "per_head") or spec.qk_norm_rope_layers_only or spec.attn_output_gate != "none"
+                or spec.attn_sub_norm or spec.key_bias_proj or spec.diff_lambdas or spec.qkv_clip is not None
+                or spec.attn_temperature_floor_scale is not None or spec.no_rope_layers or spec.attention_chunk_size
+                or spec.position_scheme == "alibi" or spec.v_head_dim or spec.rope_frequency_order):
+            raise SpecError("kv_share_layers compute their queries alone (a projection, a per-head norm, the rotary "
+                            "embedding): an attention with gates, sub-norms, key biases, differential pairs, clamps, "
+                            "temperature, chunks, NoPE layers or values of their own width is not shared.", origin)
+        sliding = spec.layers_with_window
+        if spec.sliding_window_layers and any((i in sliding) != (j in sliding) for i, j in pairs):
+            raise SpecError("a KV-shared layer and the layer it reads must both slide or both not (vLLM keeps one "
+                            "cache for the two).", origin)
+    if spec.k_eq_v_layers and (spec.qkv_layout != "separate" or set(spec.k_eq_v_layers) & set(spec.kv_share_layers)
+                               or spec.v_head_dim or spec.attn_value_scale is not None):
+        raise SpecError("k_eq_v_layers take the keys' projection as values: separate q, k, v projections, values of "
+                        "the keys' width, and no layer of kv_share_layers.", origin)
     if spec.qk_norm_rope_layers_only and spec.qk_norm == "none":
         raise SpecError("qk_norm_rope_layers_only needs a q/k norm (qk_norm is \"none\").", origin)
     if spec.is_moe and spec.num_experts <= 0:

@@ -288,6 +288,19 @@ ARCHITECTURES = {
     # ones 4 heads of 32 over 2).
     "gemma4_unified_text-sizes": ("gemma4_unified_text", {"sliding_window": 8, "per_layer_config": {
         2: {"head_dim": 64, "num_key_value_heads": 1}}}),
+    # Gemma 4 with KV sharing: its last two layers compute no keys or values and read those the last earlier layer
+    # of their type handed its attention (layer 3, sliding, reads layer 1's; layer 4, full, reads layer 2's), served
+    # through vLLM's kv_sharing_target_layer_name; prompts longer than the window of 8 run the shared sliding layer.
+    "gemma4_text-kv-shared": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                              "sliding_window": 8, "num_hidden_layers": 5,
+                                              "layer_types": ["sliding_attention", "sliding_attention",
+                                                              "full_attention", "sliding_attention",
+                                                              "full_attention"],
+                                              "num_kv_shared_layers": 2}),
+    # Gemma 4 with attention_k_eq_v: its full-attention layer 2 has no v_proj and takes the keys' projection as
+    # values (value-normed, not key-normed or rotated): the port loads k_proj into its k and v shards there.
+    "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                           "sliding_window": 8, "attention_k_eq_v": True}),
     "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5}}),
@@ -494,6 +507,9 @@ EXPECTED_SPEC = {
                                      "per_layer_input_scale": 2**-0.5, "per_layer_input_act": "gelu_pytorch_tanh",
                                      "layer_head_dim": [32, 32, 512], "layer_scalar": "layer_scalar",
                                      "v_norm": "v_norm", "attention_scale": 1.0},
+    "gemma4_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "v_norm": "v_norm",
+                              "sliding_window_layers": [0, 1, 3], "layer_scalar": "layer_scalar"},
+    "gemma4_text-k-eq-v": {"k_eq_v_layers": [2], "v_norm": "v_norm", "sliding_window_layers": [0, 1]},
     "gemma4_unified_text-sizes": {"layer_head_dim": [32, 32, 64], "layer_num_kv_heads": [2, 2, 1],
                                   "v_norm": "v_norm", "layer_scalar": "layer_scalar", "attention_scale": 1.0,
                                   "block": "sandwich", "sliding_window_layers": [0, 1],
@@ -547,14 +563,16 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
-    # Gemma 4's KV-shared layers take an earlier layer's keys and values; with attention_k_eq_v its full-attention
-    # layers take the keys as values: the attention computes differently from layer to layer.
-    "gemma4_text-kv-shared": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
-                                              "num_kv_shared_layers": 1},
-                              "branches on `self.is_kv_shared_layer`, which holds in layer(s) 2 only"),
-    "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
-                                           "attention_k_eq_v": True},
-                           "branches on `self.v_proj is not None`, which holds in layer(s) 0, 1 only"),
+    # Gemma 4's double-wide MLP: its KV-shared layers' MLP twice as wide as the others' (use_double_wide_mlp), a
+    # width __init__ computes from the layer's index.
+    "gemma4_text-double-wide-mlp": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                                    "num_hidden_layers": 5,
+                                                    "layer_types": ["sliding_attention", "sliding_attention",
+                                                                    "full_attention", "sliding_attention",
+                                                                    "full_attention"],
+                                                    "num_kv_shared_layers": 2, "use_double_wide_mlp": True},
+                                    "Gemma4TextMLP.__init__ computes intermediate_size = 256 in layer 0 and 512 in "
+                                    "layer 3"),
     # Gemma 4's MoE block: each layer runs its dense MLP and its own routed experts side by side and adds the two.
     "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                               "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
@@ -834,6 +852,8 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              "dbrx", "apertus", "gpt2", "openai-gpt", "opt-post-ln", "llama4_text", "phimoe",
              "minimax_m3_vl_text", "codegen", "xglm", "ctrl", "laguna", "gpt_neox_japanese",
              "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes", "gemma4_text-per-layer-inputs",
+             # Gemma 4's KV-shared layers (their queries' projection alone) and keys loaded as values.
+             "gemma4_text-kv-shared", "gemma4_text-k-eq-v",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",

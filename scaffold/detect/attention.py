@@ -42,6 +42,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             expected["k_proj"] = spec.kv_heads_of(layer) * spec.head_dim_of(layer)
             expected["v_proj"] = spec.kv_heads_of(layer) * spec.value_dim_of(layer)
         for role, rows in expected.items():
+            if role in ("k_proj", "v_proj") and layer in spec.kv_share_layers or (
+                    role == "v_proj" and layer in spec.k_eq_v_layers):
+                continue  # keys and values of another layer, or the keys' projection as values: not built there
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:

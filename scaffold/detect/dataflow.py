@@ -1114,6 +1114,23 @@ def _where(file: str, line: int, text: str) -> str:
     return f"{file}:{line}: {text}"
 
 
+def _first_own_layer(sources: dict, file: str, cls: ast.ClassDef, producers: set, config: dict) -> Interpreter:
+    """The interpreter run over the first layer's branches whose q, k, v come from three projections; raises
+    Undecided where no layer's do."""
+    layers = config.get("num_hidden_layers")
+    for i in range(layers if isinstance(layers, int) and not isinstance(layers, bool) and 0 < layers <= 1024 else 0):
+        interp = Interpreter(sources, file, cls, producers, config)
+        interp.read_pairs = True
+        interp.layer = i
+        try:
+            interp.run_method("forward", [frozenset(), frozenset(), frozenset()])
+            _qkv_roles(interp.events)
+        except Undecided:
+            continue
+        return interp
+    raise Undecided(f"no layer's {cls.name}.forward takes q, k and v from three projections")
+
+
 def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict) -> Attention:
     """Which projection gives q, k and v, and how a fused one is cut; raises Undecided."""
     found = linears(file, cls, set(linear_classes(sources)))
@@ -1122,7 +1139,16 @@ def analyze_attention(sources: dict, file: str, cls: ast.ClassDef, config: dict)
     interp = Interpreter(sources, file, cls, set(found), config)
     interp.read_pairs = True
     interp.run_method("forward", [frozenset(), frozenset(), frozenset()])
-    roles = _qkv_roles(interp.events)
+    try:
+        roles = _qkv_roles(interp.events)
+    except Undecided:
+        if not interp.layer_branches:
+            raise
+        # Branches config.json decides differently per layer (Gemma 4's keys taken as values in its full-attention
+        # layers): read the first layer whose branches give q, k and v three projections; kvshare.py reads how
+        # the other layers differ from it, or refuses.
+        interp = _first_own_layer(sources, file, cls, set(found), config)
+        roles = _qkv_roles(interp.events)
     keys = {r: next(iter(roles[r])) for r in "qkv"}
     srcs = {keys[r][0] for r in "qkv"}
     origins = {r: roles[r][keys[r]] for r in "qkv"}

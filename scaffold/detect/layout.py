@@ -26,6 +26,7 @@ from scaffold.detect import (
     headtransform,
     identitynorm,
     keybias,
+    kvshare,
     latent,
     moa,
     layerinputs,
@@ -503,9 +504,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     code_attn = flow.attention_flow if flow is not None else None
     if sources and (branches := dataflow.attention_layer_branches(sources, ckpt.config,
                                                                  names["layers"].rsplit(".", 1)[-1])):
-        # Gemma 4's KV-shared layers (keys and values of an earlier layer) and keys reused as values (k_eq_v).
-        raise _unsupported(f"attention that computes differently from layer to layer: {branches}; the port builds "
-                           "every layer's attention alike", where, spec.model_type)
+        # Gemma 4's KV-shared layers (keys and values of an earlier layer) and keys reused as values (k_eq_v): read
+        # layer by layer (kvshare.py); any other difference between the layers stays refused.
+        found = kvshare.read(sources, ckpt.config, names["layers"].rsplit(".", 1)[-1])
+        if not isinstance(found, kvshare.LayerSources):
+            raise _unsupported(f"attention that computes differently from layer to layer: {branches}"
+                               f"{f' ({found})' if found else ''}; the port builds every layer's attention alike",
+                               where, spec.model_type)
+        if found.shared:
+            spec.set("kv_share_layers", sorted(found.shared), Source("code", found.evidence))
+            spec.set("kv_share_sources", [found.shared[i] for i in sorted(found.shared)],
+                     Source("code", found.store_line or found.evidence))
+        if found.k_eq_v:
+            spec.set("k_eq_v_layers", found.k_eq_v, Source("code", found.evidence))
     # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
     # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
     attn = flow.attention_path if code_attn is not None else first("self_attn")

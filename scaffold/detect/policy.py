@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import branches, headsizes, layerinputs, layerwidths, sourcecode, streams
+from scaffold.detect import branches, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -37,6 +37,10 @@ def check(ckpt: Checkpoint) -> None:
             check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt), sizes)
             return
         explained = attention_sizes_explained(ckpt) if ".self_attn." in exc.problem else None
+        if explained is None and (by_layer := _sized_by_layer(ckpt, exc.problem)):
+            raise unsupported(f"a module sized from the layer's index: {by_layer} ({exc.problem.rstrip('.')}); the "
+                              "port builds that module alike in every layer", ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
         if explained is None:
             raise
         # The other form of its own the model holds, named too: porting the sizes alone would not make it port.
@@ -73,6 +77,18 @@ def _behind_streams(ckpt: Checkpoint, sources: dict) -> str:
                                    branches.gate_cutoff(sources, ckpt.config, layers) if _is_int(layers) else None)
                if found]
     return f"; behind it, {'; '.join(behind)}" if behind else ""
+
+
+def _sized_by_layer(ckpt: Checkpoint, problem: str) -> str | None:
+    """For check_shapes' 'the same module must have the same shape in every layer': where the decoder layer's
+    submodule holding the two tensors computes a size of its own from the layer's index (kvshare.sizes_by_layer)."""
+    names = re.findall(r"'([^']+)'", problem)
+    parts = [_LAYER_PARTS.match(n) for n in names[:2]]
+    sources = sourcecode.modeling_sources(ckpt)
+    if len(parts) != 2 or not all(parts) or not sources:
+        return None
+    module = parts[0].group(3).split(".", 1)[0]
+    return kvshare.sizes_by_layer(sources, ckpt.config, module, (int(parts[1].group(2)), int(parts[0].group(2))))
 
 
 def head_sizes(ckpt: Checkpoint) -> headsizes.HeadSizes | None:

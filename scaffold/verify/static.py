@@ -109,6 +109,10 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                          f"{routed}{n['moa_q_bank']}.weight", f"{routed}{n['moa_o_bank']}.weight",
                          f"{routed}{n['moa_bias']}"):
                 params[name] = (None,)
+        elif i in spec.kv_share_layers:
+            # Keys and values of an earlier layer: the queries' own projection alone, under the checkpoint's name.
+            for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
+                params[f"{p}{attn}.{n['q_proj']}.{kind}"] = (None,)
         else:
             qkv_kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
             for kind in qkv_kinds:
@@ -134,7 +138,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         if spec.qk_norm != "none":  # built as the other norms are, so with their bias; or with nothing
             for kind in () if spec.qk_norm_weightless else kinds:
                 params[f"{p}{attn}.{n['q_norm']}.{kind}"] = (None,)
-                params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
+                if i not in spec.kv_share_layers:
+                    params[f"{p}{attn}.{n['k_norm']}.{kind}"] = (None,)
         if spec.attn_sub_norm:  # likewise
             for kind in kinds:
                 params[f"{p}{attn}.{n['attn_sub_norm']}.{kind}"] = (None,)
