@@ -537,7 +537,8 @@ class Spec:
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the order p of the norm the code divides the top-k weights by, read at run time where moe_pnorm is set "
             "(DBRX's ffn_config.moe_normalize_expert_weights): 1 divides by their sum, FusedMoE's renormalize; "
-            "None divides by nothing; the port refuses any other p")
+            "None divides by nothing; another p divides by torch.linalg.vector_norm(ord=p) in FusedMoE's custom "
+            "routing function")
     moe_pnorm: bool = spec_field(
         False, group="moe", probe="mlp", omit_when_empty=True,
         doc="the top-k weights are divided by their p-norm under `if p is not None` (moe_norm_p); False: as "

@@ -180,6 +180,12 @@ ARCHITECTURES = {
     # before the hidden_size alias applies, and the experts are built that wide.
     "dbrx": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
                       "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}}),
+    # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2), not their sum: the port
+    # divides them in FusedMoE's custom routing function, p read from the config at run time (clip_qkv DBRX's 8:
+    # with null, transformers' DbrxAttention calls clamp(min=None, max=None), which torch refuses).
+    "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
+                              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
+                                             "moe_normalize_expert_weights": 2.0}}),
     # GPT-Neo: the attention's projections one module below a wrapper (attn.attention.q_proj), scores not scaled
     # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
     # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
@@ -496,6 +502,7 @@ EXPECTED_SPEC = {
              "moe_pnorm": True, "moe_norm_p": 1.0, "moe_renormalize": True, "qkv_clip": 0.3, "qkv_layout": "fused",
              "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
              "norm_kind": "layer", "norm_bias": False},
+    "dbrx-p2-norm": {"moe_pnorm": True, "moe_norm_p": 2.0, "moe_renormalize": False},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -552,12 +559,6 @@ UNSUPPORTED = {
                                               "moe_intermediate_size": 64},
                               "a mixture of experts beside the dense MLP in each decoder layer: "
                               "Gemma4TextDecoderLayer.forward"),
-    # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2): FusedMoE divides by the
-    # sum, the 1-norm only.
-    "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
-                              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
-                                             "moe_normalize_expert_weights": 2.0}},
-                     "routing weights divided by a norm: DbrxFFN"),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
     "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
