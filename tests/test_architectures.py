@@ -121,6 +121,12 @@ ARCHITECTURES = {
                                     "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
                                     "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
                                     "indexer_types": ["full", "shared", "full"]}),
+    # GLM-5's latent norms (q_a_layernorm, kv_a_layernorm) take their RMSNorm class's default eps 1e-6, not
+    # rms_norm_eps: here 1e-3, so a port building them with rms_norm_eps would be far from transformers.
+    "glm_moe_dsa-latent-eps": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                               "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                               "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
+                                               "rms_norm_eps": 1e-3}),
     # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
     # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
@@ -408,6 +414,7 @@ EXPECTED_SPEC = {
                     "dense_layers": [0]},
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
+    "glm_moe_dsa-latent-eps": {"norm_eps": 1e-3, "routing_latent_norm_eps": 1e-6},
     "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
@@ -559,6 +566,13 @@ UNSUPPORTED = {
                                               "moe_intermediate_size": 64},
                               "a mixture of experts beside the dense MLP in each decoder layer: "
                               "Gemma4TextDecoderLayer.forward"),
+    # GLM-5 with attention_bias: its latent projections (q_a_proj, kv_a_proj_with_mqa) and o_proj hold biases, which
+    # the port's latent attention does not add.
+    "glm_moe_dsa-attention-bias": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                                   "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                                   "first_k_dense_replace": 1, "index_topk": 256,
+                                                   "index_n_heads": 4, "attention_bias": True},
+                                   "latent attention projections with a bias"),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
     "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
