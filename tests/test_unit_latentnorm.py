@@ -120,13 +120,3 @@ def test_what_the_port_cannot_build_so_is_refused_by_name(q_eps, kv_eps, config,
     with pytest.raises(ScaffoldError, match=why.replace("(", r"\(")):
         _lab(q_eps, kv_eps, **config)
 
-
-def test_dbrx_activation_names_its_config_table(tmp_path):
-    """DBRX reads ffn_act_fn only for its "name": the experts' activation's provenance names the table."""
-    ckpt_dir = build_tiny("dbrx", tmp_path / "ckpt", architecture="LabDbrxForCausalLM", overrides={
-        "d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
-        "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}})
-    ckpt = read_checkpoint(ckpt_dir)
-    spec = detect(ckpt)
-    assert "the 'name' of config.json ffn_config.ffn_act_fn" in spec.source("hidden_act").detail
-    assert "ffn_act_fn" not in unaccounted_reads(ckpt, accounted_keys(spec.provenance))
