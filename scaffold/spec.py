@@ -559,7 +559,8 @@ class Spec:
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the order p of the norm the code divides the top-k weights by, read at run time where moe_pnorm is set "
             "(DBRX's ffn_config.moe_normalize_expert_weights): 1 divides by their sum, FusedMoE's renormalize; "
-            "None divides by nothing; the port refuses any other p")
+            "None divides by nothing; another p divides by torch.linalg.vector_norm(ord=p) in FusedMoE's custom "
+            "routing function")
     moe_pnorm: bool = spec_field(
         False, group="moe", probe="mlp", omit_when_empty=True,
         doc="the top-k weights are divided by their p-norm under `if p is not None` (moe_norm_p); False: as "
@@ -668,6 +669,10 @@ class Spec:
     norm_kind: str = spec_field("rms", group="norms", probe=NORMS, choices=("rms", "layer"),
                                 doc="RMSNorm or LayerNorm")
     norm_eps: float = spec_field(1e-6, group="norms", probe=NORMS, config_key=True, doc="the norms' epsilon")
+    routing_latent_norm_eps: float | None = spec_field(
+        None, group="norms", probe="self_attn", omit_when_empty=True,
+        doc="the eps of latent attention's own norms (q_a_norm, kv_a_norm) where the code builds them with another "
+            "than norm_eps (GLM-5's RMSNorm class default 1e-6 beside rms_norm_eps 1e-5); None: norm_eps")
     norm_offset: float = spec_field(
         0.0, group="norms", probe=NORMS, doc="the norms scale by (offset + weight): Gemma's RMSNorm, LayerNorm1P: 1")
     norm_bias: bool = spec_field(False, group="norms", probe=NORMS, doc="the norms have a bias")

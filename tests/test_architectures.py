@@ -128,6 +128,12 @@ ARCHITECTURES = {
     "longcat_flash": ("longcat_flash", {**LATENT, "num_hidden_layers": 4, "n_routed_experts": 4, "moe_topk": 2,
                                         "expert_ffn_hidden_size": 64, "zero_expert_num": 4,
                                         "routed_scaling_factor": 2.0}),
+    # GLM-5's latent norms (q_a_layernorm, kv_a_layernorm) take their RMSNorm class's default eps 1e-6, not
+    # rms_norm_eps: here 1e-3, so a port building them with rms_norm_eps would be far from transformers.
+    "glm_moe_dsa-latent-eps": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                               "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                               "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
+                                               "rms_norm_eps": 1e-3}),
     # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
     # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
@@ -187,6 +193,12 @@ ARCHITECTURES = {
     # before the hidden_size alias applies, and the experts are built that wide.
     "dbrx": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 0.3},
                       "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}}),
+    # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2), not their sum: the port
+    # divides them in FusedMoE's custom routing function, p read from the config at run time (clip_qkv DBRX's 8:
+    # with null, transformers' DbrxAttention calls clamp(min=None, max=None), which torch refuses).
+    "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
+                              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
+                                             "moe_normalize_expert_weights": 2.0}}),
     # GPT-Neo: the attention's projections one module below a wrapper (attn.attention.q_proj), scores not scaled
     # by head_dim ** -0.5, and its local layer 1 narrowed to a window shorter than the prompts (the code builds the
     # window into its causal mask where config.attention_layers says "local"; config.json has no sliding_window).
@@ -424,6 +436,7 @@ EXPECTED_SPEC = {
                       "moe_routed_scaling_factor": 2.0, "num_layers": 2},
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
+    "glm_moe_dsa-latent-eps": {"norm_eps": 1e-3, "routing_latent_norm_eps": 1e-6},
     "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
@@ -521,6 +534,7 @@ EXPECTED_SPEC = {
              "moe_pnorm": True, "moe_norm_p": 1.0, "moe_renormalize": True, "qkv_clip": 0.3, "qkv_layout": "fused",
              "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
              "norm_kind": "layer", "norm_bias": False},
+    "dbrx-p2-norm": {"moe_pnorm": True, "moe_norm_p": 2.0, "moe_renormalize": False},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -579,12 +593,13 @@ UNSUPPORTED = {
                                               "moe_intermediate_size": 64},
                               "a mixture of experts beside the dense MLP in each decoder layer: "
                               "Gemma4TextDecoderLayer.forward"),
-    # DBRX with its top-k weights divided by their 2-norm (moe_normalize_expert_weights 2): FusedMoE divides by the
-    # sum, the 1-norm only.
-    "dbrx-p2-norm": ("dbrx", {"d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2},
-                              "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64,
-                                             "moe_normalize_expert_weights": 2.0}},
-                     "routing weights divided by a norm: DbrxFFN"),
+    # GLM-5 with attention_bias: its latent projections (q_a_proj, kv_a_proj_with_mqa) and o_proj hold biases, which
+    # the port's latent attention does not add.
+    "glm_moe_dsa-attention-bias": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                                   "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                                   "first_k_dense_replace": 1, "index_topk": 256,
+                                                   "index_n_heads": 4, "attention_bias": True},
+                                   "latent attention projections with a bias"),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
     "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "

@@ -256,3 +256,20 @@ def test_dbrx_p_null_divides_nothing_and_the_port_reads_p_at_run_time(tmp_path):
     assert (spec.layer_block, spec.experts_layout, spec.flat_in_out) == ("norm_attn_norm", "flattened", ["flat_down"])
     assert spec.source("num_kv_heads").expr == "config.attn_config.kv_n_heads"
     assert spec.source("num_experts_per_tok").expr == "config.ffn_config.moe_top_k"
+
+
+def test_dbrx_activation_names_its_config_table(tmp_path):
+    """DBRX reads ffn_act_fn only for its "name": the experts' activation's provenance names the table, so verify
+    counts the key as read."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.detect.configreads import accounted_keys, unaccounted_reads
+    from scaffold.tiny import build_tiny
+
+    ckpt_dir = build_tiny("dbrx", tmp_path / "ckpt", architecture="LabDbrxForCausalLM", overrides={
+        "d_model": 128, "attn_config": {"rope_theta": 10000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
+        "ffn_config": {"moe_num_experts": 4, "moe_top_k": 2, "ffn_hidden_size": 64}})
+    ckpt = read_checkpoint(ckpt_dir)
+    spec = detect(ckpt)
+    assert "the 'name' of config.json ffn_config.ffn_act_fn" in spec.source("hidden_act").detail
+    assert "ffn_act_fn" not in unaccounted_reads(ckpt, accounted_keys(spec.provenance))

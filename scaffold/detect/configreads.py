@@ -12,6 +12,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
+from scaffold.detect.codekeys import attribute_map
 from scaffold.detect.sourcecode import modeling_sources, parse, subtree
 
 # Keys that do not change what a decoder computes at inference: caching and output switches, token ids,
@@ -74,8 +75,10 @@ def accounted_keys(provenance: dict) -> set[str]:
 
 
 def unaccounted_reads(ckpt: Checkpoint, accounted: set[str]) -> dict[str, str]:
-    """The keys the code reads that are neither accounted for nor inert, with where each is read."""
+    """The keys the code reads that are neither accounted for nor inert, with where each is read. A name of the
+    config class's attribute_map is the key it is stored under (GLM-5's num_local_experts, n_routed_experts)."""
     reads = config_reads(modeling_sources(ckpt))
+    aliases = attribute_map(ckpt)
     return {key: where for key, where in sorted(reads.items())
-            if key not in accounted and key not in INERT and not INERT_PATTERN.search(key)
-            and not callable(getattr(dict, key, None))}
+            if key not in accounted and aliases.get(key) not in accounted and key not in INERT
+            and not INERT_PATTERN.search(key) and not callable(getattr(dict, key, None))}

@@ -508,11 +508,34 @@ def read(sources: dict[str, str], attention_cls: str) -> KeySelection | None:
     sink = next(where for where, _n, tags in reached if "sel" in tags)
     key = keys.pop()
     built = _modules(cls, reader.classes)
-    reads = sorted({n.attr for m in modules if m in built for n in ast.walk(reader.classes[built[m]][1])
-                    if isinstance(n, ast.Attribute) and _dotted(n.value).endswith("config")} - {key})
+    reads = sorted(({n.attr for m in modules if m in built for n in ast.walk(reader.classes[built[m]][1])
+                     if isinstance(n, ast.Attribute) and _dotted(n.value).endswith("config")}
+                    | _condition_reads(cls, modules)) - {key})
     return KeySelection(key, tuple(sorted(modules)),
                         f"the top-k at {', '.join(sorted(set(lines)))}, its selection masking the attention at {sink}",
                         tuple(reads))
+
+
+def _condition_reads(cls: ast.ClassDef, modules) -> set[str]:
+    """The config keys the attention's __init__ reads to decide which layers build a selector module (GLM-5's
+    `self.indexer = None if self.skip_topk else Indexer(...)`, `self.skip_topk = config.indexer_types[layer_idx] ==
+    "shared"`: the other layers take the previous one's selection), followed through `self.X` assigned there."""
+    init = _method(cls, "__init__")
+    assigned = {stmt.targets[0].attr: stmt.value for stmt in (_statements(init.body) if init is not None else ())
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Attribute) and _dotted(stmt.targets[0].value) == "self"}
+    found: set[str] = set()
+    pending = [assigned[m].test for m in modules if isinstance(assigned.get(m), ast.IfExp)]
+    seen: set[str] = set()
+    while pending:
+        for n in ast.walk(pending.pop()):
+            if isinstance(n, ast.Attribute) and _dotted(n.value).endswith("config"):
+                found.add(n.attr)
+            elif (isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr in assigned
+                  and n.attr not in seen):
+                seen.add(n.attr)
+                pending.append(assigned[n.attr])
+    return found
 
 
 def _raise(message: str):

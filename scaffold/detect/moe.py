@@ -17,6 +17,7 @@ bias, expert groups, a scaling factor) is read from its code (scaffold.detect.ro
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Callable
 
@@ -906,10 +907,12 @@ def _sparsemixer_fields(spec: Spec, ckpt: Checkpoint, mixer: routingmath.SparseM
 def _norm_division(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:
     """Top-k weights divided by their p-norm, p an attribute of the block copied from the config (DBRX's
     `router_top_value / torch.norm(router_top_value, p=self.moe_normalize_expert_weights, ...)` under `if
-    self.moe_normalize_expert_weights is not None`). Softmax and sigmoid scores are non-negative, so for p = 1 the
-    norm is their sum: FusedMoE's renormalize. p null in config.json skips the division where the code guards it so.
-    Any other p, or a p the config does not give, is refused; the port reads p at run time and refuses one other
-    than 1 or None there too (moe_pnorm)."""
+    self.moe_normalize_expert_weights is not None`). The port reads p at run time: p = 1 of softmax scores (they are
+    non-negative) is their sum, FusedMoE's renormalize; p null skips the division where the code guards it so; any
+    other number is FusedMoE's custom routing function dividing by torch.linalg.vector_norm(ord=p), what
+    torch.norm computes for a number p (moe_pnorm). A p the config does not give, one that is not a number, a norm
+    of anything else than the top-k's values, or another p beside the DeepSeek-V3 routing parts (sigmoid scores,
+    groups, a correction bias, a scaling factor: FusedMoE's grouped top-k takes no routing function) is refused."""
     where = f"{path.block} ({path.where})"
     keys = path.config_keys(frozenset({path.norm_p_attr}))
     refusal = (f"routing weights divided by a norm: {where} divides them by a norm of theirs "
@@ -924,9 +927,17 @@ def _norm_division(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:
     if value is None and not guarded:
         raise unsupported(f"{refusal}, p = config.{key} null, which torch.norm reads as its default order 2; the "
                           "port's FusedMoE renormalizes them by their sum", ckpt.config_file, spec.model_type)
-    if value is not None and (isinstance(value, bool) or value != 1 or path.scoring is None):
-        raise unsupported(f"{refusal}, p = config.{key} = {value!r}, where the port's FusedMoE renormalizes them "
-                          "by their sum (p = 1 of non-negative scores)", ckpt.config_file, spec.model_type)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+                              or path.scoring is None):
+        raise unsupported(f"{refusal}, p = config.{key} = {value!r}, where the port divides by a p-norm of softmax "
+                          "scores for a number p only", ckpt.config_file, spec.model_type)
+    deepseek = [name for name, on in (("sigmoid scores", spec.moe_sigmoid), ("expert groups", spec.moe_groups),
+                                      ("a correction bias", spec.moe_correction_bias),
+                                      ("a routed scaling factor", spec.moe_routed_scaling_factor is not None)) if on]
+    if value not in (None, 1) and (deepseek or path.scoring != "softmax"):
+        raise unsupported(f"{refusal}, p = config.{key} = {value!r}, beside {', '.join(deepseek) or path.scoring}: "
+                          "the port divides by another norm than the sum in a routing function of softmax scores, "
+                          "which FusedMoE's grouped top-k does not take", ckpt.config_file, spec.model_type)
     if not guarded:
         raise unsupported(f"{refusal}, p = config.{key}, divided whatever p is: the port divides only under "
                           "`if p is not None`", ckpt.config_file, spec.model_type)
@@ -935,9 +946,10 @@ def _norm_division(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:
     spec.set("moe_pnorm", True, Source("code", detail))
     spec.set("moe_norm_p", None if value is None else float(value),
              Source("config", f"config.json {key}", f"config.{key}"))
-    spec.set("moe_renormalize", value is not None,
-             Source("code", f"{detail}: p = {value!r} " + ("is their sum (non-negative scores)" if value is not None
-                                                           else "divides by nothing")))
+    spec.set("moe_renormalize", value == 1,
+             Source("code", f"{detail}: p = {value!r} " + (
+                 "is their sum (non-negative scores)" if value == 1 else "divides by nothing" if value is None
+                 else "divides by their p-norm in the port's routing function, not by their sum")))
 
 
 def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None:

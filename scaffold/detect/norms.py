@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow
+from scaffold.detect import codekeys, dataflow, latentnorm
 from scaffold.detect.common import set_from_config, unsupported
 from scaffold.detect.sourcecode import _classes, module_class, modeling_sources, subtree
 from scaffold.spec import Source, Spec
@@ -34,6 +34,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               "norm with one eps", ckpt.config_file, spec.model_type)
         spec.set("norm_eps", value, Source("code", f"{where}: the layer's norms are built with eps={value}, as "
                                                    f"{spec.source('norm_eps').detail} gives the others"))
+    latentnorm.detect(ckpt, spec)
 
 
 def _built_eps(ckpt: Checkpoint, spec: Spec) -> tuple[float, str] | None:

@@ -54,6 +54,9 @@ class Routing:
     # around the division (B; "" where it is not guarded so)
     norm_p_attr: str | None = None
     norm_guard: str = ""
+    # Whether that norm is of the top-k's values and divides them (DBRX's `router_top_value / torch.norm(
+    # router_top_value, ...)`), not of every score before the top-k
+    norm_of_topk: bool = False
     # A softmax over what the top-k chose (Mixtral's top-k then softmax: the weights sum to one, as renormalized)
     softmax_after_topk: bool = False
     # A top-k of softmax or sigmoid scores (Jamba's softmax then top-k)
@@ -89,6 +92,10 @@ class Routing:
         if self.norm_division and not self.norm_p_attr:
             return (f"routing weights divided by a norm: {self.block} ({self.where}) divides them by a norm of "
                     f"theirs ({self.norm_division}), where the port's FusedMoE renormalizes them by their sum")
+        if self.norm_division and not self.norm_of_topk:
+            return (f"routing weights divided by a norm: {self.block} ({self.where}) divides by a norm "
+                    f"({self.norm_division}) something other than the top-k's values by their own norm, where the "
+                    "port divides the top-k weights by their p-norm")
         if self.standard:
             return None
         via = f" in {', '.join(self.helpers)}" if self.helpers else ""
@@ -164,6 +171,7 @@ class _Uses:
     norm_division: str | None = None
     norm_p_attr: str | None = None
     norm_guard: str = ""
+    norm_of_topk: bool = False
     softmax_after_topk: bool = False
     scores_then_topk: bool = False
 
@@ -174,6 +182,7 @@ class _Uses:
         # Locals assigned a norm (`denominator = torch.norm(weights, p=..., dim=-1)`), for the divisions below.
         normed = {t.id: node.value for node in subtree(body) if isinstance(node, ast.Assign)
                   and _calls_norm(node.value) for t in node.targets if isinstance(t, ast.Name)}
+        top = _topk_values(body, set(normed))
         # `if self.B is not None:` bodies: node id -> B
         not_none: dict[int, str] = {}
         for node in subtree(body):
@@ -202,6 +211,9 @@ class _Uses:
                     # One norm whose order is an attribute of the block's (the config's value, read by moe.py).
                     self.norm_p_attr = orders.pop() if len(norms) == 1 and None not in orders else None
                     self.norm_guard = not_none.get(id(node), "")
+                    dividend = node.left if isinstance(node, ast.BinOp) else node.target
+                    self.norm_of_topk = (len(norms) == 1 and _of(dividend, top)
+                                         and _of(_norm_operand(norms[0]), top))
             if isinstance(node, ast.Attribute):
                 self.attributes.add(node.attr)
             if (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
@@ -227,6 +239,49 @@ def _calls(node: ast.AST, name: str) -> list[ast.Call]:
     return [n for n in subtree(node) if isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] == name]
 
 
+def _topk_values(body: ast.AST, norms: set[str]) -> set[str]:
+    """The locals holding a top-k's values, in statement order: the first target of `v, i = torch.topk(...)` (or
+    `x.topk(...)`), `v = torch.topk(...).values` or `[0]`, and names assigned from expressions of those alone, or of
+    those and the locals `norms` holding a norm (`w = v.float()`, `v = v / denominator`); a name assigned anything
+    else is dropped."""
+    def is_topk(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "topk"
+
+    values: set[str] = set()
+    results: set[str] = set()  # locals holding a top-k's (values, indices) pair: `picked = torch.topk(...)`
+    statements = sorted((n for n in subtree(body) if isinstance(n, ast.Assign)), key=lambda n: (n.lineno, n.col_offset))
+    for stmt in statements:
+        value = stmt.value
+        for target in stmt.targets:
+            if isinstance(target, ast.Tuple) and is_topk(value) and target.elts and isinstance(target.elts[0], ast.Name):
+                values.add(target.elts[0].id)
+                values -= {e.id for e in target.elts[1:] if isinstance(e, ast.Name)}
+            elif isinstance(target, ast.Name):
+                first = ((isinstance(value, ast.Attribute) and value.attr == "values")
+                         or (isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant)
+                             and value.slice.value == 0))
+                of_topk = first and (is_topk(value.value) or isinstance(value.value, ast.Name)
+                                     and value.value.id in results)
+                if is_topk(value):
+                    results.add(target.id)
+                    values.discard(target.id)
+                elif of_topk or _of(value, values, norms):
+                    values.add(target.id)
+                    results.discard(target.id)
+                else:
+                    values.discard(target.id)
+                    results.discard(target.id)
+    return values
+
+
+def _of(node: ast.AST, names: set[str], also: set[str] = frozenset()) -> bool:
+    """Whether the expression reads some of `names` and no other local but `also` (self, torch and the like
+    aside)."""
+    read = {n.id for n in subtree(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    modules = {"torch", "F", "math", "self", "nn", "functional", "linalg"}
+    return bool(read & names) and not (read - names - modules - also)
+
+
 def _calls_norm(node: ast.AST) -> bool:
     """Whether the expression calls a norm (`torch.norm(x, p=...)`, `x.norm(...)`, `torch.linalg.vector_norm`)."""
     return any(_calls(node, name) for name in NORMS)
@@ -242,6 +297,13 @@ def _norm_order(call: ast.Call) -> ast.AST | None:
         "torch", "torch.linalg", "linalg")
     args = call.args if on_tensor else call.args[1:]
     return args[0] if args else None
+
+
+def _norm_operand(call: ast.Call) -> ast.AST:
+    """What `torch.norm(x, ...)`, `torch.linalg.vector_norm(x, ...)` or `x.norm(...)` takes the norm of."""
+    on_tensor = isinstance(call.func, ast.Attribute) and _dotted(call.func).rsplit(".", 1)[0] not in (
+        "torch", "torch.linalg", "linalg")
+    return call.func.value if on_tensor else call.args[0] if call.args else ast.Constant(None)
 
 
 def _operands(call: ast.Call) -> list[ast.AST]:
@@ -446,5 +508,6 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                        tuple(sorted((attr, *guard) for attr, guard in uses.guarded.items()
                                     if attr not in uses.factor)),
                        _weighted_input(forward, experts, file), uses.divides, uses.norm_division,
-                       uses.norm_p_attr, uses.norm_guard, uses.softmax_after_topk, uses.scores_then_topk)
+                       uses.norm_p_attr, uses.norm_guard, uses.norm_of_topk, uses.softmax_after_topk,
+                       uses.scores_then_topk)
     return None

@@ -8,11 +8,11 @@ function (vllm/model_executor/models/phimoe.py, `sparsemixer(scores, jitter_eps)
 into its router's forward, rename it, or write a variant (another threshold, a softmax over every score).
 
 So the code is not matched as text: the routing path's statements after the router logits are computed are
-interpreted over numbers (a small language of [tokens, experts] tables: max with its index, abs, clamp,
-masked_fill, softmax, gather, scatter, cat, comparisons and arithmetic, the module's own functions called with
-their arguments, `self.A` read from __init__ as `self.A = config.KEY`, `self.training` as False) on sample logits
-where the masks matter, and compared with vLLM's sparsemixer at the jitter the code reads. Anything else the
-statements compute is named, not guessed.
+interpreted over numbers by evaluate.py's interpreter (`_Routing` adds what a routing computes beyond its library:
+[tokens, experts] tables compared element by element, max with its index, abs, clamp, masked_fill, gather,
+scatter; the module's own functions called with their arguments, `self.A` read from __init__ as
+`self.A = config.KEY`, `self.training` as False) on sample logits where the masks matter, and compared with vLLM's
+sparsemixer at the jitter the code reads. Anything else the statements compute is named, not guessed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from scaffold.detect.codekeys import _is_config
+from scaffold.detect.evaluate import MODULES, CannotEvaluate, Interpreter, Limits, Obj
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 
 MAX_CALL_DEPTH = 4
@@ -35,37 +38,118 @@ class SparseMixer:
     evidence: str  # file:line of what computes it
 
 
-class _Unknown(Exception):
-    pass
+class _Attrs(dict):
+    """self's attributes, noting which numbers the code reads (`used`): the jitter is the one read."""
+
+    def __init__(self, numbers: dict[str, float]):
+        super().__init__(numbers, training=False)
+        self.used: dict[str, float] = {}
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if key != "training":
+            self.used[key] = value
+        return value
 
 
-class _T:
-    """A [tokens, columns] table of floats (kind "f"), indices ("i") or booleans ("b")."""
+# The comparisons of tables, element by element (boolean tables).
+_COMPARE = {ast.Gt: np.greater, ast.Lt: np.less, ast.GtE: np.greater_equal, ast.LtE: np.less_equal,
+            ast.Eq: np.equal, ast.NotEq: np.not_equal}
+# The torch calls a routing computes beyond evaluate.py's library (under torch., F., or as a tensor's methods).
+ROUTING_CALLS = frozenset({"max", "abs", "clamp", "clip", "masked_fill", "gather", "scatter"})
 
-    def __init__(self, rows: list[list], kind: str):
-        self.rows, self.kind = rows, kind
+
+class _Routing(Interpreter):
+    """evaluate.py's interpreter over [tokens, experts] tables (float64 scores, int64 indices, boolean masks), with
+    what a routing computes beyond its library: comparisons element by element, max over a dim with its index,
+    abs, clamp, masked_fill, gather and scatter; `self.training` is False. `stop` ends the block's forward at the
+    experts' call (what they are called with is the routing); the functions it calls run whole."""
+
+    def __init__(self, functions: dict[str, ast.FunctionDef], attrs: dict[str, float], stop=None):
+        super().__init__(functions, {}, Limits(depth=MAX_CALL_DEPTH))
+        self.self_obj = Obj(name="self")
+        self.self_obj.attrs = _Attrs(attrs)
+        self.stop = stop
 
     @property
-    def width(self) -> int:
-        return len(self.rows[0])
+    def used(self) -> dict[str, float]:
+        return self.self_obj.attrs.used
+
+    def stmt(self, stmt: ast.stmt, env: dict):
+        if self.stop is not None and self.depth == 0 and (found := self.stop(stmt, env)) is not None:
+            return (found,)
+        return super().stmt(stmt, env)
+
+    def expr(self, node: ast.expr, env: dict):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+            left, right = self.expr(node.left, env), self.expr(node.comparators[0], env)
+            if isinstance(left, np.ndarray) or isinstance(right, np.ndarray):
+                return _COMPARE[type(node.ops[0])](left, right)
+            return self.compare(node.ops[0], left, right, node)
+        return super().expr(node, env)
+
+    def attribute(self, node: ast.Attribute, env: dict):
+        head = _dotted(node).split(".")[0]
+        if node.attr in ROUTING_CALLS:
+            if head in (*MODULES, "functional") and head not in env:
+                return ("library", node.attr)
+            owner = self.expr(node.value, env)
+            if isinstance(owner, np.ndarray):
+                return ("method", owner, node.attr)
+        return super().attribute(node, env)
+
+    def library(self, name: str, args: list, kwargs: dict, node: ast.Call):
+        if name in ROUTING_CALLS and args and isinstance(args[0], np.ndarray):
+            return self.method(args[0], name, args[1:], kwargs, node)
+        return super().library(name, args, kwargs, node)
+
+    def method(self, owner, name: str, args: list, kwargs: dict, node: ast.Call):
+        if not isinstance(owner, np.ndarray) or name not in ROUTING_CALLS:
+            return super().method(owner, name, args, kwargs, node)
+        line = f"line {node.lineno}: {ast.unparse(node)[:60]}"
+        if name == "abs":
+            return np.abs(owner)
+        if name == "max":
+            if args and isinstance(args[0], np.ndarray):  # torch.max(a, b): element by element
+                return np.maximum(owner, args[0])
+            if not args and "dim" not in kwargs:
+                return np.asarray(owner.max())
+            dim = _dim(args, kwargs)
+            keep = bool(kwargs.get("keepdim", args[1] if len(args) > 1 else False))
+            index = np.argmax(owner, axis=dim)  # the first of equal scores, as torch's
+            values = np.take_along_axis(owner, np.expand_dims(index, dim), axis=dim)
+            return (values, np.expand_dims(index, dim)) if keep else (values.squeeze(dim), index)
+        if name in ("clamp", "clip"):
+            low = kwargs.get("min", args[0] if args else None)
+            high = kwargs.get("max", args[1] if len(args) > 1 else None)
+            out = owner if low is None else np.maximum(owner, low)
+            return out if high is None else np.minimum(out, high)
+        if name == "masked_fill":
+            mask = kwargs.get("mask", args[0] if args else None)
+            value = kwargs.get("value", args[1] if len(args) > 1 else None)
+            if not isinstance(mask, np.ndarray) or mask.dtype != bool or isinstance(value, np.ndarray) and value.ndim:
+                raise CannotEvaluate(line)
+            return np.where(mask, value, owner)
+        # gather / scatter: along a dim, by a table of indices
+        dim = _dim(args, kwargs)
+        index = kwargs.get("index", args[1] if len(args) > 1 else None)
+        if not isinstance(index, np.ndarray) or index.dtype.kind != "i":
+            raise CannotEvaluate(line)
+        if name == "gather":
+            return np.take_along_axis(owner, index, axis=dim)
+        value = kwargs.get("value", kwargs.get("src", args[2] if len(args) > 2 else None))
+        if value is None or isinstance(value, np.ndarray):
+            raise CannotEvaluate(line)
+        out = owner.copy()
+        np.put_along_axis(out, index, float(value), axis=dim)
+        return out
 
 
-def _broadcast(a, b, op, kind: str):
-    if isinstance(a, _T) or isinstance(b, _T):
-        rows_a = a.rows if isinstance(a, _T) else None
-        rows_b = b.rows if isinstance(b, _T) else None
-        n = len(rows_a if rows_a is not None else rows_b)
-        width = max(len(r[0]) for r in (rows_a, rows_b) if r is not None)
-
-        def at(rows, scalar, i, j):
-            if rows is None:
-                return scalar
-            row = rows[i]
-            if len(row) not in (1, width):
-                raise _Unknown("tables of widths that do not broadcast")
-            return row[0] if len(row) == 1 else row[j]
-        return _T([[op(at(rows_a, a, i, j), at(rows_b, b, i, j)) for j in range(width)] for i in range(n)], kind)
-    return op(a, b)
+def _dim(args: list, kwargs: dict) -> int:
+    dim = kwargs.get("dim", args[0] if args else None)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise CannotEvaluate(f"an operation over dim {dim}")
+    return dim
 
 
 def _div(x: float, y: float) -> float:
@@ -81,204 +165,6 @@ def _softmax(row: list[float]) -> list[float]:
     exps = [math.exp(x - top) for x in row]
     total = sum(exps)
     return [e / total for e in exps]
-
-
-def _dim_last(node_args: dict, position: int | None, args: list) -> None:
-    dim = node_args.get("dim", args[position] if position is not None and len(args) > position else None)
-    if dim not in (-1, 1):
-        raise _Unknown(f"an operation over dim {dim}")
-
-
-class _Interp:
-    def __init__(self, functions: dict[str, ast.FunctionDef], attrs: dict[str, float], where: str):
-        self.functions, self.attrs, self.where = functions, attrs, where
-        self.used: dict[str, float] = {}
-        self.stack: list[str] = []
-
-    # Statements: returns ("return", value) or None.
-    def run(self, body: list[ast.stmt], env: dict, stop=None):
-        for stmt in body:
-            if stop is not None and (found := stop(stmt, env)) is not None:
-                return "return", found
-            if isinstance(stmt, ast.Assign):
-                value = self.eval(stmt.value, env)
-                for target in stmt.targets:
-                    self.bind(target, value, env)
-            elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
-                env[stmt.target.id] = self.binop(stmt.op, env[stmt.target.id], self.eval(stmt.value, env))
-            elif isinstance(stmt, ast.With):
-                if (out := self.run(stmt.body, env, stop)) is not None:
-                    return out
-            elif isinstance(stmt, ast.If):
-                test = self.eval(stmt.test, env)
-                if not isinstance(test, bool):
-                    raise _Unknown(ast.unparse(stmt.test))
-                if (out := self.run(stmt.body if test else stmt.orelse, env, stop)) is not None:
-                    return out
-            elif isinstance(stmt, ast.Return):
-                return "return", self.eval(stmt.value, env) if stmt.value is not None else None
-            elif isinstance(stmt, (ast.Pass, ast.Assert)) or (
-                    isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
-                continue
-            else:
-                raise _Unknown(f"{self.where}:{stmt.lineno}: {ast.unparse(stmt).splitlines()[0][:70]}")
-        return None
-
-    def bind(self, target: ast.AST, value, env: dict) -> None:
-        if isinstance(target, ast.Name):
-            env[target.id] = value
-        elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
-            for t, v in zip(target.elts, value):
-                self.bind(t, v, env)
-        else:
-            raise _Unknown(ast.unparse(target))
-
-    def binop(self, op: ast.operator, a, b):
-        ops = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y,
-               ast.Div: _div}
-        if type(op) not in ops:
-            raise _Unknown(type(op).__name__)
-        return _broadcast(a, b, ops[type(op)], "f")
-
-    def eval(self, node: ast.AST, env: dict):
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id not in env:
-                raise _Unknown(node.id)
-            return env[node.id]
-        if isinstance(node, ast.Attribute) and _dotted(node.value) == "self":
-            if node.attr == "training":
-                return False
-            if node.attr in self.attrs:
-                self.used[node.attr] = self.attrs[node.attr]
-                return self.attrs[node.attr]
-            raise _Unknown(ast.unparse(node))
-        if isinstance(node, (ast.Tuple, ast.List)):
-            return tuple(self.eval(e, env) for e in node.elts)
-        if isinstance(node, ast.UnaryOp):
-            value = self.eval(node.operand, env)
-            if isinstance(node.op, ast.Not) and isinstance(value, bool):
-                return not value
-            if isinstance(node.op, ast.USub):
-                return _broadcast(value, -1.0, lambda x, y: x * y, "f")
-            raise _Unknown(ast.unparse(node))
-        if isinstance(node, ast.BoolOp):
-            values = [self.eval(v, env) for v in node.values]
-            if not all(isinstance(v, bool) for v in values):
-                raise _Unknown(ast.unparse(node))
-            return all(values) if isinstance(node.op, ast.And) else any(values)
-        if isinstance(node, ast.BinOp):
-            return self.binop(node.op, self.eval(node.left, env), self.eval(node.right, env))
-        if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            ops = {ast.Gt: lambda x, y: x > y, ast.Lt: lambda x, y: x < y, ast.GtE: lambda x, y: x >= y,
-                   ast.LtE: lambda x, y: x <= y, ast.Eq: lambda x, y: x == y}
-            if type(node.ops[0]) not in ops:
-                raise _Unknown(ast.unparse(node))
-            return _broadcast(self.eval(node.left, env), self.eval(node.comparators[0], env), ops[type(node.ops[0])],
-                              "b")
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            value = self.eval(node.value, env)
-            if isinstance(value, tuple) and isinstance(node.slice.value, int):
-                return value[node.slice.value]
-        if isinstance(node, ast.Call):
-            return self.call(node, env)
-        raise _Unknown(ast.unparse(node)[:70])
-
-    def call(self, node: ast.Call, env: dict):
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        module = isinstance(func, ast.Attribute) and _dotted(func.value).split(".")[0] in (
-            "torch", "F", "nn", "functional")
-        args = ([] if module or not isinstance(func, ast.Attribute) else [self.eval(func.value, env)])
-        if isinstance(func, ast.Name) and name in self.functions:
-            return self.function(self.functions[name], node, env)
-        args += [self.eval(a, env) for a in node.args]
-        kw = {k.arg: self.eval(k.value, env) for k in node.keywords if k.arg is not None}
-        if name == "float" and isinstance(func, ast.Name) and len(args) == 1 and isinstance(args[0], (str, int, float)):
-            return float(args[0])
-        if name in ("float", "contiguous", "to", "type_as", "detach") and args and isinstance(args[0], _T):
-            return args[0]
-        if name in ("cat", "concat", "concatenate") and args and isinstance(args[0], (tuple, list)):
-            _dim_last(kw, 1, args)
-            parts = args[0]
-            if not parts or not all(isinstance(p, _T) and p.kind == parts[0].kind for p in parts):
-                raise _Unknown(ast.unparse(node)[:70])
-            return _T([[v for p in parts for v in p.rows[i]] for i in range(len(parts[0].rows))], parts[0].kind)
-        if not args or not isinstance(args[0], _T):
-            raise _Unknown(ast.unparse(node)[:70])
-        x = args[0]
-        if name == "max" and len(args) == 1 or (name == "max" and len(args) == 2 and "dim" not in kw):
-            _dim_last(kw, 1, args)
-            if not kw.get("keepdim", args[2] if len(args) > 2 else False):
-                raise _Unknown(f"{ast.unparse(node)[:60]} without keepdim")
-            best = [max(range(len(r)), key=lambda j, r=r: (r[j], -j)) for r in x.rows]
-            return _T([[r[j]] for r, j in zip(x.rows, best)], "f"), _T([[j] for j in best], "i")
-        if name == "abs" and len(args) == 1:
-            return _T([[abs(v) for v in r] for r in x.rows], x.kind)
-        if name in ("clamp", "clip"):
-            low = kw.get("min", args[1] if len(args) > 1 else None)
-            high = kw.get("max", args[2] if len(args) > 2 else None)
-            out = x
-            if low is not None:
-                out = _broadcast(out, low, max, "f")
-            if high is not None:
-                out = _broadcast(out, high, min, "f")
-            return out
-        if name == "masked_fill" and len(args) == 3:
-            mask, value = args[1], args[2]
-            return _broadcast(_broadcast(x, mask, lambda v, m: (v, m), "f"), value,
-                              lambda vm, fill: fill if vm[1] else vm[0], "f")
-        if name == "softmax":
-            _dim_last(kw, 1, args)
-            return _T([_softmax(r) for r in x.rows], "f")
-        if name == "gather":
-            _dim_last(kw, 1, args)
-            index = kw.get("index", args[2] if len(args) > 2 else None)
-            if not isinstance(index, _T) or index.kind != "i":
-                raise _Unknown(ast.unparse(node)[:70])
-            return _T([[r[j] for j in idx] for r, idx in zip(x.rows, index.rows)], x.kind)
-        if name == "scatter":
-            _dim_last(kw, 1, args)
-            index = kw.get("index", args[2] if len(args) > 2 else None)
-            value = kw.get("value", kw.get("src", args[3] if len(args) > 3 else None))
-            if not isinstance(index, _T) or isinstance(value, _T) or value is None:
-                raise _Unknown(ast.unparse(node)[:70])
-            rows = [list(r) for r in x.rows]
-            for r, idx in zip(rows, index.rows):
-                for j in idx:
-                    r[j] = float(value)
-            return _T(rows, x.kind)
-        if name == "sum":
-            _dim_last(kw, 1, args)
-            if not kw.get("keepdim", False):
-                raise _Unknown(f"{ast.unparse(node)[:60]} without keepdim")
-            return _T([[sum(r)] for r in x.rows], "f")
-        raise _Unknown(ast.unparse(node)[:70])
-
-    def function(self, func: ast.FunctionDef, node: ast.Call, env: dict):
-        if len(self.stack) >= MAX_CALL_DEPTH:
-            raise _Unknown(f"calls deeper than {MAX_CALL_DEPTH}")
-        params = [a.arg for a in func.args.args]
-        defaults = dict(zip(params[len(params) - len(func.args.defaults):], func.args.defaults))
-        local: dict = {}
-        for p, a in zip(params, node.args):
-            local[p] = self.eval(a, env)
-        for k in node.keywords:
-            if k.arg not in params:
-                raise _Unknown(ast.unparse(node)[:70])
-            local[k.arg] = self.eval(k.value, env)
-        for p in params:
-            if p not in local:
-                if p not in defaults:
-                    raise _Unknown(ast.unparse(node)[:70])
-                local[p] = self.eval(defaults[p], {})
-        self.stack.append(func.name)
-        try:
-            out = self.run(func.body, local)
-        finally:
-            self.stack.pop()
-        return out[1] if out is not None else None
 
 
 def reference(rows: list[list[float]], jitter: float) -> tuple[list[list[float]], list[list[int]]]:
@@ -389,8 +275,7 @@ def _compare(file, cls, forward, start, logits, functions, attrs, keys, experts,
     def stop(stmt, env):  # in the block's forward: the routing is what the experts are called with
         for node in subtree(stmt):
             if isinstance(node, ast.Call) and _dotted(node.func) == f"self.{experts}":
-                interp_local = _Interp(functions, attrs, file)
-                return tuple(interp_local.eval(a, env) for a in node.args[1:] if isinstance(a, ast.Name) and a.id in env)
+                return tuple(env[a.id] for a in node.args[1:] if isinstance(a, ast.Name) and a.id in env)
         return None
 
     # The jitter: each number the path reads (the router's `self.A = config.KEY`, a function's default, a
@@ -402,21 +287,22 @@ def _compare(file, cls, forward, start, logits, functions, attrs, keys, experts,
     last = None
     for jitter in candidates:
         rows = samples(jitter, experts_n)
-        interp = _Interp(functions, attrs, file)
+        interp = _Routing(functions, attrs, stop)
+        env = {logits: np.array(rows, dtype=np.float64), "self": interp.self_obj}
         try:
-            out = interp.run(forward.body[start + 1:], {logits: _T(rows, "f")}, stop)
-        except _Unknown as exc:
+            with np.errstate(all="ignore"):  # -inf scores: nan gaps, as torch computes them
+                out = interp.call_block(forward.body[start + 1:], env)
+        except CannotEvaluate as exc:
             return f"{where}: the routing computes {str(exc)[:90]}, which the routing reader does not follow"
-        except (ValueError, IndexError, TypeError, KeyError, OverflowError) as exc:
-            return f"{where}: the routing reader could not evaluate it ({type(exc).__name__})"
-        value = out[1] if out is not None else None
+        value = out[0] if out is not None else None
         parts = value if isinstance(value, tuple) else (value,)
-        weights = [p for p in parts if isinstance(p, _T) and p.kind == "f" and p.width != experts_n]
-        ids = [p for p in parts if isinstance(p, _T) and p.kind == "i"]
+        tables = [p for p in parts if isinstance(p, np.ndarray) and p.ndim == 2 and p.shape[0] == len(rows)]
+        weights = [p.tolist() for p in tables if p.dtype.kind == "f" and p.shape[1] != experts_n]
+        ids = [p.tolist() for p in tables if p.dtype.kind == "i"]
         if len(weights) != 1 or len(ids) != 1:
             return f"{where}: the routing returns no one table of weights and one of expert indices"
         want_w, want_i = reference(rows, jitter)
-        got = [sorted(zip(i, w)) for i, w in zip(ids[0].rows, weights[0].rows)]
+        got = [sorted(zip(i, w)) for i, w in zip(ids[0], weights[0])]
         want = [sorted(zip(i, w)) for i, w in zip(want_i, want_w)]
         same_ids = all([p[0] for p in g] == [p[0] for p in w] for g, w in zip(got, want))
         worst = max((abs(a[1] - b[1]) for g, w in zip(got, want) for a, b in zip(g, w)), default=math.inf) \

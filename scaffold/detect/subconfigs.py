@@ -477,5 +477,7 @@ def flat_activation(sources: dict[str, str], flat: FlattenedExperts, config: dic
         table = scope.get(holder.attr)
         default = args[1].value if len(args) > 1 and isinstance(args[1], ast.Constant) else None
         value = table.get(args[0].value, default) if isinstance(table, dict) else None
+        # The key named, so that verify counts it as read (the code reads nothing else of the table).
+        where += f", the {args[0].value!r} of config.json {own + '.' if own else ''}{holder.attr}"
         return (value if isinstance(value, str) else None), where
     return None, ""
