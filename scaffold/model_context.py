@@ -140,6 +140,15 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "act_call": activation_call(spec),
         # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
         "latent": spec.qkv_layout == "latent",
+        # Its query computed by the port, not by vLLM's MLA wrapper: a query up-projection over more than the normed
+        # low-rank query, or an output gate in its rows (A.X-K2's).
+        "latent_own_query": spec.qkv_layout == "latent" and (spec.latent_query_input != "normed"
+                                                             or spec.attn_output_gate == "in_query"),
+        "latent_gate": spec.qkv_layout == "latent" and spec.attn_output_gate == "in_query",
+        "latent_query_words": {"normed": "the normed low-rank query",
+                               "normed+unnormed": "the normed low-rank query and the unnormed one, concatenated",
+                               "unnormed+normed": "the unnormed low-rank query and the normed one, concatenated",
+                               }[spec.latent_query_input],
         # A mixture of attention heads (JetMoE's): the routed_attention partial.
         "routed": spec.qkv_layout == "routed",
         "alibi": spec.position_scheme == "alibi",
@@ -405,6 +414,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
+        *([Import("vllm.model_executor.layers.attention", ("MLAAttention",))] if flags["latent_own_query"] else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         # LayerNorm1P is the port's own class.
@@ -422,7 +432,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
         *([Import("vllm.model_executor.layers.mla", ("MLAModules", "MultiHeadLatentAttentionWrapper"))]
-          if latent else []),
+          if latent and not flags["latent_own_query"] else []),
         Import("vllm.model_executor.layers.quantization", ("QuantizationConfig",)),
         *([Import("vllm.model_executor.layers.rotary_embedding", _present(
             ("RotaryEmbedding", flags["frequency_order"]), ("get_rope", not flags["frequency_order"])))] if flags["rotary"] else []),

@@ -515,10 +515,10 @@ UNSUPPORTED = {
                                                           "mrope_section": [4, 4, 8]}}},
         "turn their columns in different orders"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
-    # A.X-K2 behind its top-k key selection (which the port reads): its queries come from q_gate_proj over the normed
-    # and the unnormed low-rank query, with rows for an output gate.
-    "axk2-query-gate": ("axk2", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                                 "n_group": 1, "topk_group": 1}, "latent attention whose query up-projection reads"),
+    # A.X-K2 behind its top-k key selection and its gated query (which the port reads): its norms gate their own
+    # output by a low-rank MLP of it (AXK2GatedRMSNorm).
+    "axk2-gated-norm": ("axk2", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                 "n_group": 1, "topk_group": 1}, "a norm gated by a module of its own output"),
     # sparsemixer routes each token to two experts whatever num_experts_per_tok says; vLLM's routes two.
     "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
                                 ("the routing is sparsemixer, which routes each token to 2 experts, but config.json "

@@ -1034,6 +1034,8 @@ def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer
     the attention output before o_proj): its name, its activation, and whether it gives one value per output
     element or per head, from its weight's rows (heads x head_dim, or heads: the product could not broadcast
     otherwise)."""
+    if spec.qkv_layout == "latent" and spec.attn_output_gate == "in_query":
+        return  # in the latent query's rows, as latent.detect read it (A.X-K2's)
     if code is not None and code.query_gate_refusal:
         raise _unsupported(f"an output gate folded into the query projection, not in the form the port builds "
                            f"({code.query_gate_refusal})", where, spec.model_type)
