@@ -907,7 +907,7 @@ def gated_norms(sources: dict, config: dict) -> str | None:
                 if isinstance(call, ast.Call):
                     built.setdefault(node.targets[0].attr, []).append((_dotted(call.func).rsplit(".", 1)[-1],
                                                                        node.lineno))
-    for attr, made in built.items():
+    for made in built.values():
         for name, line in made:
             if name not in classes:
                 continue

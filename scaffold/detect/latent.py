@@ -174,8 +174,8 @@ def _query_gate(ckpt: Checkpoint, spec: Spec, found: dict, path: str, attn: str,
                                renamings.code_name(table, f"{path}.{o_name}.weight").rsplit(".", 2)[-2])
     except latentgate.Refused as exc:
         raise unsupported(f"{what}: {exc}", where, spec.model_type) from None
-    q_rank = tuple(layer0[f"{attn}.{found['q_a_norm']}.weight"].shape)[0]
-    columns = tuple(layer0[f"{attn}.{found['q_b_proj']}.weight"].shape)[1]
+    q_rank = layer0[f"{attn}.{found['q_a_norm']}.weight"].shape[0]
+    columns = layer0[f"{attn}.{found['q_b_proj']}.weight"].shape[1]
     o_info = layer0.get(f"{attn}.{o_name}.weight")
     heads = spec.num_heads
     if columns != 2 * q_rank or o_info is None or len(o_info.shape) != 2 or o_info.shape[1] % heads:

@@ -221,7 +221,10 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want.update({f"{attn}.{n['kv_a_proj']}": spec.kv_lora_rank + rope,
                      f"{attn}.{n['kv_b_proj']}": heads * (nope + value)})
         if spec.q_lora_rank:
-            want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank, f"{attn}.{n['q_b_proj']}": heads * (nope + rope)})
+            # An output gate in the query's rows (A.X-K2's): each head's gate is as wide as its value.
+            gate = value if spec.attn_output_gate == "in_query" else 0
+            want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank,
+                         f"{attn}.{n['q_b_proj']}": heads * (nope + rope + gate)})
         else:
             want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
     elif spec.qkv_layout == "routed":
