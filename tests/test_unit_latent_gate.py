@@ -1,6 +1,7 @@
 """detect/latentgate.py: a latent attention whose query up-projection reads the low-rank query and its normed form,
 concatenated, and emits an output gate in each head's rows (A.X-K2's q_gate_proj); and a norm gated by a module of
-its own output (A.X-K2's AXK2GatedRMSNorm), refused by forms.py. Read from transformers' file and from lab modules
+its own output (A.X-K2's AXK2GatedRMSNorm), refused by forms.py; and expert groups null in config.json where the
+code limits its top-k to groups only where they are not None (A.X-K2-Light's routing). Read from transformers' file and from lab modules
 written otherwise (other names, the concatenation and the head's rows in the other order, a helper method, the
 per-head view by unflatten, the product by .mul)."""
 
@@ -14,7 +15,7 @@ from helpers import LAB_DECODER, LAB_PRELUDE, detect_until, read, transformers_c
 from test_unit_detect_latent import HEADS, KV_RANK, NOPE, Q_RANK, ROPE, VALUE, latent_tensors
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import forms, latentgate, layout
+from scaffold.detect import forms, latentgate, layout, moe, routing
 from scaffold.errors import UnsupportedArchitecture
 
 # A lab's gated latent attention: the unnormed query first in the concatenation, each head's rows [gate | query],
@@ -180,3 +181,30 @@ def test_a_lab_gated_norm_written_otherwise_is_found_and_a_plain_norm_is_not():
         "self.input_layernorm = LabGatedNorm(config.hidden_size, 4)")
     assert "LabGatedNorm.forward" in forms.gated_norms({file: code}, {})
     assert forms.gated_norms({file: LAB_CODE}, {}) is None
+
+
+# ------------------------------------------------------------------ expert groups skipped where null
+def test_axk2s_group_scoring_runs_only_where_its_groups_are_not_none():
+    path = routing.routing(transformers_code("axk2"), "experts")
+    assert path is not None and path.none_skipped_attrs == frozenset({"num_group"})
+    # DeepSeek-V3 limits its top-k to groups whatever its config says.
+    assert routing.routing(transformers_code("deepseek_v3"), "experts").none_skipped_attrs == frozenset()
+
+
+def test_a_group_scoring_also_called_outside_the_none_test_is_not_skipped():
+    code = transformers_code("axk2")
+    file = next(iter(code))
+    text = code[file].replace("        topk_indices = torch.topk(scores_for_choice, k=self.top_k",
+                              "        scores_for_choice = self.apply_group_scoring(scores_for_choice)\n"
+                              "        topk_indices = torch.topk(scores_for_choice, k=self.top_k", 1)
+    assert text != code[file]
+    assert routing.routing({file: text}, "experts").none_skipped_attrs == frozenset()
+
+
+def test_null_groups_the_code_skips_are_no_groups_in_the_spec(tmp_path):
+    from latent_gate_ckpt import build
+
+    ckpt = read_checkpoint(build(tmp_path / "axk2lab", groups=None))
+    spec = detect_until(ckpt, moe)
+    assert (spec.moe_groups, spec.moe_topk_groups, spec.moe_sigmoid) == (0, 0, True)
+    assert "only where self.num_group is not None, and config.json n_group is null" in spec.source("moe_groups").detail
