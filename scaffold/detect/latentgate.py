@@ -285,9 +285,8 @@ def read(sources: dict[str, str], attention_cls: str, q_a_proj: str, q_a_norm: s
                       f"self.{q_a_norm}(self.{q_a_proj}(x))")
     up = ("mod", q_b_proj, arg)
     # The cut: pieces of the up-projection's output, viewed per head before the cut.
-    pieces = sorted({d for call in reader.calls for d in _deps(call[1])} | _all_values(reader),
-                    key=repr)
-    cut = [p for p in pieces if isinstance(p, tuple) and p[0] == "piece" and _strip(p[1]) == up]
+    cut = sorted((p for p in _all_values(reader) if isinstance(p, tuple) and p[0] == "piece" and _strip(p[1]) == up),
+                 key=lambda p: (p[3], p[2]))
     if not cut:
         raise Refused(f"{reader.where(up_line)}: the output of self.{q_b_proj} is not cut in two along its last axis "
                       "(into each head's query and gate) where the reader follows it")
