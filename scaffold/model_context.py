@@ -221,6 +221,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                            and not spec.per_layer_input_size
                            and not spec.residual_scale_attn and not spec.residual_scale_mlp),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
+        # Norms gated by a small MLP of their output (A.X-K2's): the gated_norm partial.
+        "gated_norm": bool(spec.gated_norm_parts),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
@@ -384,7 +386,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     activations = ({flags["act_call"].split("(", 1)[0] if flags["act_call"] else
                     "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
                     "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn"} if mlp_class else set())
-    if spec.head_act is not None or spec.per_layer_input_size:  # also each layer's per-layer input gate
+    if spec.head_act is not None or spec.per_layer_input_size or spec.gated_norm_parts:  # also a gate's MLP
         activations.add("get_act_fn")
     # Differential attention gathers the value heads and the outputs across ranks; its init may call math.exp.
     diff = bool(spec.diff_lambdas)
@@ -427,7 +429,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed or bool(spec.per_layer_input_size)),
+             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts)),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),

@@ -410,6 +410,13 @@ def decisions(spec) -> list[str]:
         if name:
             scales.append(f"the residual x the layer's own `{name}` (one per channel) before the {role}'s output is "
                           "added")
+    for name in (*spec.gated_norms, *spec.gated_norms_conditional):
+        inner, gate, up, down = spec.gated_norm_parts
+        where = (f"where `{spec.gated_norm_condition}` (layers {spec.gated_norm_layers})"
+                 if name in spec.gated_norms_conditional else "in every layer")
+        scales.append(f"`{name}` gated {where}: its `{inner}` output x {spec.gated_norm_acts[1]}("
+                      f"`{down}`({spec.gated_norm_acts[0]}(`{up}`(y)))), the gate replicated on every rank "
+                      f"({_md(spec.source('gated_norms').detail)})")
     if spec.layer_scalar:
         scales.append(f"each layer's output x its own `{spec.layer_scalar}` ({_md(spec.source('layer_scalar').detail)})")
     if spec.logits_scale is not None:

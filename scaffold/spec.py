@@ -672,6 +672,32 @@ class Spec:
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
             "after both residual adds; empty: none")
+    # Norms gated by a small MLP of their own output (A.X-K2's AXK2GatedRMSNorm; scaffold.detect.gatednorm):
+    # y = norm(x); y * gate_act(down(mlp_act(up(y)))), the norm and the MLP under the checkpoint's names.
+    gated_norms: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the decoder layer's norms (checkpoint names) built as a gated norm in every layer; empty: none")
+    gated_norms_conditional: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the decoder layer's norms built as a gated norm where gated_norm_condition holds, a plain norm "
+            "elsewhere (A.X-K2's post_attention_layernorm); empty: none")
+    gated_norm_condition: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="over `config` and `layer_idx`, as the code writes it: where gated_norms_conditional are gated "
+            "(A.X-K2's sparse layers)")
+    gated_norm_layers: list[int] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the layers where gated_norm_condition holds on config.json")
+    gated_norm_parts: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the gated norm's modules: its norm, its gate MLP, and that MLP's up and down linears (A.X-K2's "
+            "norm, mlp, fc1, fc2)")
+    gated_norm_acts: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the gate MLP's activation, then the gate's (A.X-K2's silu, sigmoid)")
+    gated_norm_rank: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="the gate MLP's width as the code reads it from the config (A.X-K2's config.gated_norm_rank)")
     # Per-layer input embeddings (Gemma 4's PLE): per = s * (norm(m * proj(h0)).view(L, P) + t * table(ids).view(L, P))
     # (h0 the scaled embeddings), and layer i adds norm(proj_i(act(gate_i(h)) * per[:, i])) to its output.
     per_layer_input_size: int = spec_field(

@@ -2,8 +2,8 @@
 
 transformers' own modeling_axk2.py with its relative imports made absolute and two changes: the query up-projection
 keeps the checkpoint's name (`q_b_proj`, which A.X-K2's conversion table renames to `q_gate_proj` for transformers'
-own model type only), and the decoder layer builds plain RMSNorms where A.X-K2 builds its gated ones (a form the port
-refuses: forms.gated_norms). Everything else is A.X-K2's: the query up-projection over cat([norm(c), c]), each head's
+own model type only), and the decoder layer builds plain RMSNorms where A.X-K2 builds its gated ones (those are
+read by gatednorm and verified on A.X-K2 itself: the catalogue and the axk2 architecture row). Everything else is A.X-K2's: the query up-projection over cat([norm(c), c]), each head's
 rows [query | gate], sigmoid(gate) on the attention output, the top-k indexer, the sigmoid router with its
 correction bias, the fused experts and the dense first layer. Saved from the remote code itself (no conversion
 table for its model type), at the latent sizes vLLM's CPU MLA kernel takes.

@@ -1,13 +1,10 @@
 """detect/latentgate.py: a latent attention whose query up-projection reads the low-rank query and its normed form,
-concatenated, and emits an output gate in each head's rows (A.X-K2's q_gate_proj); and a norm gated by a module of
-its own output (A.X-K2's AXK2GatedRMSNorm), refused by forms.py; and expert groups null in config.json where the
+concatenated, and emits an output gate in each head's rows (A.X-K2's q_gate_proj); and expert groups null in config.json where the
 code limits its top-k to groups only where they are not None (A.X-K2-Light's routing). Read from transformers' file and from lab modules
 written otherwise (other names, the concatenation and the head's rows in the other order, a helper method, the
 per-head view by unflatten, the product by .mul)."""
 
 from __future__ import annotations
-
-import ast
 
 import pytest
 from ckpt_factory import Shape
@@ -15,7 +12,7 @@ from helpers import LAB_DECODER, LAB_PRELUDE, detect_until, read, transformers_c
 from test_unit_detect_latent import HEADS, KV_RANK, NOPE, Q_RANK, ROPE, VALUE, latent_tensors
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import forms, latentgate, layout, moe, routing
+from scaffold.detect import latentgate, layout, moe, routing
 from scaffold.errors import UnsupportedArchitecture
 
 # A lab's gated latent attention: the unnormed query first in the concatenation, each head's rows [gate | query],
@@ -144,43 +141,6 @@ def test_a_gated_latent_checkpoint_whose_code_shows_another_form_is_refused_by_n
     with pytest.raises(UnsupportedArchitecture, match=r"query up-projection reads 40 columns .*: modeling_lab.py:\d+: "
                                                       "the output of self.q_b_proj is cut along its last axis"):
         detect_until(_gated_lab_checkpoint(tmp_path, code), layout)
-
-
-# ------------------------------------------------------------------ gated norms
-LAB_GATED_NORM = '''class LabGatedNorm(nn.Module):
-    def __init__(self, dim, rank):
-        super().__init__()
-        self.ln = LabRMSNorm(dim)
-        self.squeeze = nn.Linear(dim, rank, bias=False)
-        self.expand = nn.Linear(rank, dim, bias=False)
-
-    def forward(self, x):
-        h = self.ln(x)
-        g = self.expand(F.silu(self.squeeze(h)))
-        return torch.sigmoid(g) * h
-
-
-'''
-
-
-def test_transformers_axk2_gated_norm_is_refused_naming_its_line():
-    found = forms.gated_norms(transformers_code("axk2"), {})
-    assert found is not None and "AXK2GatedRMSNorm.forward" in found
-    assert "self.norm(x) * sigmoid(self.mlp(self.norm(x)))" in found
-    assert "input_layernorm, post_attention_layernorm" in found
-
-
-def test_a_lab_gated_norm_written_otherwise_is_found_and_a_plain_norm_is_not():
-    file, tree = "modeling_lab.py", ast.parse(LAB_PRELUDE + LAB_GATED_NORM)
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    found = latentgate.gated_output(file, classes["LabGatedNorm"])
-    assert found is not None and "self.ln(x) * sigmoid(self.expand(... self.ln(x) ...))" in found
-    assert latentgate.gated_output(file, classes["LabRMSNorm"]) is None
-    code = LAB_PRELUDE + LAB_GATED_NORM + LAB_ATTENTION + LAB_DECODER.replace(
-        "self.input_layernorm = LabRMSNorm(config.hidden_size)",
-        "self.input_layernorm = LabGatedNorm(config.hidden_size, 4)")
-    assert "LabGatedNorm.forward" in forms.gated_norms({file: code}, {})
-    assert forms.gated_norms({file: LAB_CODE}, {}) is None
 
 
 # ------------------------------------------------------------------ expert groups skipped where null

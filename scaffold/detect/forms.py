@@ -39,7 +39,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, latentgate, layerinputs, sourcecode, sublayers
+from scaffold.detect import conditions, dataflow, keybias, layerinputs, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -888,39 +888,6 @@ def experts_beside_mlp(sources: dict, config: dict) -> str | None:
     return None
 
 
-def gated_norms(sources: dict, config: dict) -> str | None:
-    """A norm of the decoder layer whose output is multiplied by an activation of a module applied to that output
-    (A.X-K2's AXK2GatedRMSNorm: y = norm(x); y * sigmoid(mlp(y)), a low-rank MLP of its own): the port's norms are
-    vLLM's RMSNorm / LayerNorm, with no gate. Read from what the norm class's forward computes (latentgate's
-    symbolic reading), for each class the layer's __init__ builds as a module, in either branch of a condition."""
-    layer = _decoder_layer(sources)
-    if layer is None:
-        return None
-    file, cls = layer
-    classes = _classes(sources)
-    init = _method(cls, "__init__")
-    built: dict[str, list[tuple[str, int]]] = {}
-    for node in subtree(init) if init is not None else ():
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
-                and _dotted(node.targets[0].value) == "self":
-            for call in (node.value.body, node.value.orelse) if isinstance(node.value, ast.IfExp) else (node.value,):
-                if isinstance(call, ast.Call):
-                    built.setdefault(node.targets[0].attr, []).append((_dotted(call.func).rsplit(".", 1)[-1],
-                                                                       node.lineno))
-    for made in built.values():
-        for name, line in made:
-            if name not in classes:
-                continue
-            norm_file, norm_cls = classes[name]
-            found = latentgate.gated_output(norm_file, norm_cls)
-            if found:
-                users = sorted(a for a, m in built.items() if any(n == name for n, _ in m))
-                return (f"a norm gated by a module of its own output: {name}.forward ({found}), built as the decoder "
-                        f"layer's {', '.join(users)} ({cls.name}, {file}:{line}); the port's norms are vLLM's, "
-                        "with no gate")
-    return None
-
-
 def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
     attention = _attention_classes(sources)
     return {attr for attr, (name, _n) in _built(cls).items() if name in attention}
@@ -928,4 +895,4 @@ def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
 
 FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, parallel_lists,
            several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
-           experts_beside_mlp, embedded_experts, gated_norms)
+           experts_beside_mlp, embedded_experts)

@@ -75,6 +75,14 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 continue
             if role == "attn_norm" and i in spec.unnormed_attn_layers:  # an identity there
                 continue
+            if n[role] in spec.gated_norms or (n[role] in spec.gated_norms_conditional
+                                               and i in spec.gated_norm_layers):
+                inner, gate, up, down = spec.gated_norm_parts  # the norm inside, the gate's linears
+                for kind in kinds:
+                    params[f"{p}{n[role]}.{inner}.{kind}"] = (None,)
+                for linear in (up, down):
+                    params[f"{p}{n[role]}.{gate + '.' if gate else ''}{linear}.weight"] = (None,)
+                continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
         if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
