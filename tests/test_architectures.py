@@ -409,6 +409,7 @@ EXPECTED_SPEC = {
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
     "axk2": {"qkv_layout": "latent", "attn_output_gate": "in_query", "dense_layers": [0],
+             "intermediate_size": 256,  # the layer's MLP, not the gated norm's (gated_norm_rank 8)
              "gated_norms": ["input_layernorm"], "gated_norms_conditional": ["post_attention_layernorm"],
              "gated_norm_layers": [1, 2], "gated_norm_parts": ["norm", "", "W_down", "W_up"],
              "gated_norm_acts": ["silu", "sigmoid"], "gated_norm_rank": "config.gated_norm_rank"},

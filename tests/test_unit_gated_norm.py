@@ -136,6 +136,8 @@ def test_a_lab_gated_norm_written_otherwise_is_read_and_plain_norms_are_not():
 @pytest.mark.parametrize(("old", "new", "message"), [
     ("self.squeeze = nn.Linear(dim, rank, bias=False)", "self.squeeze = nn.Linear(dim, rank)", "with a bias"),
     ("return torch.sigmoid(g) * h", "return torch.tanh(g) * h", "gates by tanh, not a sigmoid"),
+    ("self.ln = LabRMSNorm(dim)", "self.ln = nn.LayerNorm(dim)",
+     "normalizes with LayerNorm, not the class the model builds its own final norm with"),
     ("g = self.expand(F.silu(self.squeeze(h)))", "g = self.expand(self.squeeze(h))",
      r"modeling_lab.py:\d+\) gates the norm's output by something other than a small MLP"),
 ])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from scaffold.detect import codekeys, conditions, dataflow, latentgate, window
 from scaffold.detect.denselayers import negated
-from scaffold.detect.sourcecode import _classes, _dotted, subtree
+from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 
 GATE_ACTS = ("sigmoid",)
 MLP_ACTS = ("silu", "relu", "tanh", "sigmoid")
@@ -38,6 +38,7 @@ class GatedNorm:
     mlp_act: str                  # the gate MLP's activation
     gate_act: str                 # the activation of the gate
     rank: str                     # the gate MLP's width, as the code writes it over config
+    norm_class: str               # the class of the norm inside (the model's own plain norm)
     evidence: str                 # FILE:LINE and the form
 
 
@@ -132,12 +133,22 @@ def _width(up_call: ast.Call, chain: list[tuple[ast.FunctionDef | None, ast.Call
     return None
 
 
+def _model_norms(sources: dict, file: str, list_line: int) -> set[str]:
+    """The classes the base model (the class whose __init__ builds the layer list at FILE:LIST_LINE) builds
+    modules of."""
+    tree = next((t for f, t in _parsed(sources) if f == file), None)
+    for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)) if tree is not None else ():
+        if cls.lineno <= list_line <= (cls.end_lineno or cls.lineno):
+            return {_dotted(c.func).rsplit(".", 1)[-1] for c in _built(_init(cls)).values()}
+    return set()
+
+
 def read(sources: dict, config: dict, layers_attr: str | None, num_layers: int) -> GatedNorm | None:
     """The decoder layer's gated norms, or None where it builds none; Refused where one is in another form."""
     found = dataflow.layer_class(sources, layers_attr) or dataflow.layer_class(sources)
     if found is None:
         return None
-    file, layer, _ = found
+    file, layer, list_line = found
     init = _init(layer)
     if init is None:
         return None
@@ -205,15 +216,13 @@ def read(sources: dict, config: dict, layers_attr: str | None, num_layers: int) 
             raise Refused(f"{name} ({norm_file}:{norm_cls.lineno}) builds its gate with a width that does not follow "
                           "from the config")
         inner_cls = _dotted(norm_call.func).rsplit(".", 1)[-1]
-        # The inner norm must be the model's own plain norm: one the code builds elsewhere, outside gated classes.
-        plain = any(inner_cls == _dotted(n.value.func).rsplit(".", 1)[-1]
-                    for c_file, c in classes.values() if c.name not in gated or not gated[c.name]
-                    for n in subtree(c) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call))
-        if not plain:
-            raise Refused(f"{name}.__init__ ({norm_file}:{norm_call.lineno}) normalizes with {inner_cls}, a class "
-                          "no other module of the model uses as its norm")
+        # The inner norm must be the model's own plain norm (the port builds every norm of one kind): the class the
+        # base model builds its final norm with, the one holding the layers.
+        if inner_cls not in _model_norms(sources, file, list_line):
+            raise Refused(f"{name}.__init__ ({norm_file}:{norm_call.lineno}) normalizes with {inner_cls}, not the "
+                          "class the model builds its own final norm with")
         parts.add((y[1], gate_attr, up, down))
-        acts.add((mlp_act, gate[1], rank))
+        acts.add((mlp_act, gate[1], rank, inner_cls))
         attrs.append(attr)
         if cond is None:
             layers[attr] = list(range(num_layers))

@@ -494,7 +494,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # name table CANDIDATES is a hint for checkpoints without source, or where the code
     # does not decide.
     sources = modeling_sources(ckpt)
-    _gated_norms(ckpt, spec, names, sources, per_layer, f"{prefix}.{names['layers']}", where)
+    gated_inner = _gated_norms(ckpt, spec, names, sources, per_layer, f"{prefix}.{names['layers']}", where)
     weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
     identities = _identity_norms(sources, ckpt, spec, names["layers"], per_layer, weightless)
     flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless, identities)
@@ -739,7 +739,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         names["act_fn"] = act_module.attr
         spec.set("act_tensors", list(act_module.tensors), Source("code", act_module.evidence))
 
-    _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref)
+    _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref,
+                     gated_inner)
     if transform is not None:
         _head_norm(ckpt, spec, names, sources, flow, head_norm_built)
     scalar = layer_output_scalar(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
@@ -1616,7 +1617,7 @@ def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
 
 
 def _gated_norms(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, per_layer: dict, stack: str,
-                 where: str) -> None:
+                 where: str) -> str | None:
     """Norms gated by a small MLP of their own output (scaffold.detect.gatednorm, A.X-K2's): the layers' tensors
     are read from here on as the plain norm's (`input_layernorm.norm.weight` as `input_layernorm.weight`), the gate
     MLP's linears checked against the code's form and set aside; the spec keeps the names to build them under."""
@@ -1633,7 +1634,7 @@ def _gated_norms(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, per_l
             spec.set(field, [], none)
         spec.set("gated_norm_condition", "", none)
         spec.set("gated_norm_rank", "", none)
-        return
+        return None
     inner, gate, up, down = found.parts
     table = renamings.renamings(ckpt)  # transformers' renames on load (A.X-K2's W_down -> mlp.fc1)
     held = f"{gate}." if gate else ""  # the gate's linears in a module of their own, or the norm's
@@ -1685,16 +1686,19 @@ def _gated_norms(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, per_l
     source = Source("code", found.evidence)
     spec.set("gated_norms", every, source)
     spec.set("gated_norms_conditional", conditional, source)
-    spec.set("gated_norm_condition", found.condition if conditional else "", source)
+    spec.set("gated_norm_condition", found.condition if conditional else "",
+             Source("code", found.evidence, found.condition) if conditional else source)
     spec.set("gated_norm_layers", found.layers[conditional[0]] if conditional else [], source)
     spec.set("gated_norm_parts", port_parts, Source("code", f"{found.evidence}; as the checkpoint names them"))
     spec.set("gated_norm_acts", [found.mlp_act, found.gate_act], source)
-    spec.set("gated_norm_rank", found.rank, Source("tensor", f"{stack}.*.{found.attrs[0]}.{ckpt_parts['up']}.weight: "
-                                                             f"[{rank}, {hidden}]"))
+    spec.set("gated_norm_rank", found.rank, Source("code", f"{found.evidence}; {stack}.*.{found.attrs[0]}."
+                                                           f"{ckpt_parts['up']}.weight: [{rank}, {hidden}]", found.rank))
+    return found.norm_class
 
 
 def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict,
-                     weightless_attributes: set[str], flow: dataflow.Layer | None = None, ref: int = 0) -> None:
+                     weightless_attributes: set[str], flow: dataflow.Layer | None = None, ref: int = 0,
+                     gated_inner: str | None = None) -> None:
     """The block and the norms' kind, read from the tensors of layer `ref` (`layer0`: the first layer that builds
     every norm, 0 unless some are identities there)."""
     where = ckpt.config_file
@@ -1738,7 +1742,9 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     spec.set("block", block, Source("code", detail) if block == "residual_norm" else Source("tensor", detail))
 
     norm_attr = names.get("attn_norm") or names.get("attn_post_norm")
-    code = norm_code(sources, norm_attr, ckpt.config)
+    gated = norm_attr in (*spec.gated_norms, *spec.gated_norms_conditional)
+    # A gated norm computes as the norm inside it (gatednorm), the gate apart.
+    code = norm_code(sources, norm_attr, ckpt.config, gated_inner if gated else None)
     has_bias = f"{norm_attr}.bias" in layer0
     if code is not None:
         kind = "layer" if code.centered else "rms"
