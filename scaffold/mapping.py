@@ -185,6 +185,10 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if "shared_expert_gate" in n:
         out.append(f"{n['mlp']}.{n['shared_expert_gate']}")
     out += [n[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in n]
+    if spec.gated_norm_parts:  # a gated norm's own norm and its gate's linears, replicated, as the checkpoint names
+        inner, gate, up, down = spec.gated_norm_parts
+        out += [f"{g}.{m}" for g in (*spec.gated_norms, *spec.gated_norms_conditional)
+                for m in (inner, *(f"{gate}.{x}" if gate else x for x in (up, down)))]
     if spec.attn_sub_norm:  # replicated: every rank normalizes the whole attention output
         out.append(f"{n['self_attn']}.{n['attn_sub_norm']}")
     if spec.mlp_sub_norm:

@@ -148,6 +148,15 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "act_call": activation_call(spec),
         # Multi-head latent attention (DeepSeek-V2's): vLLM's MultiHeadLatentAttentionWrapper, not Attention.
         "latent": spec.qkv_layout == "latent",
+        # Its query computed by the port, not by vLLM's MLA wrapper: a query up-projection over more than the normed
+        # low-rank query, or an output gate in its rows (A.X-K2's).
+        "latent_own_query": spec.qkv_layout == "latent" and (spec.latent_query_input != "normed"
+                                                             or spec.attn_output_gate == "in_query"),
+        "latent_gate": spec.qkv_layout == "latent" and spec.attn_output_gate == "in_query",
+        "latent_query_words": {"normed": "the normed low-rank query",
+                               "normed+unnormed": "the normed low-rank query and the unnormed one, concatenated",
+                               "unnormed+normed": "the unnormed low-rank query and the normed one, concatenated",
+                               }[spec.latent_query_input],
         # A mixture of attention heads (JetMoE's): the routed_attention partial.
         "routed": spec.qkv_layout == "routed",
         "alibi": spec.position_scheme == "alibi",
@@ -227,6 +236,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                            and not spec.per_layer_input_size
                            and not spec.residual_scale_attn and not spec.residual_scale_mlp),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
+        # Norms gated by a small MLP of their output (A.X-K2's): the gated_norm partial.
+        "gated_norm": bool(spec.gated_norm_parts),
         # A checkpoint tensor that holds several shards of one parameter (split_fused cuts it).
         "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
@@ -393,7 +404,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     activations = ({flags["act_call"].split("(", 1)[0] if flags["act_call"] else
                     "SwigluOAIAndMul" if spec.mlp_activation == "swigluoai" else
                     "get_act_and_mul_fn" if flags["gated"] and act_and_mul else "get_act_fn"} if mlp_class else set())
-    if spec.head_act is not None or spec.per_layer_input_size:  # also each layer's per-layer input gate
+    if spec.head_act is not None or spec.per_layer_input_size or spec.gated_norm_parts:  # also a gate's MLP
         activations.add("get_act_fn")
     # Differential attention gathers the value heads and the outputs across ranks; its init may call math.exp.
     diff = bool(spec.diff_lambdas)
@@ -426,6 +437,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
+        *([Import("vllm.model_executor.layers.attention", ("MLAAttention",))] if flags["latent_own_query"] else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         *([Import("vllm.model_executor.layers.fused_moe.router.router_factory", ("create_fused_moe_router",))]
@@ -441,12 +453,12 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed or bool(spec.per_layer_input_size)),
+             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts)),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
         *([Import("vllm.model_executor.layers.mla", ("MLAModules", "MultiHeadLatentAttentionWrapper"))]
-          if latent else []),
+          if latent and not flags["latent_own_query"] else []),
         Import("vllm.model_executor.layers.quantization", ("QuantizationConfig",)),
         *([Import("vllm.model_executor.layers.rotary_embedding", _present(
             ("RotaryEmbedding", flags["frequency_order"]), ("get_rope", not flags["frequency_order"])))] if flags["rotary"] else []),

@@ -243,7 +243,21 @@ def decisions(spec) -> list[str]:
     if spec.attn_value_scale is not None:
         out.append(f"- the values are multiplied by {spec.attn_value_scale} "
                    f"({_md(spec.source('attn_value_scale').detail)}) before attention.")
-    if spec.attn_output_gate == "in_query":
+    if spec.qkv_layout == "latent" and spec.q_lora_rank and (spec.latent_query_input != "normed"
+                                                             or spec.attn_output_gate == "in_query"):
+        reads = {"normed": "the normed low-rank query",
+                 "normed+unnormed": "the normed low-rank query and the unnormed one, concatenated in that order",
+                 "unnormed+normed": "the unnormed low-rank query and the normed one, concatenated in that order",
+                 }[spec.latent_query_input]
+        gate = ""
+        if spec.attn_output_gate == "in_query":
+            gate = (f"; each head's rows hold {'the gate, then the query' if spec.latent_gate_first else 'the query, then the gate'}"
+                    f" (v_head_dim {spec.v_head_dim} wide), and the attention output is multiplied by "
+                    f"{spec.attn_gate_act}(gate) before `{n['o_proj']}`; the port computes the query itself and "
+                    "calls vLLM's MLAAttention, not its MLA wrapper")
+        out.append(f"- latent attention whose query up-projection `{n['q_b_proj']}` reads {reads}{gate} "
+                   f"({_md(spec.source('latent_query_input').detail)}).")
+    elif spec.attn_output_gate == "in_query":
         out.append(f"- gated attention, the gate folded into `{n['q_proj']}`: its rows hold, per head, the query "
                    f"then the gate ({q} rows); `{qkv}` is built with twice the query heads so each "
                    "tensor-parallel rank takes its heads' [query | gate] pairs, cut in two after the projection; the "
@@ -431,6 +445,13 @@ def decisions(spec) -> list[str]:
         if name:
             scales.append(f"the residual x the layer's own `{name}` (one per channel) before the {role}'s output is "
                           "added")
+    for name in (*spec.gated_norms, *spec.gated_norms_conditional):
+        inner, gate, up, down = spec.gated_norm_parts
+        where = (f"where `{spec.gated_norm_condition}` (layers {spec.gated_norm_layers})"
+                 if name in spec.gated_norms_conditional else "in every layer")
+        scales.append(f"`{name}` gated {where}: its `{inner}` output x {spec.gated_norm_acts[1]}("
+                      f"`{down}`({spec.gated_norm_acts[0]}(`{up}`(y)))), the gate replicated on every rank "
+                      f"({_md(spec.source('gated_norms').detail)})")
     if spec.layer_scalar:
         scales.append(f"each layer's output x its own `{spec.layer_scalar}` ({_md(spec.source('layer_scalar').detail)})")
     if spec.logits_scale is not None:

@@ -435,6 +435,18 @@ class Spec:
                                  doc="a value head's width (latent attention's; with separate q, k, v: the values' "
                                      "own width where the code builds them otherwise than head_dim, MiMo-V2's); "
                                      "0: head_dim")
+    # A latent attention's query up-projection over the low-rank query and its normed form, concatenated, with an
+    # output gate in each head's rows (A.X-K2's q_gate_proj; scaffold.detect.latentgate; attn_output_gate
+    # "in_query").
+    latent_query_input: str = spec_field(
+        "normed", group="attention", probe="self_attn", omit_when_empty=True,
+        choices=("normed", "normed+unnormed", "unnormed+normed"),
+        doc="what names.q_b_proj reads: the normed low-rank query (DeepSeek-V2's), or it and the unnormed one "
+            "concatenated in this order (A.X-K2's, 2 x q_lora_rank wide)")
+    latent_gate_first: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="with an output gate in the latent query's rows (attn_output_gate \"in_query\"): each head's rows hold "
+            "the gate (v_head_dim) before the query (qk_nope + qk_rope); false: the query first")
     # A top-k key selection (DeepSeek-V3.2's lightning indexer; scaffold.detect.keyselect): each query attends to
     # the index_topk keys a module of the attention scores best. Up to that many keys the top-k keeps them all.
     index_topk: int | None = spec_field(
@@ -708,6 +720,32 @@ class Spec:
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
             "after both residual adds; empty: none")
+    # Norms gated by a small MLP of their own output (A.X-K2's AXK2GatedRMSNorm; scaffold.detect.gatednorm):
+    # y = norm(x); y * gate_act(down(mlp_act(up(y)))), the norm and the MLP under the checkpoint's names.
+    gated_norms: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the decoder layer's norms (checkpoint names) built as a gated norm in every layer; empty: none")
+    gated_norms_conditional: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the decoder layer's norms built as a gated norm where gated_norm_condition holds, a plain norm "
+            "elsewhere (A.X-K2's post_attention_layernorm); empty: none")
+    gated_norm_condition: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="over `config` and `layer_idx`, as the code writes it: where gated_norms_conditional are gated "
+            "(A.X-K2's sparse layers)")
+    gated_norm_layers: list[int] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the layers where gated_norm_condition holds on config.json")
+    gated_norm_parts: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the gated norm's modules: its norm, its gate MLP, and that MLP's up and down linears (A.X-K2's "
+            "norm, mlp, fc1, fc2)")
+    gated_norm_acts: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the gate MLP's activation, then the gate's (A.X-K2's silu, sigmoid)")
+    gated_norm_rank: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="the gate MLP's width as the code reads it from the config (A.X-K2's config.gated_norm_rank)")
     # Per-layer input embeddings (Gemma 4's PLE): per = s * (norm(m * proj(h0)).view(L, P) + t * table(ids).view(L, P))
     # (h0 the scaled embeddings), and layer i adds norm(proj_i(act(gate_i(h)) * per[:, i])) to its output.
     per_layer_input_size: int = spec_field(
@@ -1206,9 +1244,9 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.qkv_layout == "blocked" and (spec.num_heads % spec.qkv_blocks or spec.num_kv_heads != spec.num_heads):
         raise SpecError(f"qkv_layout \"blocked\" needs as many KV heads as query heads ({spec.num_kv_heads} for "
                         f"{spec.num_heads}) and blocks ({spec.qkv_blocks}) that hold whole heads.", origin)
-    if spec.attn_output_gate != "none" and spec.qkv_layout == "latent":
-        raise SpecError("a gate on the attention output (attn_output_gate) is not supported with latent attention.",
-                        origin)
+    if spec.attn_output_gate not in ("none", "in_query") and spec.qkv_layout == "latent":
+        raise SpecError("a gate on the attention output (attn_output_gate) with latent attention is in the query's "
+                        "rows (\"in_query\", A.X-K2's) or absent.", origin)
     for role in ("attn_sub_norm", "mlp_sub_norm"):
         if bool(getattr(spec, role)) != (role in names):
             raise SpecError(f"{role} is {getattr(spec, role)!r} but 'names' {'has a' if role in names else 'has no'} "
@@ -1265,9 +1303,10 @@ def validate_names(spec: Spec, origin: str) -> None:
     for tensor in spec.act_tensors:
         if not isinstance(tensor, str) or not IDENTIFIER.match(tensor) or keyword.iskeyword(tensor):
             raise SpecError(f"spec field act_tensors lists {tensor!r}, which is not a tensor name.", origin)
-    if spec.attn_output_gate == "in_query" and spec.qkv_layout != "separate":
+    if spec.attn_output_gate == "in_query" and spec.qkv_layout not in ("separate", "latent"):
         raise SpecError("a gate folded into the query projection (attn_output_gate 'in_query') needs separate q, k, v "
-                        f"projections, not qkv_layout {spec.qkv_layout!r}.", origin)
+                        f"projections or latent attention's low-rank query, not qkv_layout {spec.qkv_layout!r}.",
+                        origin)
     transform = [role for role in ("head_transform", "head_dense", "head_norm") if role in names]
     if (spec.head_act is not None) != bool(transform) or transform and len(transform) != 3:
         raise SpecError(f"head_act is {spec.head_act!r} but 'names' has {', '.join(transform) or 'none'} of the "
@@ -1294,6 +1333,18 @@ def validate_names(spec: Spec, origin: str) -> None:
         for size in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(spec, size) <= 0:
                 raise SpecError(f"qkv_layout is \"latent\" but {size} is not positive.", origin)
+        if spec.latent_query_input != "normed" and not spec.q_lora_rank:
+            raise SpecError(f"latent_query_input is {spec.latent_query_input!r} but q_lora_rank is 0: there is no "
+                            "low-rank query to read.", origin)
+        if spec.attn_output_gate not in ("none", "in_query"):
+            raise SpecError(f"attn_output_gate {spec.attn_output_gate!r} with latent attention: its gate is in the "
+                            "query's rows (\"in_query\") or absent.", origin)
+        if spec.attn_output_gate == "in_query" and not spec.q_lora_rank:
+            raise SpecError("an output gate in the latent query's rows needs the low-rank query (q_lora_rank).",
+                            origin)
+    elif spec.latent_query_input != "normed" or spec.latent_gate_first:
+        raise SpecError("latent_query_input and latent_gate_first describe latent attention (qkv_layout "
+                        "\"latent\") only.", origin)
     if (spec.qkv_layout == "routed") != bool(spec.moa_top_k and spec.moa_num_experts):
         raise SpecError("moa_top_k and moa_num_experts are set (positive) for qkv_layout \"routed\" only, and both "
                         f"are needed there (qkv_layout {spec.qkv_layout!r}).", origin)

@@ -134,6 +134,12 @@ ARCHITECTURES = {
                                                "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
                                                "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
                                                "rms_norm_eps": 1e-3}),
+    # A.X-K2: its gated latent query (latentgate) behind the top-k key selection, and norms gated by a low-rank MLP
+    # of their own output (gatednorm): input_layernorm in every layer, post_attention_layernorm in the sparse ones,
+    # the gate's linears under the checkpoint's names W_down / W_up (transformers' mlp.fc1 / mlp.fc2).
+    "axk2": ("axk2", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                      "n_group": 1, "topk_group": 1, "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "gated_norm_rank": 8}),
     # Routers one module deeper in the block (mlp.gate.wg, mlp.router.gate), loaded into the port's own router.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 4, "moe_topk": 2}),
     # HY-V3 checkpoints keep names transformers renames on load (expert_bias, shared_mlp); its fp32-combine
@@ -437,6 +443,11 @@ EXPECTED_SPEC = {
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
     "glm_moe_dsa-latent-eps": {"norm_eps": 1e-3, "routing_latent_norm_eps": 1e-6},
+    "axk2": {"qkv_layout": "latent", "attn_output_gate": "in_query", "dense_layers": [0],
+             "intermediate_size": 256,  # the layer's MLP, not the gated norm's (gated_norm_rank 8)
+             "gated_norms": ["input_layernorm"], "gated_norms_conditional": ["post_attention_layernorm"],
+             "gated_norm_layers": [1, 2], "gated_norm_parts": ["norm", "", "W_down", "W_up"],
+             "gated_norm_acts": ["silu", "sigmoid"], "gated_norm_rank": "config.gated_norm_rank"},
     "deepseek_v2-lite": {"qkv_layout": "latent", "kv_lora_rank": 512, "rope_neox_style": False,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
@@ -554,10 +565,6 @@ UNSUPPORTED = {
                                                           "mrope_section": [4, 4, 8]}}},
         "turn their columns in different orders"),
     "llama-laplace": ("llama", {"hidden_act": "laplace"}, "not in vLLM's activation registry"),
-    # A.X-K2 behind its top-k key selection (which the port reads): its queries come from q_gate_proj over the normed
-    # and the unnormed low-rank query, with rows for an output gate.
-    "axk2-query-gate": ("axk2", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                                 "n_group": 1, "topk_group": 1}, "latent attention whose query up-projection reads"),
     # sparsemixer routes each token to two experts whatever num_experts_per_tok says; vLLM's routes two.
     "phimoe-sparsemixer-top3": ("phimoe", {"num_local_experts": 4, "num_experts_per_tok": 3},
                                 ("the routing is sparsemixer, which routes each token to 2 experts, but config.json "

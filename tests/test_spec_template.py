@@ -208,7 +208,10 @@ def test_each_stopping_detector_names_the_fields_it_decides():
                 "per_layer_input_size",
                 # Doge's bias per key and residual scales.
                 "key_bias_proj", "key_bias_param", "key_bias_proj_bias", "key_bias_window", "residual_scale_attn",
-                "residual_scale_mlp"}
+                "residual_scale_mlp",
+                # A.X-K2's norms gated by a small MLP of their output.
+                "gated_norms", "gated_norms_conditional", "gated_norm_condition", "gated_norm_layers",
+                "gated_norm_parts", "gated_norm_acts", "gated_norm_rank"}
     ckpt, spec = read_checkpoint(EXAMPLES / "demolm"), Spec()
     for detector in DETECTORS:
         before = set(spec.provenance)

@@ -8,13 +8,17 @@ kv_b_proj expands the latent into each head's unrotated key part (qk_nope_head_d
 (v_head_dim). vLLM caches the latent and the rotated key, not per-head keys and values.
 
 Every size follows from the shapes, so a checkpoint without the config keys still ports; where
-config.json holds a key of the same value, the port reads that key at run time.
+config.json holds a key of the same value, the port reads that key at run time. A query up-projection that
+reads twice the low-rank query's width (A.X-K2's q_gate_proj: the normed and the unnormed query, with an
+output gate in each head's rows) is read from the code by latentgate.py; its gate is as wide as the values.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import keyselect
+from scaffold.detect import keyselect, latentgate, renamings
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import config_default
 from scaffold.errors import CheckpointError
@@ -75,24 +79,30 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     q_rows = shape("q_b_proj" if low_rank_q else "q_proj")[0]
     q_rank = shape("q_a_norm")[0] if low_rank_q else 0
     kv_rows, kv_in = shape("kv_b_proj")
+    gate = None
     if low_rank_q and shape("q_b_proj")[1] != q_rank:
-        raise unsupported(f"latent attention whose query up-projection reads {shape('q_b_proj')[1]} columns "
-                          f"({tensor('q_b_proj')}), not the {q_rank}-wide normed low-rank query "
-                          f"({tensor('q_a_norm')}): the port's q_b_proj takes that query alone (A.X-K2's q_gate_proj reads it "
-                          "beside the unnormed one and adds an output gate)", where, spec.model_type)
+        gate = _query_gate(ckpt, spec, found, path, attn, layer0, o_proj, sources, attention_cls,
+                           f"latent attention whose query up-projection reads {shape('q_b_proj')[1]} columns "
+                           f"({tensor('q_b_proj')}), not the {q_rank}-wide normed low-rank query ({tensor('q_a_norm')})")
     if rope <= 0 or q_rows % heads or kv_rows % heads:
         raise CheckpointError(f"{tensor('kv_a_proj')} has shape {list(shape('kv_a_proj'))}, {tensor('kv_b_proj')} "
                               f"{list(shape('kv_b_proj'))}: not the latent attention of {heads} heads over a "
                               f"{kv_rank}-wide latent ({tensor('kv_a_norm')}).", where)
-    nope = q_rows // heads - rope
-    value = kv_rows // heads - nope
+    if gate is None:
+        nope = q_rows // heads - rope
+        value = kv_rows // heads - nope
+    else:  # each head's rows hold its query and a gate as wide as its value: the value's width is o_proj's
+        value = gate.value
+        nope = kv_rows // heads - value
     sizes = {"q_lora_rank": q_rank, "kv_lora_rank": kv_rank, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
              "v_head_dim": value}
+    q_in = q_rank * (2 if gate is not None else 1)
     expected = {
         "kv_a_proj": (kv_rank + rope, hidden),
         "kv_b_proj": (heads * (nope + value), kv_rank),
         "o_proj": (hidden, heads * value),
-        **({"q_a_proj": (q_rank, hidden), "q_b_proj": (heads * (nope + rope), q_rank)} if low_rank_q
+        **({"q_a_proj": (q_rank, hidden),
+            "q_b_proj": (heads * (nope + rope + (value if gate is not None else 0)), q_in)} if low_rank_q
            else {"q_proj": (heads * (nope + rope), hidden)}),
     }
     if nope <= 0 or value <= 0 or kv_in != kv_rank:
@@ -122,8 +132,56 @@ def detect(ckpt: Checkpoint, spec: Spec, names: dict, attn: str, layer0: dict, p
     spec.set("qkv_layout", "latent", Source("tensor", f"{tensor('kv_a_proj')} and {tensor('kv_b_proj')}: a "
                                                       "compressed key/value latent"))
     spec.set("qkv_bias", False, Source("tensor", f"{path}: no bias on the latent projections"))
+    if gate is not None:
+        spec.set("latent_query_input", "+".join(gate.found.inputs),
+                 Source("code", f"{gate.found.evidence}: {tensor('q_b_proj')} ({shape('q_b_proj')[1]} columns) reads "
+                                f"the {' and the '.join(gate.found.inputs)} low-rank query, concatenated"))
+        spec.set("latent_gate_first", gate.found.gate_first,
+                 Source("code", f"{gate.found.evidence}: each head's {q_rows // heads} rows hold "
+                                + ("the gate, then the query" if gate.found.gate_first else "the query, then the gate")))
+        spec.set("attn_output_gate", "in_query",
+                 Source("code", f"{gate.found.evidence}: a {gate.found.act} gate, {value} wide per head (as the "
+                                f"values, from {path}.{o_proj}.weight's columns), in {tensor('q_b_proj')}'s rows"))
+        spec.set("attn_gate_act", gate.found.act, Source("code", f"{gate.found.evidence}: the gate's activation"))
+        spec.set("attn_gate_bias", False, Source("tensor", f"no bias on {tensor('q_b_proj')}"))
     skipped = {r.rsplit(".", 1)[0] for r in layer0 if any(r.startswith(f"{attn}.{m}.") for m in selector)}
     return {f"{attn}.{found[role]}" for role in needed} | skipped
+
+
+@dataclass(frozen=True)
+class _Gate:
+    found: latentgate.QueryGate
+    value: int  # each head's value and gate width
+
+
+def _query_gate(ckpt: Checkpoint, spec: Spec, found: dict, path: str, attn: str, layer0: dict, o_proj: str | None,
+                sources: dict | None, attention_cls: str | None, what: str) -> _Gate:
+    """The query up-projection reads more than the normed low-rank query: A.X-K2's form (latentgate.read: the
+    normed and the unnormed query concatenated, each head's rows [query | gate], the gate activated on the attention
+    output), with the gate's width, the value's, from o_proj's columns. Refused by name where the code does not
+    show it, or shows another form."""
+    where = ckpt.config_file
+    if not sources or not attention_cls:
+        raise unsupported(f"{what}, and no modeling code says what it reads", where, spec.model_type)
+    table = renamings.renamings(ckpt)
+
+    def code(role: str) -> str:
+        return renamings.code_name(table, f"{path}.{found[role]}.weight").rsplit(".", 2)[-2]
+
+    o_name = o_proj or "o_proj"
+    try:
+        read = latentgate.read(sources, attention_cls, code("q_a_proj"), code("q_a_norm"), code("q_b_proj"),
+                               renamings.code_name(table, f"{path}.{o_name}.weight").rsplit(".", 2)[-2])
+    except latentgate.Refused as exc:
+        raise unsupported(f"{what}: {exc}", where, spec.model_type) from None
+    q_rank = layer0[f"{attn}.{found['q_a_norm']}.weight"].shape[0]
+    columns = layer0[f"{attn}.{found['q_b_proj']}.weight"].shape[1]
+    o_info = layer0.get(f"{attn}.{o_name}.weight")
+    heads = spec.num_heads
+    if columns != 2 * q_rank or o_info is None or len(o_info.shape) != 2 or o_info.shape[1] % heads:
+        raise unsupported(f"{what}: {columns} columns are not the two {q_rank}-wide queries it concatenates, or "
+                          f"{path}.{o_name}.weight does not give the values' width", where, spec.model_type)
+    return _Gate(read, o_info.shape[1] // heads)
 
 
 def _key_selection(ckpt: Checkpoint, spec: Spec, attn: str, layer0: dict, path: str, sources: dict | None,

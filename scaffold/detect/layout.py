@@ -22,6 +22,7 @@ from scaffold.detect import (
     dataflow,
     differential,
     forms,
+    gatednorm,
     headsizes,
     headtransform,
     identitynorm,
@@ -34,6 +35,7 @@ from scaffold.detect import (
     outbias,
     policy,
     positions,
+    renamings,
     subconfigs,
     submodules,
     temperature,
@@ -493,6 +495,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # name table CANDIDATES is a hint for checkpoints without source, or where the code
     # does not decide.
     sources = modeling_sources(ckpt)
+    gated_inner = _gated_norms(ckpt, spec, names, sources, per_layer, f"{prefix}.{names['layers']}", where)
     weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
     identities = _identity_norms(sources, ckpt, spec, names["layers"], per_layer, weightless)
     flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless, identities)
@@ -751,7 +754,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         names["act_fn"] = act_module.attr
         spec.set("act_tensors", list(act_module.tensors), Source("code", act_module.evidence))
 
-    _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref)
+    _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref,
+                     gated_inner)
     if transform is not None:
         _head_norm(ckpt, spec, names, sources, flow, head_norm_built)
     scalar = layer_output_scalar(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
@@ -1049,6 +1053,8 @@ def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer
     the attention output before o_proj): its name, its activation, and whether it gives one value per output
     element or per head, from its weight's rows (heads x head_dim, or heads: the product could not broadcast
     otherwise)."""
+    if spec.qkv_layout == "latent" and spec.attn_output_gate == "in_query":
+        return  # in the latent query's rows, as latent.detect read it (A.X-K2's)
     if code is not None and code.query_gate_refusal:
         raise _unsupported(f"an output gate folded into the query projection, not in the form the port builds "
                            f"({code.query_gate_refusal})", where, spec.model_type)
@@ -1625,8 +1631,89 @@ def _one_kv_head_per_head(ckpt: Checkpoint, spec: Spec, tensor: str) -> None:
                                                     spec.source("num_heads").expr))
 
 
+def _gated_norms(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, per_layer: dict, stack: str,
+                 where: str) -> str | None:
+    """Norms gated by a small MLP of their own output (scaffold.detect.gatednorm, A.X-K2's): the layers' tensors
+    are read from here on as the plain norm's (`input_layernorm.norm.weight` as `input_layernorm.weight`), the gate
+    MLP's linears checked against the code's form and set aside; the spec keeps the names to build them under."""
+    try:
+        found = gatednorm.read(sources, ckpt.config, names["layers"].rsplit(".", 1)[-1], len(per_layer)) \
+            if sources else None
+    except gatednorm.Refused as exc:
+        raise _unsupported(f"a norm gated by a module of its own output, not in the form the port builds ({exc})",
+                           where, spec.model_type) from None
+    none = Source("default", "the layer's norms are plain")
+    if found is None:
+        for field in ("gated_norms", "gated_norms_conditional", "gated_norm_layers", "gated_norm_parts",
+                      "gated_norm_acts"):
+            spec.set(field, [], none)
+        spec.set("gated_norm_condition", "", none)
+        spec.set("gated_norm_rank", "", none)
+        return None
+    inner, gate, up, down = found.parts
+    table = renamings.renamings(ckpt)  # transformers' renames on load (A.X-K2's W_down -> mlp.fc1)
+    held = f"{gate}." if gate else ""  # the gate's linears in a module of their own, or the norm's
+    code_parts = {f"{inner}.weight": "inner", f"{held}{up}.weight": "up", f"{held}{down}.weight": "down"}
+    hidden = rank = None
+    ckpt_parts: dict[str, str] = {}
+    for attr, layers in found.layers.items():
+        for i, tensors in per_layer.items():
+            mine = sorted(r for r in tensors if r.startswith(f"{attr}."))
+            as_code = {renamings.code_name(table, f"{stack}.{i}.{r}")[len(f"{stack}.{i}.{attr}."):]: r for r in mine}
+            if i not in layers:
+                if set(as_code) & set(code_parts):
+                    raise _unsupported(f"layer {i} holds a gated norm's tensors at {stack}.{i}.{attr} where the code "
+                                       f"builds a plain norm ({found.evidence})", where, spec.model_type)
+                continue
+            if set(as_code) != set(code_parts):
+                raise _unsupported(f"layer {i}'s gated norm {stack}.{i}.{attr} holds {mine}, not the norm's weight and "
+                                   f"the gate's two linears the code builds ({found.evidence})", where,
+                                   spec.model_type)
+            names_here = {code_parts[c]: r for c, r in as_code.items()}
+            up_shape = tuple(tensors[names_here["up"]].shape)
+            down_shape = tuple(tensors[names_here["down"]].shape)
+            norm_shape = tuple(tensors[names_here["inner"]].shape)
+            if len(up_shape) != 2 or down_shape != up_shape[::-1] or norm_shape != up_shape[1:]:
+                raise _unsupported(f"layer {i}'s gated norm {stack}.{i}.{attr}: its gate's linears {up_shape}, "
+                                   f"{down_shape} do not map the norm's {norm_shape} width to a rank and back",
+                                   where, spec.model_type)
+            hidden, rank = up_shape[1], up_shape[0]
+            for part, rest in names_here.items():
+                ckpt_parts[part] = rest[len(attr) + 1:].removesuffix(".weight")
+            tensors[f"{attr}.weight"] = tensors.pop(names_here["inner"])
+            del tensors[names_here["up"]], tensors[names_here["down"]]
+    # The port keeps the checkpoint's names: the gate's linears in a module of their own (the code's `mlp.fc1`)
+    # or held by the norm itself (A.X-K2's checkpoints: `W_down`, `W_up`).
+    up_path, down_path = ckpt_parts["up"].split("."), ckpt_parts["down"].split(".")
+    if ("." in ckpt_parts["inner"] or len(up_path) != len(down_path) or len(up_path) > 2
+            or up_path[:-1] != down_path[:-1]):
+        raise _unsupported(f"the gated norm's tensors sit at {ckpt_parts['inner']}, {ckpt_parts['up']}, "
+                           f"{ckpt_parts['down']}, deeper than the port's gated norm builds them", where,
+                           spec.model_type)
+    port_parts = [ckpt_parts["inner"], up_path[0] if len(up_path) == 2 else "", up_path[-1], down_path[-1]]
+    conditional = list(found.conditional)
+    every = [a for a in found.attrs if a not in conditional]
+    key = found.rank.removeprefix("config.")
+    if not key.isidentifier() or ckpt.config.get(key) != rank:
+        raise _unsupported(f"the gated norm's MLP is {rank} wide in the checkpoint, and the code builds it "
+                           f"{found.rank} wide ({ckpt.config.get(key) if key.isidentifier() else '?'} in config.json)",
+                           where, spec.model_type)
+    source = Source("code", found.evidence)
+    spec.set("gated_norms", every, source)
+    spec.set("gated_norms_conditional", conditional, source)
+    spec.set("gated_norm_condition", found.condition if conditional else "",
+             Source("code", found.evidence, found.condition) if conditional else source)
+    spec.set("gated_norm_layers", found.layers[conditional[0]] if conditional else [], source)
+    spec.set("gated_norm_parts", port_parts, Source("code", f"{found.evidence}; as the checkpoint names them"))
+    spec.set("gated_norm_acts", [found.mlp_act, found.gate_act], source)
+    spec.set("gated_norm_rank", found.rank, Source("code", f"{found.evidence}; {stack}.*.{found.attrs[0]}."
+                                                           f"{ckpt_parts['up']}.weight: [{rank}, {hidden}]", found.rank))
+    return found.norm_class
+
+
 def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, sources: dict, inside: dict,
-                     weightless_attributes: set[str], flow: dataflow.Layer | None = None, ref: int = 0) -> None:
+                     weightless_attributes: set[str], flow: dataflow.Layer | None = None, ref: int = 0,
+                     gated_inner: str | None = None) -> None:
     """The block and the norms' kind, read from the tensors of layer `ref` (`layer0`: the first layer that builds
     every norm, 0 unless some are identities there)."""
     where = ckpt.config_file
@@ -1670,7 +1757,9 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     spec.set("block", block, Source("code", detail) if block == "residual_norm" else Source("tensor", detail))
 
     norm_attr = names.get("attn_norm") or names.get("attn_post_norm")
-    code = norm_code(sources, norm_attr, ckpt.config)
+    gated = norm_attr in (*spec.gated_norms, *spec.gated_norms_conditional)
+    # A gated norm computes as the norm inside it (gatednorm), the gate apart.
+    code = norm_code(sources, norm_attr, ckpt.config, gated_inner if gated else None)
     has_bias = f"{norm_attr}.bias" in layer0
     if code is not None:
         kind = "layer" if code.centered else "rms"

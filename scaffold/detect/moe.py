@@ -976,6 +976,15 @@ def _routing_fields(spec: Spec, ckpt: Checkpoint, path: routing.Routing) -> None
     per_token = {spec.source("num_experts_per_tok").expr, "config.num_experts_per_tok"}
     groups = path.config_keys(path.divisor_attrs)
     top_groups = [k for k in path.config_keys(path.topk_attrs) if f"config.{k}" not in per_token]
+    skipped = [k for k in path.config_keys(path.none_skipped_attrs) if k in groups]
+    if groups and skipped and len(groups) == 1 and groups[0] in ckpt.config and ckpt.config[groups[0]] is None:
+        # config.json's groups are null and the code limits its top-k to groups only where they are not None.
+        attrs = sorted(a for a, k in path.config_attrs if k == groups[0] and a in path.none_skipped_attrs)
+        source = Source("code", f"{where} limits its top-k to expert groups only where self.{attrs[0]} is not None, "
+                                f"and config.json {groups[0]} is null: no groups")
+        spec.set("moe_groups", 0, source)
+        spec.set("moe_topk_groups", 0, source)
+        groups = []
     if groups:
         if len(groups) != 1 or len(top_groups) != 1:
             raise unsupported(f"{where} limits the top-k to groups of experts, but which config keys hold the "

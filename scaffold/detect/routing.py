@@ -61,6 +61,10 @@ class Routing:
     softmax_after_topk: bool = False
     # A top-k of softmax or sigmoid scores (Jamba's softmax then top-k)
     scores_then_topk: bool = False
+    # Divisors `self.G` whose every use sits under `if self.G is not None:`, directly or in a method of the class
+    # called only there (A.X-K2's `if self.num_group is not None: ... self.apply_group_scoring(...)`): where the
+    # config's G is None the path takes no groups.
+    none_skipped_attrs: frozenset[str] = frozenset()
 
     @property
     def scoring(self) -> str | None:
@@ -174,6 +178,10 @@ class _Uses:
     norm_of_topk: bool = False
     softmax_after_topk: bool = False
     scores_then_topk: bool = False
+    divisor_guarded: set = field(default_factory=set)  # G of `// self.G` under `if self.G is not None:`
+    divisor_sites: dict = field(default_factory=dict)  # G -> functions with an unguarded `// self.G`
+    guarded_calls: dict = field(default_factory=dict)  # m -> G of the `if self.G is not None:` around `self.m(...)`
+    unguarded_calls: set = field(default_factory=set)  # m of a `self.m(...)` outside such a body
 
     def read(self, body: ast.AST, topk_methods: tuple[str, ...] = ()) -> None:
         self.softmax_after_topk |= _order(body, ("topk",), ("softmax",))
@@ -221,6 +229,16 @@ class _Uses:
                 self.topk.add(attr)
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv) and (attr := _self_attr(node.right)):
                 self.divisor.add(attr)
+                if not_none.get(id(node)) == attr:
+                    self.divisor_guarded.add(attr)
+                else:
+                    self.divisor_sites.setdefault(attr, set()).add(getattr(body, "name", ""))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and _dotted(node.func.value) == "self":
+                if id(node) in not_none:
+                    self.guarded_calls.setdefault(node.func.attr, set()).add(not_none[id(node)])
+                else:
+                    self.unguarded_calls.add(node.func.attr)
             if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult):
                 operands = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.value,)
                 found = {a for a in map(_self_attr, operands) if a is not None}
@@ -509,5 +527,13 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                                     if attr not in uses.factor)),
                        _weighted_input(forward, experts, file), uses.divides, uses.norm_division,
                        uses.norm_p_attr, uses.norm_guard, uses.norm_of_topk, uses.softmax_after_topk,
-                       uses.scores_then_topk)
+                       uses.scores_then_topk, frozenset(a for a in uses.divisor if _skipped_where_none(uses, a)))
     return None
+
+
+def _skipped_where_none(uses: _Uses, attr: str) -> bool:
+    """Every `// self.<attr>` of the path runs only where self.<attr> is not None: under that test, or in methods
+    called only under it."""
+    sites = uses.divisor_sites.get(attr, set())
+    return (attr in uses.divisor_guarded or bool(sites)) and all(
+        site and attr in uses.guarded_calls.get(site, ()) and site not in uses.unguarded_calls for site in sites)

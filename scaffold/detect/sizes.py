@@ -335,8 +335,7 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
     hidden = spec.source("hidden_size").expr
     if not sources or not hidden:
         return None
-    classes = {codekeys.callee(value) for _file, _cls, _func, attr, value in codekeys.self_assignments(sources)
-               if attr == "mlp" and isinstance(value, ast.Call)}
+    classes = _mlp_classes(sources)
     linear = linear_classes(sources)
     heads = set(spec.source("num_heads").expr and re.findall(r"config\.(\w+)", spec.source("num_heads").expr) or ())
     found = []
@@ -353,6 +352,24 @@ def _mlp_width(sources: dict, spec: Spec, config: dict, aliases: dict) -> tuple[
                         and not heads & set(features_in[1])):
                     found.append(codekeys.CodeExpr(features_in[0], features_in[1], file, node.lineno))
     return _valued(_unique(found + _built_widths(sources, hidden, heads, bool(classes))), config, aliases)
+
+
+def _mlp_classes(sources: dict) -> set[str]:
+    """The classes built as `self.mlp`: the decoder layer's own (both branches of a conditional, DeepSeek-V3's
+    dense and MoE layers), where it builds one; else every class's. A module of another class also called `mlp`
+    (A.X-K2's gated norm holds a low-rank AXK2GateMLP as self.mlp) is not the layer's MLP."""
+    layer = dataflow.layer_class(sources)
+    every: set[str] = set()
+    own: set[str] = set()
+    for _file, cls, _func, attr, value in codekeys.self_assignments(sources):
+        if attr != "mlp":
+            continue
+        for call in (value.body, value.orelse) if isinstance(value, ast.IfExp) else (value,):
+            if isinstance(call, ast.Call):
+                every.add(codekeys.callee(call))
+                if layer is not None and cls is layer[1]:
+                    own.add(codekeys.callee(call))
+    return own or every
 
 
 def _built_widths(sources: dict, hidden: str, heads: set, mlp_named: bool) -> list[codekeys.CodeExpr]:

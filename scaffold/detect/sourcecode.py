@@ -251,9 +251,11 @@ def weightless_norms(sources: dict[str, str]) -> set[str]:
     return out
 
 
-def norm_code(sources: dict[str, str], attribute: str, config: dict | None = None) -> NormCode | None:
-    """How the norm at `self.<attribute>` computes, from its class's forward (or torch's nn.LayerNorm)."""
-    found = module_class(sources, attribute, config)
+def norm_code(sources: dict[str, str], attribute: str, config: dict | None = None,
+              cls_name: str | None = None) -> NormCode | None:
+    """How the norm at `self.<attribute>` computes, from its class's forward (or torch's nn.LayerNorm); with
+    `cls_name`, how that class computes (the norm inside a gated norm, scaffold.detect.gatednorm)."""
+    found = module_class(sources, attribute, config) if cls_name is None else (cls_name, None)
     if found is None:
         return None
     cls, where = found

@@ -76,6 +76,14 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 continue
             if role == "attn_norm" and i in spec.unnormed_attn_layers:  # an identity there
                 continue
+            if n[role] in spec.gated_norms or (n[role] in spec.gated_norms_conditional
+                                               and i in spec.gated_norm_layers):
+                inner, gate, up, down = spec.gated_norm_parts  # the norm inside, the gate's linears
+                for kind in kinds:
+                    params[f"{p}{n[role]}.{inner}.{kind}"] = (None,)
+                for linear in (up, down):
+                    params[f"{p}{n[role]}.{gate + '.' if gate else ''}{linear}.weight"] = (None,)
+                continue
             for kind in kinds:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
         if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
@@ -249,7 +257,10 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         want.update({f"{attn}.{n['kv_a_proj']}": spec.kv_lora_rank + rope,
                      f"{attn}.{n['kv_b_proj']}": heads * (nope + value)})
         if spec.q_lora_rank:
-            want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank, f"{attn}.{n['q_b_proj']}": heads * (nope + rope)})
+            # An output gate in the query's rows (A.X-K2's): each head's gate is as wide as its value.
+            gate = value if spec.attn_output_gate == "in_query" else 0
+            want.update({f"{attn}.{n['q_a_proj']}": spec.q_lora_rank,
+                         f"{attn}.{n['q_b_proj']}": heads * (nope + rope + gate)})
         else:
             want[f"{attn}.{n['q_proj']}"] = heads * (nope + rope)
     elif spec.qkv_layout == "routed":
