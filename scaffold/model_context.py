@@ -398,7 +398,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj)),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj) or routed),
             ("get_tensor_model_parallel_world_size", True),
             ("tensor_model_parallel_all_gather", sharded_norm or diff),
             ("tensor_model_parallel_all_reduce", routed),
@@ -431,7 +431,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.model_executor.model_loader.weight_utils", _present(
             ("default_weight_loader", True),
             ("maybe_remap_kv_scale_name", True),
-            ("sharded_weight_loader", sliced),
+            ("sharded_weight_loader", gate_bias or bool(spec.attention_sinks)),
         ), one_per_line=True),
         Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
         # PhiMoE's routing, vLLM's own (its phimoe model's custom routing function).
@@ -443,6 +443,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),
         *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced else []),
+        # The routed attention's bank of per-expert linears, an op of its own for torch.compile.
+        *([Import("vllm.utils.torch_utils", ("direct_register_custom_op",))] if routed else []),
     ]
     return stdlib, third_party
 
