@@ -400,7 +400,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("get_pp_group", True),
             ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj) or routed),
             ("get_tensor_model_parallel_world_size", True),
-            ("tensor_model_parallel_all_gather", sharded_norm or diff),
+            ("tensor_model_parallel_all_gather", sharded_norm or diff or bool(spec.key_bias_proj)),
             ("tensor_model_parallel_all_reduce", routed),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
@@ -417,7 +417,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed or bool(spec.per_layer_input_size)),
+             or routed or bool(spec.per_layer_input_size) or bool(spec.key_bias_proj)),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
