@@ -430,9 +430,10 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.distributed", _present(
             ("get_ep_group", moe),
             ("get_pp_group", True),
-            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj) or clamped),
+            ("get_tensor_model_parallel_rank", sharded_norm or alibi or diff or bool(spec.key_bias_proj) or clamped
+             or routed),
             ("get_tensor_model_parallel_world_size", True),
-            ("tensor_model_parallel_all_gather", sharded_norm or diff),
+            ("tensor_model_parallel_all_gather", sharded_norm or diff or bool(spec.key_bias_proj)),
             ("tensor_model_parallel_all_reduce", routed or clamped),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
@@ -453,7 +454,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts)),
+             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts) or bool(spec.key_bias_proj)),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),
@@ -467,7 +468,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.model_executor.model_loader.weight_utils", _present(
             ("default_weight_loader", True),
             ("maybe_remap_kv_scale_name", True),
-            ("sharded_weight_loader", sliced),
+            ("sharded_weight_loader", gate_bias or bool(spec.attention_sinks)),
         ), one_per_line=True),
         Import("vllm.model_executor.models.interfaces", flags["interfaces"], one_per_line=True),
         # PhiMoE's routing, vLLM's own (its phimoe model's custom routing function).
@@ -479,7 +480,9 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),
         *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced or clamped else []),
-        *([Import("vllm.utils.torch_utils", ("direct_register_custom_op",))] if clamped else []),
+        # The clamped experts' loop and the routed attention's bank of per-expert linears: ops of their own for
+        # torch.compile.
+        *([Import("vllm.utils.torch_utils", ("direct_register_custom_op",))] if clamped or routed else []),
     ]
     return stdlib, third_party
 

@@ -226,6 +226,9 @@ ARCHITECTURES = {
     # post_attention_residual (random, far from 1); keep_window_size 256, the verifier's max_model_len, so its top-k
     # keeps every visible key. num_experts only within the reader's bound (the dense MLP: is_moe false).
     "doge": ("doge", {"keep_window_size": 256, "num_experts": 4, "num_experts_per_tok": 2}),
+    # One KV head: at TP 2 it is replicated on both ranks, each computing the key bias from the whole of it.
+    "doge-kv1": ("doge", {"keep_window_size": 256, "num_experts": 4, "num_experts_per_tok": 2,
+                          "num_key_value_heads": 1}),
     # GPT-1: post-LN blocks (n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)), the normed sum the next residual),
     # no final norm, Conv1D weights, learned positions, a tanh GELU picked from a table of its own
     # (ACT_FNS[config.afn]), a head tied to the token embedding.
@@ -234,6 +237,10 @@ ARCHITECTURES = {
     # picks, keys and values shared and tiled over the 2 query groups: 4 query heads over 2 KV heads), and a MoE
     # whose experts are banks of 3-D weights run per expert, plus a bias on the block's output.
     "jetmoe": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # One KV head (2 query heads of 64): at TP 2 it is replicated on both ranks, which split its top-2 expert groups
+    # (one each).
+    "jetmoe-kv1": ("jetmoe", {"num_local_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 2,
+                              "num_key_value_heads": 1, "kv_channels": 64}),
     # NanoChat: a rotary embedding that turns by -theta (rotate_half returns cat((x2, -x1))), computed with vLLM's
     # NeoX rotary on q/k rows whose rotated halves are swapped per head on load; weightless q/k norms after the
     # rotary, one weightless norm on the embeddings and before the head, a relu2 MLP, the logits softcapped.
@@ -813,6 +820,17 @@ def test_differential_attention_sharded_over_two_ranks_matches_transformers(work
     checks = served_at_tp2("diffllama", workdir)
     # 4 heads over 2 KV heads: TP 4 would replicate the KV heads, which the port does not serve.
     assert "TP=4: not servable (differential attention" in checks["tensor-parallel sharding"]["detail"]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.parametrize("name", ["jetmoe-kv1", "doge-kv1"])
+def test_one_kv_head_replicated_over_two_ranks_matches_transformers(name, workdir):
+    """One KV head at TP 2, replicated on both ranks as QKVParallelLinear does: JetMoE's ranks split the head's top-2
+    expert groups, so that the output experts' all-reduce sums each group once; Doge's ranks each compute the key
+    bias from the whole head's values (no row-parallel sum of two copies). Served live against transformers."""
+    served_at_tp2(name, workdir)
 
 
 @pytest.mark.engine

@@ -239,3 +239,43 @@ def test_a_bias_the_block_adds_before_its_last_step_is_refused():
                                  "        mixed = mixed + self.offset\n        return torch.tanh(mixed)")
     found = expertbanks.read(lab(code), "layers", "ffn", {"up_and_gate": [E, 2 * F, H], "back": [E, H, F]})
     assert isinstance(found, str) and "adds self.offset" in found and "elsewhere than to what it returns" in found
+
+
+def template_expert_bank():
+    """The port's bank of per-expert linears, as the routed attention template writes it (plain Python)."""
+    import re
+    from pathlib import Path
+
+    import torch
+
+    text = (Path(__file__).resolve().parent.parent
+            / "templates/package/__package__/_parts/routed_attention.py.j2").read_text()
+    source = re.search(r"^def expert_bank\(.*?(?=^def expert_bank_fake)", text, re.S | re.M).group(0)
+    namespace = {"torch": torch}
+    exec(compile(source, "routed_attention.py.j2", "exec"), namespace)
+    return namespace["expert_bank"]
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 17])
+def test_the_ports_expert_bank_computes_each_chosen_experts_rows(tokens):
+    """Grouped by expert, one matmul each, the rows equal the dense product over every expert gathered at the chosen
+    ones (the form the port had), for the queries (each token's top-k rows) and the output (one row per group); an
+    expert no token chose is skipped."""
+    import torch
+
+    bank = template_expert_bank()
+    torch.manual_seed(tokens)
+    experts, top_k, rows, hidden = 5, 2, 12, 8
+    weight = torch.randn(experts, rows, hidden)
+    x = torch.randn(tokens, hidden)
+    # Expert 4 never chosen; the groups of a token in either order.
+    chosen = torch.stack([torch.randperm(4)[:top_k] for _ in range(tokens)])
+    dense = torch.einsum("th,erh->ter", x, weight)
+    expected = dense.gather(1, chosen.unsqueeze(-1).expand(-1, -1, rows))
+    q = bank(x, chosen.reshape(-1), weight, top_k).view(tokens, top_k, rows)
+    torch.testing.assert_close(q, expected, rtol=1e-5, atol=1e-5)
+    # The output side: one input row per (token, group).
+    grouped = torch.randn(tokens * top_k, hidden)
+    out = bank(grouped, chosen.reshape(-1), weight, 1)
+    every = torch.einsum("nh,erh->ner", grouped, weight)
+    torch.testing.assert_close(out, every[torch.arange(tokens * top_k), chosen.reshape(-1)], rtol=1e-5, atol=1e-5)

@@ -358,8 +358,7 @@ class _Sharding:
                    "intermediate_size": spec.intermediate_size, "tensors": layer0, "tp_sizes": list(tp_sizes),
                    "query_heads": spec.heads_of(0) * spec.query_rows // (spec.num_heads * spec.head_dim),
                    # Differential attention: each rank computes the head pairs (i, i + H/2) of its o_proj columns.
-                   "paired_heads": bool(spec.diff_lambdas),
-                   "key_bias": bool(spec.key_bias_proj)}
+                   "paired_heads": bool(spec.diff_lambdas)}
         return cls(report, len(report.checks), request, stage, spec.package, real_spec)
 
     def record(self, results: list[dict] | None, error: str | None = None) -> None:

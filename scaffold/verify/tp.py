@@ -97,11 +97,6 @@ def prove(request: dict) -> list[dict]:
                             "detail": f"differential attention's {heads // 2} head pairs or {kv_heads} KV heads do "
                                       f"not divide over {tp} ranks (the port does not replicate KV heads)"})
             continue
-        if request.get("key_bias") and kv_heads % tp:
-            results.append({"tp": tp, "status": "not servable",
-                            "detail": f"the key bias reads every KV head's values: {kv_heads} KV heads do not divide "
-                                      f"over {tp} ranks (the port does not replicate KV heads)"})
-            continue
         problems, q_parts, k_heads = [], [], {}
         for rank in range(tp):
             with simulated_rank(tp, rank):
