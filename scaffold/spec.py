@@ -329,6 +329,11 @@ class Spec:
     kv_share_sources: list[int] = spec_field(
         [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
         doc="for each of kv_share_layers, the earlier layer whose keys and values (its KV cache) it reads")
+    kv_share_config: dict[str, Any] = spec_field(
+        {}, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the config.json values the reading of kv_share_layers and k_eq_v_layers followed (Gemma 4's "
+            "num_hidden_layers, num_kv_shared_layers, layer_types...), numbers, strings and lists of them: the port "
+            "refuses at load a config that gives another value, whose layers may share otherwise")
     k_eq_v_layers: list[int] = spec_field(
         [], group="attention", probe="self_attn", layer_list=True, omit_when_empty=True,
         doc="layers without a value projection whose values are the keys' projection, through the values' own "

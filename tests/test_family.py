@@ -166,3 +166,26 @@ def test_moe_port_serves_a_sibling_with_other_dense_layers(workdir):
     detail = checks["spec matches checkpoint"]["detail"]
     assert "read from its config at run time" in detail and "dense_layers" in detail, detail
     print("moe sibling max |dlogp|", checks["parity: log-probabilities"]["max_delta"])
+
+
+# Gemma 4's KV-shared layers are read from the code layer by layer, with config.json's values: the port writes the
+# map down and checks, at load, the config values the reading followed. A sibling sharing fewer layers is refused
+# there, by name, rather than served with the wrong layers' keys and values.
+KV_SHARE_BASE = {"global_head_dim": 32, "hidden_size_per_layer_input": 0, "sliding_window": 8, "num_hidden_layers": 5,
+                 "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                 "full_attention"], "num_kv_shared_layers": 2}
+
+
+@pytest.mark.engine
+@pytest.mark.extended
+def test_a_kv_shared_port_refuses_a_sibling_that_shares_other_layers(workdir):
+    arch = "FamilyGemma4ForCausalLM"
+    ckpt = family_member(workdir, "gemma4_text", arch, "kvs-base", KV_SHARE_BASE)
+    other = family_member(workdir, "gemma4_text", arch, "kvs-sibling", {**KV_SHARE_BASE, "num_kv_shared_layers": 1})
+    out = workdir / "port-family-kvs"
+    scaffold("new", ckpt, "-o", out, "--force")
+    report = json.loads(scaffold("verify", out, "--checkpoint", other, "--json", check=False).stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert not report["passed"]
+    assert checks["port loads in vLLM"]["status"] == "FAIL"
+    assert "config.num_kv_shared_layers = 2; this checkpoint's config has 1" in checks["port loads in vLLM"]["detail"]

@@ -129,6 +129,16 @@ def test_a_lab_recomputing_its_values_from_the_keys_projection():
     assert found.kinds == ("own", "k_eq_v", "own", "k_eq_v", 2, 1)
 
 
+def test_the_config_keys_the_reading_followed_are_recorded():
+    # What a port checks against the config it is served with: the keys that decided which layer reads which.
+    gemma = kvshare.read(transformers_code("gemma4"), _gemma4(num_kv_shared_layers=2))
+    assert {"num_hidden_layers", "num_kv_shared_layers", "layer_types"} <= set(gemma.config_keys)
+    assert "vocab_size" not in gemma.config_keys and "rms_norm_eps" not in gemma.config_keys
+    lab = kvshare.read({"modeling_lab.py": LAB_SHARE}, _lab())
+    assert {"num_hidden_layers", "attn_kinds", "borrowers", "publishers"} <= set(lab.config_keys)
+    assert "num_kv_shared_layers" not in lab.config_keys
+
+
 def test_a_lab_that_borrows_nothing_is_every_layer_alike():
     assert kvshare.read({"modeling_lab.py": LAB_SHARE}, _lab(borrowers=[])) is None
 

@@ -54,6 +54,8 @@ class LayerSources:
     kinds: tuple  # per layer: "own" | "k_eq_v" | int
     evidence: str  # FILE:LINE of the attention call and what was read
     store_line: str  # FILE:LINE where the source layers store their keys and values ("" without sharing)
+    # The top-level config.json keys the reading asked for (present or not), sorted: the kinds follow from them
+    config_keys: tuple = ()
 
     @property
     def shared(self) -> dict[int, int]:
@@ -115,6 +117,27 @@ class _InitReader(Interpreter):
 _VALUE_ERRORS = (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError)
 
 
+class _Reads(dict):
+    """config.json's values, recording each top-level key the reading asks for (present or not): the per-layer
+    sources follow from those, so a port checks them against the config it is served with."""
+
+    def __init__(self, config: dict, asked: set | None = None):
+        super().__init__(config)
+        self.asked = getattr(config, "asked", set()) if asked is None else asked
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.asked.add(key)
+        return super().__contains__(key)
+
+
 def _config_obj(config: dict) -> Obj:
     def convert(value):
         if isinstance(value, dict):
@@ -122,7 +145,10 @@ def _config_obj(config: dict) -> Obj:
         if isinstance(value, list):
             return [convert(v) for v in value]
         return value
-    return convert(config)
+    obj = Obj({}, "config")
+    # The top level records what the attention's __init__ reads (nested configs are read whole).
+    obj.attrs = _Reads({k: convert(v) for k, v in dict.items(config)}, getattr(config, "asked", None))
+    return obj
 
 
 def layer_self(functions: dict, init: ast.FunctionDef, config: dict, layer: int) -> tuple[Obj, _InitReader]:
@@ -249,6 +275,7 @@ def read(sources: dict, config: dict, list_attr: str | None = None) -> LayerSour
     """Per layer, where its attention's keys and values come from (see the module's docstring); None where every
     layer computes its own alike (or the form is not the one read here), a reason (FILE:LINE ...) where the
     layers differ in a way the port does not compute."""
+    config = _Reads(config)
     layers = config.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or not 0 < layers <= MAX_LAYERS:
         return None
@@ -273,7 +300,9 @@ def read(sources: dict, config: dict, list_attr: str | None = None) -> LayerSour
             pass
         if not whole.layer_branches:
             continue
-        return _read_attention(sources, config, sub[0], sub[1], producers, functions, layers, attr)
+        found = _read_attention(sources, config, sub[0], sub[1], producers, functions, layers, attr)
+        return replace(found, config_keys=tuple(sorted(config.asked))) if isinstance(found, LayerSources) \
+            else found
     return None
 
 

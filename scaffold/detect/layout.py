@@ -520,6 +520,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                      Source("code", found.store_line or found.evidence))
         if found.k_eq_v:
             spec.set("k_eq_v_layers", found.k_eq_v, Source("code", found.evidence))
+        if found.shared or found.k_eq_v:
+            read = {key: ckpt.config[key] for key in found.config_keys if _plain_value(ckpt.config.get(key))}
+            spec.set("kv_share_config", read, Source("config", f"config.json {', '.join(read)}: what the reading of "
+                                                               f"the layers' keys and values followed"))
     # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
     # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
     attn = flow.attention_path if code_attn is not None else first("self_attn")
@@ -1895,3 +1899,9 @@ def _own_output_bias(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dic
     spec.set("o_bias_param", param, Source("code", found.evidence))
     spec.set("o_bias_layers", found.layers, Source("code", f"{found.evidence}: the layers where {found.expr}",
                                                    found.expr))
+
+
+def _plain_value(value) -> bool:
+    """A number, a string or a list of them (what a port can compare with its config's attribute)."""
+    scalar = (bool, int, float, str)
+    return isinstance(value, scalar) or isinstance(value, list) and all(isinstance(v, scalar) for v in value)
