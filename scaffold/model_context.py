@@ -378,8 +378,8 @@ def norm_constructor(spec: Spec, cfg: Callable[[str], str]) -> Callable[[str], s
 
     def norm(size: str, weightless: bool = False, latent: bool = False) -> str:
         # Latent attention's own norms take the eps their constructor gives where it is another (GLM-5's class
-        # default 1e-6 beside rms_norm_eps 1e-5: routing_latent_norm_eps).
-        eps = cfg("routing_latent_norm_eps" if latent and spec.routing_latent_norm_eps is not None else "norm_eps")
+        # default 1e-6 beside rms_norm_eps 1e-5: latent_norm_eps).
+        eps = cfg("latent_norm_eps" if latent and spec.latent_norm_eps is not None else "norm_eps")
         if weightless and not spec.norm_weightless:  # a weightless RMS norm beside scaled ones (Llama 4's q/k)
             return f"RMSNorm({size}, eps={eps}, has_weight=False)"
         return f"{cls}({size}, eps={eps}{bias})"

@@ -686,7 +686,7 @@ class Spec:
     norm_kind: str = spec_field("rms", group="norms", probe=NORMS, choices=("rms", "layer"),
                                 doc="RMSNorm or LayerNorm")
     norm_eps: float = spec_field(1e-6, group="norms", probe=NORMS, config_key=True, doc="the norms' epsilon")
-    routing_latent_norm_eps: float | None = spec_field(
+    latent_norm_eps: float | None = spec_field(
         None, group="norms", probe="self_attn", omit_when_empty=True,
         doc="the eps of latent attention's own norms (q_a_norm, kv_a_norm) where the code builds them with another "
             "than norm_eps (GLM-5's RMSNorm class default 1e-6 beside rms_norm_eps 1e-5); None: norm_eps")

@@ -449,7 +449,7 @@ EXPECTED_SPEC = {
                       "moe_routed_scaling_factor": 2.0, "num_layers": 2},
     "deepseek_v32": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"], "dense_layers": [0]},
     "glm_moe_dsa": {"qkv_layout": "latent", "index_topk": 256, "key_selector": ["indexer"]},
-    "glm_moe_dsa-latent-eps": {"norm_eps": 1e-3, "routing_latent_norm_eps": 1e-6},
+    "glm_moe_dsa-latent-eps": {"norm_eps": 1e-3, "latent_norm_eps": 1e-6},
     "axk2": {"qkv_layout": "latent", "attn_output_gate": "in_query", "dense_layers": [0],
              "intermediate_size": 256,  # the layer's MLP, not the gated norm's (gated_norm_rank 8)
              "gated_norms": ["input_layernorm"], "gated_norms_conditional": ["post_attention_layernorm"],

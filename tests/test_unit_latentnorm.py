@@ -37,8 +37,8 @@ def test_glm5_latent_norms_take_their_class_default_not_rms_norm_eps(glm5):
     assert json.loads((glm5 / "config.json").read_text())["rms_norm_eps"] == 1e-5
     ckpt = read_checkpoint(glm5)
     spec = detect(ckpt)
-    assert (spec.norm_eps, spec.routing_latent_norm_eps) == (1e-5, 1e-6)
-    detail = spec.source("routing_latent_norm_eps").detail
+    assert (spec.norm_eps, spec.latent_norm_eps) == (1e-5, 1e-6)
+    detail = spec.source("latent_norm_eps").detail
     assert "GlmMoeDsaRMSNorm(self.q_lora_rank), the default eps of GlmMoeDsaRMSNorm" in detail
     # attention_bias (the latent projections' bias switch, false), indexer_types (which layers build their own
     # selector: the port computes none) and num_local_experts (attribute_map's n_routed_experts) are accounted for.
@@ -52,7 +52,7 @@ def test_deepseek_latent_norms_keep_the_one_norm_eps():
     ckpt = _lab_ckpt(transformers_code("deepseek_v3"), {"rms_norm_eps": 1e-6})
     spec = _latent_spec(ckpt, "q_a_layernorm", "kv_a_layernorm", 1e-6)
     latentnorm.detect(ckpt, spec)
-    assert spec.routing_latent_norm_eps is None
+    assert spec.latent_norm_eps is None
 
 
 LAB = LAB_PRELUDE + '''
@@ -95,20 +95,20 @@ def _lab(q_eps: str = "", kv_eps: str = "", **config) -> tuple[Checkpoint, Spec]
 
 def test_a_labs_norm_class_default_under_its_own_parameter_name():
     _, spec = _lab()
-    assert spec.routing_latent_norm_eps == 1e-5
-    assert "the default eps of Squash (modeling_lab.py:" in spec.source("routing_latent_norm_eps").detail
+    assert spec.latent_norm_eps == 1e-5
+    assert "the default eps of Squash (modeling_lab.py:" in spec.source("latent_norm_eps").detail
     assert "bias=config.proj_bias" in spec.source("qkv_bias").detail
 
 
 def test_a_labs_eps_handed_as_a_config_key_is_read_at_run_time():
     _, spec = _lab(", epsilon=cfg.latent_eps", ", cfg.latent_eps", latent_eps=3e-6)
-    assert spec.routing_latent_norm_eps == 3e-6
-    assert spec.source("routing_latent_norm_eps").expr == "config.latent_eps"
+    assert spec.latent_norm_eps == 3e-6
+    assert spec.source("latent_norm_eps").expr == "config.latent_eps"
 
 
 def test_a_labs_eps_equal_to_the_other_norms_sets_nothing():
     _, spec = _lab(", 1e-6", ", epsilon=1e-6")
-    assert spec.routing_latent_norm_eps is None
+    assert spec.latent_norm_eps is None
 
 
 @pytest.mark.parametrize(("q_eps", "kv_eps", "config", "why"), [

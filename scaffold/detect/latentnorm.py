@@ -9,7 +9,7 @@ says 1e-5, so a port building the latent norms with config.rms_norm_eps normaliz
 For each latent norm the attention's constructor builds, the eps is what the call hands it (`eps=` or the second
 argument: a config key, read by the port at run time, or a number), else the default of the norm class's own
 __init__ parameter (`eps: float = 1e-6`). Where both give the port's norm_eps (its key, or its value on this
-checkpoint) nothing is set; where both give one other value it is `routing_latent_norm_eps`; two different ones, or an eps the reader cannot follow (an expression,
+checkpoint) nothing is set; where both give one other value it is `latent_norm_eps`; two different ones, or an eps the reader cannot follow (an expression,
 a class of the library with no default written), are refused naming the line.
 
 The latent projections' bias: the layout ports latent attention without one and refuses a checkpoint holding a
@@ -87,7 +87,7 @@ def _eps(sources: dict[str, str], file: str, call: ast.Call, config: tuple[str, 
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
-    """Set routing_latent_norm_eps where the latent norms take another eps than the port's norm_eps (module
+    """Set latent_norm_eps where the latent norms take another eps than the port's norm_eps (module
     docstring)."""
     if spec.qkv_layout != "latent":
         return
@@ -128,10 +128,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                                                                            (int, float)):
             raise unsupported(f"a latent attention norm built with eps={value} ({evidence}), which config.json does "
                               "not give as a number", ckpt.config_file, spec.model_type)
-        spec.set("routing_latent_norm_eps", float(ckpt.config[key]),
+        spec.set("latent_norm_eps", float(ckpt.config[key]),
                  Source("config", f"config.json {key} ({evidence})", value))
         return
-    spec.set("routing_latent_norm_eps", value, Source("code", f"{evidence}: eps={value:g}, not the other norms' "
+    spec.set("latent_norm_eps", value, Source("code", f"{evidence}: eps={value:g}, not the other norms' "
                                                               f"{spec.norm_eps:g}"))
 
 
