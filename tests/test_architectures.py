@@ -870,8 +870,8 @@ def test_a_context_longer_than_index_topk_is_refused_at_load(workdir):
     assert not any(c["name"] == "parity: log-probabilities" and c["status"] == "pass" for c in report["checks"])
 
 
-# Each case runs the CLI in a subprocess (1.5 to 4 s): the quick tier keeps every second one, the full suite all.
-@pytest.mark.parametrize("name", quick_sample(UNSUPPORTED, every=2))
+# Each case runs the CLI in a subprocess (1.5 to 4 s): the quick tier keeps every third one, the full suite all.
+@pytest.mark.parametrize("name", quick_sample(UNSUPPORTED, every=3))
 def test_unsupported_architecture_is_refused_by_name(name, workdir):
     model_type, _, feature = UNSUPPORTED[name]
     ckpt = checkpoint_for(name, UNSUPPORTED, workdir)
@@ -924,7 +924,7 @@ def refusal_status(proc: subprocess.CompletedProcess, ckpt: Path) -> str:
     return f"refused (exit {proc.returncode}): {shown}"
 
 
-@pytest.mark.parametrize("name", quick_sample(coverage_order(), every=8))
+@pytest.mark.parametrize("name", quick_sample(coverage_order(), every=12))
 def test_coverage_doc_is_current(name, workdir):
     """docs/coverage.md (written by scripts/coverage.py, never by a test) must have a row for every entry,
     made by today's generator: the features this entry's spec shows now, the refusal it gets now, and

@@ -86,6 +86,7 @@ def test_catalogue_doc_is_what_the_script_renders_and_totals_match_rows():
         assert line in text
 
 
+@pytest.mark.slow  # reads the config and modeling code of all 178 types: the longest quick-tier test (24 s under load)
 def test_catalogue_out_of_scope_reasons_are_current():
     """The reasons come from the installed config and modeling code; a row must say what they say today."""
     rows = recorded_rows()
