@@ -656,10 +656,11 @@ def test_an_attention_called_in_either_branch_of_an_if_is_one_attention():
 # ------------------------------------------------------------------ bidirectional attention by a term filled with ones
 def test_cpmant_fills_the_context_that_lifts_its_causal_mask_with_ones():
     found = forms.bidirectional_by_fill(transformers_code("cpmant"), {})
-    assert found.startswith("bidirectional attention: CpmAntModel._prepare_attention_mask lets a query attend to every "
-                            "key where context is set (modeling_cpmant.py:")
-    assert "context[:, None, :] | (...)), and CpmAntModel.forward fills context with ones (modeling_cpmant.py:" in found
+    assert found.startswith("bidirectional attention: CpmAntModel.forward fills context with ones (modeling_cpmant.py:")
     assert "context = torch.full((batch, seq_length), 1" in found
+    assert ("which lifts the causal mask at every key (CpmAntModel._prepare_attention_mask, modeling_cpmant.py:"
+            in found)
+    assert "context[:, None, :] OR'ed with the causal mask directional_mask_2d), so every position" in found
     assert found.endswith("so every position attends to the positions after it (an encoder), which a decoder's cache "
                           "cannot serve")
     # The first form named: before the relative bias, which the same file also computes.
@@ -695,10 +696,10 @@ class LabPrefixModel(nn.Module):
 
 def test_a_lab_prefix_mask_flagged_everywhere_is_named_and_one_flagged_by_the_tokens_is_not():
     found = forms.bidirectional_by_fill(lab(LAB_ATTENTION, LAB_DECODER, LAB_FLAGGED), {})
-    assert found.startswith("bidirectional attention: prefix_mask lets a query attend to every key where visible is "
-                            "set (modeling_lab.py:")
-    assert "LabPrefixModel.forward fills visible with ones (modeling_lab.py:" in found
+    assert found.startswith("bidirectional attention: LabPrefixModel.forward fills visible with ones (modeling_lab.py:")
     assert "everywhere = torch.ones(x.shape[1], dtype=torch.bool)" in found
+    assert "lifts the causal mask at every key (prefix_mask, modeling_lab.py:" in found
+    assert "visible[None, :].bool() OR'ed with the causal mask lower)" in found
     # Flags read from the input (a real prefix-LM: only the prompt's keys are visible to all): a causal decoder for
     # the tokens after it, which this finder leaves to the others.
     by_tokens = LAB_FLAGGED.replace("torch.ones(x.shape[1], dtype=torch.bool)", "x[0, :, 0] > 0")
@@ -709,11 +710,11 @@ def test_a_lab_prefix_mask_flagged_everywhere_is_named_and_one_flagged_by_the_to
 # ------------------------------------------------------------------ keys chosen per token by hashing (LSH attention)
 def test_reformer_hashes_its_keys_by_a_random_rotation():
     found = forms.hashed_keys(transformers_code("reformer"), {"hash_seed": None, "attn_layers": ["local", "lsh"]})
-    assert found.startswith("LSH attention: LSHSelfAttention hashes the vectors into buckets by a random rotation drawn "
-                            "anew at every call (config.json's hash_seed is null) (_hash_vectors, modeling_reformer.py:")
-    assert "torch.argmax(rotated_vectors, dim=-1)) and sorts the keys by bucket (modeling_reformer.py:" in found
-    assert found.endswith("so that each query attends only to keys of its bucket; paged attention reads a query's keys "
-                          "by position, not a set chosen per token by hashing")
+    assert found.startswith("LSH attention: LSHSelfAttention attends each query only to keys in its hash bucket, "
+                            "hashing the vectors by a random rotation drawn anew at every call (config.json's hash_seed "
+                            "is null) (_hash_vectors, modeling_reformer.py:")
+    assert "torch.argmax(rotated_vectors, dim=-1)) and sorting the keys by bucket (modeling_reformer.py:" in found
+    assert found.endswith("; paged attention reads a query's keys by position, not a set chosen per token by hashing")
     seeded = forms.hashed_keys(transformers_code("reformer"), {"hash_seed": 7, "attn_layers": ["lsh"]})
     assert "by a random rotation seeded with config.json's hash_seed = 7 (" in seeded
     # Only local (chunked) layers: no layer builds LSHSelfAttention; the reversible residual is named instead.
@@ -781,17 +782,17 @@ class LabMixedModel(nn.Module):
 def test_a_lab_hashed_attention_is_named_where_the_config_builds_it():
     sources = lab(LAB_ATTENTION, LAB_HASHED)
     found = forms.hashed_keys(sources, {"mixers": ["plain", "hashed"], "rotation_seed": None})
-    assert found.startswith("LSH attention: LabHashedAttention hashes the vectors into buckets by a random rotation "
-                            "drawn anew at every call (config.json's rotation_seed is null) (bucketize, modeling_lab.py:")
-    assert "proj.argmax(dim=-1)) and sorts the keys by bucket (modeling_lab.py:" in found
+    assert found.startswith("LSH attention: LabHashedAttention attends each query only to keys in its hash bucket, "
+                            "hashing the vectors by a random rotation drawn anew at every call (config.json's "
+                            "rotation_seed is null) (bucketize, modeling_lab.py:")
+    assert "proj.argmax(dim=-1)) and sorting the keys by bucket (modeling_lab.py:" in found
     assert forms.hashed_keys(sources, {"mixers": ["plain", "plain"], "rotation_seed": None}) is None
     assert forms.hashed_keys({"modeling_lab.py": PLAIN}, {}) is None
     # Planes the module keeps (a buffer drawn once): still a key set chosen by hashing, named without a draw.
     fixed = sources["modeling_lab.py"].replace(
         "planes = torch.empty(keys.shape[-1], self.n_planes).normal_(generator=gen)", "planes = self.planes")
     kept = forms.hashed_keys({"modeling_lab.py": fixed}, {"mixers": ["hashed"]})
-    assert kept.startswith("LSH attention: LabHashedAttention hashes the vectors into buckets by a projection it keeps "
-                           "(self.planes; bucketize, modeling_lab.py:")
+    assert "hashing the vectors by a projection it keeps (self.planes; bucketize, modeling_lab.py:" in kept
     # The same argmax with no sort of the keys by it (a pick of one value per token, not of the keys attended): not
     # this form.
     unsorted = sources["modeling_lab.py"].replace("order = torch.sort(self.bucketize(k), dim=-1).indices",

@@ -321,10 +321,10 @@ def _positions_ordered(node: ast.AST) -> bool:
     return False
 
 
-def _overridden_causal_mask(func: ast.FunctionDef) -> tuple[ast.BinOp, ast.AST, str] | None:
+def _overridden_causal_mask(func: ast.FunctionDef) -> tuple[ast.BinOp, str, str] | None:
     """`P | (... causal ...)`: a causal mask OR'ed with a term read from the function's parameter P alone (CPM-Ant's
     `context[:, None, :] | (context[:, :, None].logical_not() & directional_mask_2d)`): where P is set, a query
-    attends to every key, later ones included. The OR, P's term and P."""
+    attends to every key, later ones included. The OR, its description and P."""
     params = [a.arg for a in func.args.args]
     causal_names: set[str] = set()
     for stmt in _statements(func.body):
@@ -344,7 +344,9 @@ def _overridden_causal_mask(func: ast.FunctionDef) -> tuple[ast.BinOp, ast.AST, 
             for term, other in ((n.left, n.right), (n.right, n.left)):
                 read = {r.id for r in subtree(term) if isinstance(r, ast.Name)}
                 if causal(other) and not causal(term) and len(read) == 1 and read <= set(params[1:] or params):
-                    return n, term, read.pop()
+                    mask = next((m.id for m in subtree(other) if isinstance(m, ast.Name) and m.id in causal_names),
+                                None)
+                    return n, f"{_line(term, 40)} OR'ed with the causal mask{f' {mask}' if mask else ''}", read.pop()
     return None
 
 
@@ -380,10 +382,9 @@ def bidirectional_by_fill(sources: dict, config: dict) -> str | None:
         caller_file, caller_owner, caller, arg, _ = fills[0]
         name = f"{owner}.{func.name}" if owner else func.name
         by = f"{caller_owner}.{caller.name}" if caller_owner else caller.name
-        return (f"bidirectional attention: {name} lets a query attend to every key where {param} is set "
-                f"({_where(file, union)}: {_line(term, 40)} | (...)), and {by} fills {param} with ones "
-                f"({_where(caller_file, arg)}: {_line(arg, 60)}), so every position attends to the positions after it "
-                "(an encoder), which a decoder's cache cannot serve")
+        return (f"bidirectional attention: {by} fills {param} with ones ({_where(caller_file, arg)}: {_line(arg, 60)}), "
+                f"which lifts the causal mask at every key ({name}, {_where(file, union)}: {term}), so every position "
+                "attends to the positions after it (an encoder), which a decoder's cache cannot serve")
     return None
 
 
@@ -683,9 +684,9 @@ def hashed_keys(sources: dict, config: dict) -> str | None:
                     drawn = f"drawn anew at every call unless config.{key or _line(seed.args[0], 30)} is set"
                 how = (f"by a random rotation {drawn} ({func.name}, {_where(file, source)}: {_line(source.value, 30)}; "
                        f"{_where(file, pick)}: {_line(pick.value, 40)})")
-            return (f"LSH attention: {name} hashes the vectors into buckets {how} and sorts the keys by bucket "
-                    f"({_where(file, sort)}: {_line(sort, 40)}), so that each query attends only to keys of its "
-                    "bucket; paged attention reads a query's keys by position, not a set chosen per token by hashing")
+            return (f"LSH attention: {name} attends each query only to keys in its hash bucket, hashing the vectors "
+                    f"{how} and sorting the keys by bucket ({_where(file, sort)}: {_line(sort, 40)}); paged attention "
+                    "reads a query's keys by position, not a set chosen per token by hashing")
     return None
 
 
