@@ -616,16 +616,21 @@ UNSUPPORTED = {
                                    "latent attention projections with a bias"),
     # DiffLlama subtracts a second attention weighted by lambdas computed from its own parameters.
     # Forms named from the code before detection (scaffold.detect.forms), each with its file:line.
-    "cpmant-relative-bias": ("cpmant", {}, ("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward "
-                                            "looks up its table relative_attention_bias")),
+    # CPM-Ant: its forward fills the `context` that lifts the causal mask with ones (every position attends to later
+    # ones: an encoder, as transformers computes it), named first; its relative bias table follows.
+    "cpmant-relative-bias": ("cpmant", {}, ("bidirectional attention: CpmAntModel.forward fills context with ones")),
     # HRM's L stack run L_cycles times, then its H stack, in H_cycles cycles (scaffold.detect.recurrence).
     "hrm_text-cycles": ("hrm_text", {}, ("a layer stack run more than once per forward: HrmTextModel.forward runs "
                                          "config.H_cycles cycles of self.L_module (HrmTextStack, on "
                                          "hidden_states_low_cycle + hidden_states_high_cycle) config.L_cycles "
                                          "times, then self.H_module")),
+    # Reformer's LSH layers (attn_layers alternates local and lsh) hash the keys by a random rotation, named before its
+    # reversible residual streams.
     "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
                                          "axial_pos_shape": [16, 32]},
-                            "reversible residual streams: ReformerLayer.forward adds the attention's output"),
+                            ("LSH attention: LSHSelfAttention attends each query only to keys in its hash bucket, "
+                             "hashing the vectors by a random rotation drawn anew at every call (config.json's "
+                             "hash_seed is null)")),
     # Doge's CDMoE (is_moe): experts are rows of two embedding tables, looked up by a product-key top-k.
     "doge-cdmoe": ("doge", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 2},
                    ("experts kept as rows of embedding tables: DogeCDMoE.forward looks up down_embed, up_embed by "

@@ -490,6 +490,9 @@ def test_cpmant_looks_up_a_relative_position_bias():
     assert found.startswith("a learned relative position bias: CpmAntSegmentPositionEmbedding.forward looks up its "
                             "table relative_attention_bias by the key-query distance "
                             "(modeling_cpmant.py:")
+    assert found.endswith("the attention adds it to its scores, and vLLM's CPU attention adds no such bias (ALiBi "
+                          "slopes only; FlexAttention's score_mod, the one backend hook for it, does not run in the CPU "
+                          "build)")
 
 
 def test_alibi_is_not_a_learned_relative_bias():
@@ -648,3 +651,150 @@ def test_an_attention_called_in_either_branch_of_an_if_is_one_attention():
         "        else:\n"
         "            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)\n")
     assert forms.several_attentions(lab(either), {}) is None
+
+
+# ------------------------------------------------------------------ bidirectional attention by a term filled with ones
+def test_cpmant_fills_the_context_that_lifts_its_causal_mask_with_ones():
+    found = forms.bidirectional_by_fill(transformers_code("cpmant"), {})
+    assert found.startswith("bidirectional attention: CpmAntModel.forward fills context with ones (modeling_cpmant.py:")
+    assert "context = torch.full((batch, seq_length), 1" in found
+    assert ("which lifts the causal mask at every key (CpmAntModel._prepare_attention_mask, modeling_cpmant.py:"
+            in found)
+    assert "context[:, None, :] OR'ed with the causal mask directional_mask_2d), so every position" in found
+    assert found.endswith("so every position attends to the positions after it (an encoder), which a decoder's cache "
+                          "cannot serve")
+    # The first form named: before the relative bias, which the same file also computes.
+    named = forms.blocking_forms(transformers_code("cpmant"), {})
+    assert named[0] == found and named[1].startswith("a learned relative position bias")
+
+
+def test_causal_decoders_fill_nothing_that_lifts_their_mask():
+    for model in ("llama", "gpt2", "bloom", "xglm", "mixtral"):
+        assert forms.bidirectional_by_fill(transformers_code(model), {}) is None, model
+
+
+# A lab's prefix-LM mask: a helper ORs its triangle with a flag per key; the model passes flags it builds with
+# torch.ones (every key flagged), through a keyword and a local of its own.
+LAB_FLAGGED = '''def prefix_mask(n, visible):
+    lower = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+    return visible[None, :].bool() | lower
+
+
+class LabPrefixModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+
+    def forward(self, x, cos, sin):
+        everywhere = torch.ones(x.shape[1], dtype=torch.bool)
+        mask = prefix_mask(x.shape[1], visible=everywhere)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return x
+'''
+
+
+def test_a_lab_prefix_mask_flagged_everywhere_is_named_and_one_flagged_by_the_tokens_is_not():
+    found = forms.bidirectional_by_fill(lab(LAB_ATTENTION, LAB_DECODER, LAB_FLAGGED), {})
+    assert found.startswith("bidirectional attention: LabPrefixModel.forward fills visible with ones (modeling_lab.py:")
+    assert "everywhere = torch.ones(x.shape[1], dtype=torch.bool)" in found
+    assert "lifts the causal mask at every key (prefix_mask, modeling_lab.py:" in found
+    assert "visible[None, :].bool() OR'ed with the causal mask lower)" in found
+    # Flags read from the input (a real prefix-LM: only the prompt's keys are visible to all): a causal decoder for
+    # the tokens after it, which this finder leaves to the others.
+    by_tokens = LAB_FLAGGED.replace("torch.ones(x.shape[1], dtype=torch.bool)", "x[0, :, 0] > 0")
+    assert forms.bidirectional_by_fill(lab(LAB_ATTENTION, LAB_DECODER, by_tokens), {}) is None
+    assert forms.bidirectional_by_fill({"modeling_lab.py": PLAIN}, {}) is None
+
+
+# ------------------------------------------------------------------ keys chosen per token by hashing (LSH attention)
+def test_reformer_hashes_its_keys_by_a_random_rotation():
+    found = forms.hashed_keys(transformers_code("reformer"), {"hash_seed": None, "attn_layers": ["local", "lsh"]})
+    assert found.startswith("LSH attention: LSHSelfAttention attends each query only to keys in its hash bucket, "
+                            "hashing the vectors by a random rotation drawn anew at every call (config.json's hash_seed "
+                            "is null) (_hash_vectors, modeling_reformer.py:")
+    assert "torch.argmax(rotated_vectors, dim=-1)) and sorting the keys by bucket (modeling_reformer.py:" in found
+    assert found.endswith("; paged attention reads a query's keys by position, not a set chosen per token by hashing")
+    seeded = forms.hashed_keys(transformers_code("reformer"), {"hash_seed": 7, "attn_layers": ["lsh"]})
+    assert "by a random rotation seeded with config.json's hash_seed = 7 (" in seeded
+    # Only local (chunked) layers: no layer builds LSHSelfAttention; the reversible residual is named instead.
+    local = {"hash_seed": None, "attn_layers": ["local", "local"]}
+    assert forms.hashed_keys(transformers_code("reformer"), local) is None
+    assert forms.blocking_forms(transformers_code("reformer"), local)[0].startswith("reversible residual streams: ")
+    named = forms.blocking_forms(transformers_code("reformer"), {"attn_layers": ["local", "lsh"]})
+    assert named[0].startswith("LSH attention: ") and named[1].startswith("reversible residual streams: ")
+
+
+def test_decoders_without_hashing_are_not_named():
+    for model in ("llama", "gpt2", "mixtral", "cpmant", "bloom"):
+        assert forms.hashed_keys(transformers_code(model), {}) is None, model
+
+
+# A lab's hashed attention: random planes drawn through a generator in a method of its own, the bucket an argmax over
+# the keys' projection (the `@` operator, a method call), the keys sorted by bucket; a layer builds it where the
+# config's list of mixers says "hashed".
+LAB_HASHED = '''class LabHashedAttention(nn.Module):
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.qk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.v = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.n_planes = config.hash_planes
+        self.seed = config.rotation_seed
+
+    def bucketize(self, keys):
+        gen = torch.Generator(device=keys.device)
+        if self.seed is not None:
+            gen.manual_seed(self.seed)
+        planes = torch.empty(keys.shape[-1], self.n_planes).normal_(generator=gen)
+        proj = keys @ planes
+        return proj.argmax(dim=-1)
+
+    def forward(self, x, cos, sin, mask):
+        k = self.qk(x)
+        order = torch.sort(self.bucketize(k), dim=-1).indices
+        ks = k.gather(1, order[..., None].expand_as(k))
+        vs = self.v(x).gather(1, order[..., None].expand_as(k))
+        weights = torch.softmax(ks @ ks.transpose(-1, -2), dim=-1)
+        return self.out(weights @ vs)
+
+
+class LabMixedLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        if config.mixers[layer_idx] == "hashed":
+            self.mix = LabHashedAttention(config, layer_idx)
+        else:
+            self.mix = LabAttention(config, layer_idx)
+        self.norm = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        return x + self.mix(self.norm(x), cos, sin, mask)
+
+
+class LabMixedModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([LabMixedLayer(config, i) for i in range(config.num_hidden_layers)])
+'''
+
+
+def test_a_lab_hashed_attention_is_named_where_the_config_builds_it():
+    sources = lab(LAB_ATTENTION, LAB_HASHED)
+    found = forms.hashed_keys(sources, {"mixers": ["plain", "hashed"], "rotation_seed": None})
+    assert found.startswith("LSH attention: LabHashedAttention attends each query only to keys in its hash bucket, "
+                            "hashing the vectors by a random rotation drawn anew at every call (config.json's "
+                            "rotation_seed is null) (bucketize, modeling_lab.py:")
+    assert "proj.argmax(dim=-1)) and sorting the keys by bucket (modeling_lab.py:" in found
+    assert forms.hashed_keys(sources, {"mixers": ["plain", "plain"], "rotation_seed": None}) is None
+    assert forms.hashed_keys({"modeling_lab.py": PLAIN}, {}) is None
+    # Planes the module keeps (a buffer drawn once): still a key set chosen by hashing, named without a draw.
+    fixed = sources["modeling_lab.py"].replace(
+        "planes = torch.empty(keys.shape[-1], self.n_planes).normal_(generator=gen)", "planes = self.planes")
+    kept = forms.hashed_keys({"modeling_lab.py": fixed}, {"mixers": ["hashed"]})
+    assert "hashing the vectors by a projection it keeps (self.planes; bucketize, modeling_lab.py:" in kept
+    # The same argmax with no sort of the keys by it (a pick of one value per token, not of the keys attended): not
+    # this form.
+    unsorted = sources["modeling_lab.py"].replace("order = torch.sort(self.bucketize(k), dim=-1).indices",
+                                                  "order = self.bucketize(k)")
+    assert forms.hashed_keys({"modeling_lab.py": unsorted}, {"mixers": ["hashed"]}) is None

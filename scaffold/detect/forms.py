@@ -5,6 +5,12 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - Bidirectional attention by config (XLM's `config.causal`, XLNet's `config.attn_type`): the code builds its
   causal (triangular) mask only under a condition on a config value, and config.json's value leaves it out, so
   every position attends to later ones: an encoder, which a decoder's KV cache cannot serve.
+- Bidirectional attention by a term filled with ones (CPM-Ant's `context`): the mask builder ORs its causal mask with
+  a term read from one of its parameters, and every caller passes that parameter filled with ones, so every position
+  attends to every other, later ones included: an encoder, as transformers computes it.
+- LSH attention (Reformer's LSHSelfAttention): an attention class hashes its vectors into buckets by a random
+  rotation (an argmax over their product with a random draw, redrawn at every call unless a seed is set) and sorts
+  the keys by bucket, so each query attends to a key set chosen by hashing, not by position.
 - A layer stack run more than once per forward (HRM's H and L modules iterated in cycles): a module holding the
   decoder layers called inside a loop, or the layer list iterated inside another loop.
 - Reversible residual streams (Reformer's RevNet): the decoder layer's attention reads one stream and its output
@@ -22,7 +28,10 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - Experts kept as rows of embedding tables (Doge's CDMoE under is_moe: `self.down_embed(indices)` for the indices
   of a top-k), in the module the decoder layer builds under config.json's values.
 - A learned relative position bias (CPM-Ant's, T5's): a table of parameters indexed by the distance between key
-  and query positions (`arange(k)[None, :] - arange(q)[:, None]`), added to the attention scores.
+  and query positions (`arange(k)[None, :] - arange(q)[:, None]`), added to the attention scores. vLLM 0.32's CPU
+  attention takes ALiBi slopes, sinks and a soft cap, no bias table; FlexAttention's score_mod is the one backend
+  hook for such a bias, and FlexAttention does not run in the CPU build (its KV-cache write calls
+  reshape_and_cache_flash, which the CPU build lacks).
 - A multimodal model: every causal-LM class of the file takes image, audio or video inputs (Fuyu's image_patches).
 - Layers kept as parallel module lists, one per sublayer (XLM's attentions[i], ffns[i], layer_norm1[i] ...).
 - Attention scores summed from several products (XLNet's `ac + bd + ef`: Transformer-XL's content and
@@ -272,6 +281,113 @@ def _argument_key(trees, function: str, index: int, param: str, aliases: dict) -
     return keys.pop() if len(keys) == 1 else None
 
 
+# ------------------------------------------------------------------ bidirectional attention by a term filled with ones
+def _filled_with_ones(node: ast.AST) -> bool:
+    """torch.ones(...) / ones_like(...), or torch.full(shape, 1) / full_like(x, True): every element set."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = _callee(node)
+    if name in ("ones", "ones_like", "new_ones"):
+        return True
+    fill = node.args[1] if name in ("full", "full_like", "new_full") and len(node.args) >= 2 else next(
+        (k.value for k in node.keywords if k.arg == "fill_value"), None)
+    return (name in ("full", "full_like", "new_full") and isinstance(fill, ast.Constant)
+            and fill.value is not None and not isinstance(fill.value, str) and bool(fill.value) and fill.value == 1)
+
+
+def _functions(sources: dict):
+    """(file, owner, function): every function of the files, owner the class it is a method of (else None)."""
+    for file, tree in sourcecode._parsed(sources):
+        for node in subtree(tree):
+            if isinstance(node, ast.ClassDef):
+                for func in node.body:
+                    if isinstance(func, ast.FunctionDef):
+                        yield file, node.name, func
+        for func in tree.body:
+            if isinstance(func, ast.FunctionDef):
+                yield file, None, func
+
+
+def _positions_ordered(node: ast.AST) -> bool:
+    """A causal mask: tril/triu or broadcast ranges compared (`_causal_mask_expr`), or two aranges compared, one of
+    them reshaped (`arange(n) <= arange(n).view(-1, 1)`)."""
+    if _causal_mask_expr(node):
+        return True
+    for n in subtree(node):
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))
+                and all(any(isinstance(c, ast.Call) and _callee(c) == "arange" for c in subtree(side))
+                        for side in (n.left, n.comparators[0]))):
+            return True
+    return False
+
+
+def _overridden_causal_mask(func: ast.FunctionDef) -> tuple[ast.BinOp, str, str] | None:
+    """`P | (... causal ...)`: a causal mask OR'ed with a term read from the function's parameter P alone (CPM-Ant's
+    `context[:, None, :] | (context[:, :, None].logical_not() & directional_mask_2d)`): where P is set, a query
+    attends to every key, later ones included. The OR, its description and P."""
+    params = [a.arg for a in func.args.args]
+    causal_names: set[str] = set()
+    for stmt in _statements(func.body):
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and _positions_ordered(stmt.value):
+            causal_names.add(stmt.targets[0].id)
+
+    def causal(node: ast.AST) -> bool:
+        return _positions_ordered(node) or any(isinstance(n, ast.Name) and n.id in causal_names for n in subtree(node))
+
+    for stmt in _statements(func.body):
+        if not isinstance(stmt, (ast.Assign, ast.Return)) or stmt.value is None:
+            continue
+        for n in subtree(stmt.value):
+            if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)):
+                continue
+            for term, other in ((n.left, n.right), (n.right, n.left)):
+                read = {r.id for r in subtree(term) if isinstance(r, ast.Name)}
+                if causal(other) and not causal(term) and len(read) == 1 and read <= set(params[1:] or params):
+                    mask = next((m.id for m in subtree(other) if isinstance(m, ast.Name) and m.id in causal_names),
+                                None)
+                    return n, f"{_line(term, 40)} OR'ed with the causal mask{f' {mask}' if mask else ''}", read.pop()
+    return None
+
+
+def _call_argument(call: ast.Call, func: ast.FunctionDef, param: str, method: bool) -> ast.AST | None:
+    arg = next((k.value for k in call.keywords if k.arg == param), None)
+    if arg is not None:
+        return arg
+    position = [a.arg for a in func.args.args].index(param) - (1 if method else 0)
+    return call.args[position] if 0 <= position < len(call.args) else None
+
+
+def bidirectional_by_fill(sources: dict, config: dict) -> str | None:
+    """A causal mask OR'ed with a term of a parameter that every caller fills with ones (CPM-Ant's `context`, which
+    CpmAntModel.forward sets to torch.full(..., 1)): every position attends to every other, later ones included."""
+    functions = list(_functions(sources))
+    for file, owner, func in functions:
+        found = _overridden_causal_mask(func)
+        if found is None:
+            continue
+        union, term, param = found
+        fills = []
+        for caller_file, caller_owner, caller in functions:
+            for call in (n for n in subtree(caller) if isinstance(n, ast.Call) and _callee(n) == func.name):
+                arg = _call_argument(call, func, param, owner is not None and isinstance(call.func, ast.Attribute))
+                if isinstance(arg, ast.Name):
+                    arg = next((s for s in reversed(list(_statements(caller.body))) if isinstance(s, ast.Assign)
+                                and s.lineno < call.lineno and len(s.targets) == 1
+                                and isinstance(s.targets[0], ast.Name) and s.targets[0].id == arg.id), arg)
+                value = arg.value if isinstance(arg, ast.Assign) else arg
+                fills.append((caller_file, caller_owner, caller, arg, value is not None and _filled_with_ones(value)))
+        if not fills or not all(ones for *_, ones in fills):
+            continue
+        caller_file, caller_owner, caller, arg, _ = fills[0]
+        name = f"{owner}.{func.name}" if owner else func.name
+        by = f"{caller_owner}.{caller.name}" if caller_owner else caller.name
+        return (f"bidirectional attention: {by} fills {param} with ones ({_where(caller_file, arg)}: {_line(arg, 60)}), "
+                f"which lifts the causal mask at every key ({name}, {_where(file, union)}: {term}), so every position "
+                "attends to the positions after it (an encoder), which a decoder's cache cannot serve")
+    return None
+
+
 # ------------------------------------------------------------------ a layer stack run more than once
 def repeated_stack(sources: dict, config: dict) -> str | None:
     classes = _classes(sources)
@@ -426,6 +542,152 @@ def _looped_attention(file: str, cls: ast.ClassDef, forward: ast.FunctionDef, so
     return (f"several attention computations in one decoder layer: {cls.name}.forward calls {built[attr][0]} "
             f"{layout.count} times, in a loop over self.{attr} ({_where(file, loop)}: for {ast.unparse(loop.target)} "
             f"in {_line(loop.iter, 50)}); {layout.describe()}{_unported_sublayers(sources, config)}")
+
+
+# ------------------------------------------------------------------ keys chosen per token by hashing (LSH attention)
+RANDOM_DRAWS = {"randn", "rand", "randn_like", "rand_like", "normal", "normal_", "uniform_", "randint"}
+PRODUCTS = {"einsum", "matmul", "bmm", "mm"}
+BUCKET_PICKS = {"argmax", "argmin"}
+
+
+def _hash(func: ast.FunctionDef) -> tuple[ast.AST, ast.stmt] | None:
+    """A projection hash: the function's vectors multiplied with a random draw (Reformer's `argmax(cat([x @ R,
+    -(x @ R)]))` with R = torch.randn(...)) or with a tensor the module keeps (self.X), the bucket an argmax over the
+    product. The draw's statement (or the kept tensor's read) and the pick's statement."""
+    params = {a.arg for a in func.args.args[1:]}
+    drawn: dict[str, ast.AST] = {}  # names holding the draw, or the kept tensor
+    hashed: dict[str, ast.AST] = {}  # names holding the product of the vectors with it, or what follows: its source
+    derived = set(params)  # names that follow from the function's inputs
+    called = {id(n.func) for n in subtree(func) if isinstance(n, ast.Call)}
+
+    def reads(node: ast.AST, names) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names for n in subtree(node))
+
+    def kept(node: ast.AST) -> bool:  # self.X read as a tensor, not called as a module
+        return isinstance(node, ast.Attribute) and _dotted(node.value) == "self" and id(node) not in called
+
+    for stmt in _statements(func.body):
+        if not isinstance(stmt, (ast.Assign, ast.Return)) or stmt.value is None:
+            continue
+        targets = [n.id for t in getattr(stmt, "targets", []) for n in subtree(t) if isinstance(n, ast.Name)]
+        value = stmt.value
+        for n in subtree(value):
+            if isinstance(n, ast.Call) and _callee(n) in BUCKET_PICKS and reads(n, hashed):
+                return next(hashed[r.id] for r in subtree(n) if isinstance(r, ast.Name) and r.id in hashed), stmt
+        draw = any(isinstance(n, ast.Call) and _callee(n) in RANDOM_DRAWS for n in subtree(value))
+        for n in subtree(value):
+            operands = ([n.left, n.right] if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult)
+                        else list(n.args) if isinstance(n, ast.Call) and _callee(n) in PRODUCTS else [])
+            source = next((drawn[r.id] for o in operands for r in subtree(o) if isinstance(r, ast.Name)
+                           and r.id in drawn), None) or next((o for o in operands if kept(o)), None)
+            if source is not None and reads(n, derived):
+                hashed.update({name: source for name in targets})
+        for name in targets:
+            if draw:
+                drawn[name] = stmt
+            elif kept(value):
+                drawn[name] = value
+            elif name not in hashed and reads(value, hashed):
+                hashed[name] = next(hashed[r.id] for r in subtree(value) if isinstance(r, ast.Name) and r.id in hashed)
+            if reads(value, derived):
+                derived.add(name)
+    return None
+
+
+def _guards(func: ast.FunctionDef, target: ast.AST) -> list[ast.expr] | None:
+    """The tests of the if statements around `target` in `func` (an else branch's test negated), or None."""
+    def walk(body, tests):
+        for stmt in body:
+            if stmt is target or any(n is target for n in subtree(stmt)) and not isinstance(stmt, ast.If):
+                return tests
+            if isinstance(stmt, ast.If):
+                found = walk(stmt.body, tests + [stmt.test])
+                if found is not None:
+                    return found
+                found = walk(stmt.orelse, tests + [ast.UnaryOp(op=ast.Not(), operand=stmt.test)])
+                if found is not None:
+                    return found
+            elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+                for field in ("body", "orelse", "finalbody"):
+                    found = walk(getattr(stmt, field, []) or [], tests)
+                    if found is not None:
+                        return found
+        return None
+    return walk(func.body, [])
+
+
+def _possible(tests: list[ast.expr], aliases: dict, config: dict) -> bool:
+    """Whether config.json's lists allow every `L[...] == "name"` among the tests (Reformer's
+    `self.attn_layers[self.layer_id] == "lsh"`, with self.attn_layers = config.attn_layers): the name is one of the
+    list's items. Tests of another form, and lists config.json does not hold, are taken as possible."""
+    for test in tests:
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            continue
+        for n in subtree(test):
+            if not (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Eq)):
+                continue
+            sides = [n.left, n.comparators[0]]
+            for sub, const in (sides, sides[::-1]):
+                if isinstance(sub, ast.Subscript) and isinstance(const, ast.Constant) and isinstance(const.value, str):
+                    key = aliases.get(_dotted(sub.value)) or (sub.value.attr if isinstance(sub.value, ast.Attribute)
+                                                             and _dotted(sub.value.value) in ("config", "self.config")
+                                                             else None)
+                    items = config.get(key) if key else None
+                    if isinstance(items, list) and const.value not in items:
+                        return False
+    return True
+
+
+def _built_somewhere(sources: dict, name: str, config: dict) -> bool:
+    """Whether a class of the files builds `name` in __init__ under conditions config.json's values allow."""
+    aliases = _config_aliases(sources)
+    sites = 0
+    for _file, cls in _classes(sources).values():
+        init = _method(cls, "__init__")
+        for call in (n for n in subtree(init) if isinstance(n, ast.Call)) if init is not None else ():
+            if _dotted(call.func).rsplit(".", 1)[-1] != name:
+                continue
+            sites += 1
+            tests = _guards(init, call)
+            if _possible(tests or [], aliases, config):
+                return True
+    return sites == 0
+
+
+def hashed_keys(sources: dict, config: dict) -> str | None:
+    """LSH attention (Reformer's LSHSelfAttention): an attention class hashes its vectors into buckets by a random
+    rotation and attends each query to the keys of its bucket: a key set chosen per token by hashing."""
+    aliases = _config_aliases(sources)
+    classes = _classes(sources)
+    for name in sorted(_attention_classes(sources, direct=True)):
+        file, cls = classes[name]
+        for func in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            found = _hash(func)
+            sort = next((n for m in cls.body if isinstance(m, ast.FunctionDef) for n in subtree(m)
+                         if isinstance(n, ast.Call) and (_callee(n) == "sort" or _callee(n).endswith("argsort"))), None)
+            if found is None or sort is None or not _built_somewhere(sources, name, config):
+                continue
+            source, pick = found
+            if isinstance(source, ast.Attribute):
+                how = (f"by a projection it keeps ({_line(source)}; {func.name}, {_where(file, pick)}: "
+                       f"{_line(pick.value, 40)})")
+            else:
+                seed = next((n for n in subtree(func) if isinstance(n, ast.Call) and _callee(n) == "manual_seed"), None)
+                key = aliases.get(_dotted(seed.args[0])) if seed is not None and seed.args else None
+                if seed is None:
+                    drawn = "drawn anew at every call"
+                elif key is not None and key in config and config[key] is None:
+                    drawn = f"drawn anew at every call (config.json's {key} is null)"
+                elif key is not None and key in config:
+                    drawn = f"seeded with config.json's {key} = {config[key]!r}"
+                else:
+                    drawn = f"drawn anew at every call unless config.{key or _line(seed.args[0], 30)} is set"
+                how = (f"by a random rotation {drawn} ({func.name}, {_where(file, source)}: {_line(source.value, 30)}; "
+                       f"{_where(file, pick)}: {_line(pick.value, 40)})")
+            return (f"LSH attention: {name} attends each query only to keys in its hash bucket, hashing the vectors "
+                    f"{how} and sorting the keys by bucket ({_where(file, sort)}: {_line(sort, 40)}); paged attention "
+                    "reads a query's keys by position, not a set chosen per token by hashing")
+    return None
 
 
 def reversible_residual(sources: dict, config: dict) -> str | None:
@@ -852,8 +1114,9 @@ def relative_position_bias(sources: dict, config: dict) -> str | None:
                 if isinstance(looked, ast.Attribute) and _dotted(looked.value) == "self" and looked.attr in tables:
                     return (f"a learned relative position bias: {name}.{func.name} looks up its table "
                             f"{looked.attr} by the key-query distance ({_where(file, n)}: "
-                            f"{_line(n, 60)}); the attention adds it to its scores, and the port's attention has "
-                            "no such bias")
+                            f"{_line(n, 60)}); the attention adds it to its scores, and vLLM's CPU attention adds "
+                            "no such bias (ALiBi slopes only; FlexAttention's score_mod, the one backend hook for it, "
+                            "does not run in the CPU build)")
     return None
 
 
@@ -999,6 +1262,6 @@ def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
     return {attr for attr, (name, _n) in _built(cls).items() if name in attention}
 
 
-FINDERS = (bidirectional_by_config, media_inputs, repeated_stack, reversible_residual, hyper_connections, parallel_lists,
-           several_attentions, summed_scores, dynamic_mask, residual_scales, relative_position_bias,
-           experts_beside_mlp, embedded_experts)
+FINDERS = (bidirectional_by_config, bidirectional_by_fill, media_inputs, repeated_stack, hashed_keys, reversible_residual,
+           hyper_connections, parallel_lists, several_attentions, summed_scores, dynamic_mask, residual_scales,
+           relative_position_bias, experts_beside_mlp, embedded_experts)
