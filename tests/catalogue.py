@@ -223,10 +223,12 @@ def causal_lm_media_inputs(source: str, file: str) -> str | None:
 
 def bidirectional_attention(source: str, config: dict, file: str) -> str | None:
     """The tool's own reading (scaffold.detect.forms): a causal mask built only under a config condition that the
-    type's default config leaves false (XLM's causal, XLNet's attn_type), the part before its consequence."""
+    type's default config leaves false (XLM's causal, XLNet's attn_type), or lifted at every key by a term every
+    caller fills with ones (CPM-Ant's context); the part before its consequence."""
     from scaffold.detect import forms
 
-    found = forms.bidirectional_by_config({file: source}, config) if source else None
+    found = source and (forms.bidirectional_by_config({file: source}, config)
+                        or forms.bidirectional_by_fill({file: source}, config))
     return found.split(", so every position")[0].replace("config.json's", "the default config's") if found else None
 
 
