@@ -20,8 +20,9 @@ TOKENS = 64
 @pytest.mark.slow
 def test_the_port_routes_once_and_computes_what_transformers_computes(workdir):
     import torch
-    from scaffold.tiny import build_tiny
     from transformers import LongcatFlashForCausalLM
+
+    from scaffold.tiny import build_tiny
 
     ckpt = build_tiny("longcat_flash", workdir / "ckpt-routing-longcat", architecture="RoutingLongcatFlashForCausalLM",
                       overrides=LONGCAT)
