@@ -1,7 +1,10 @@
 """Prompt log-probabilities of one checkpoint in the real vLLM engine, in a process of its own.
 
 Usage: python engine_logprobs.py REQUEST.json, where the request holds checkpoint, prompts,
-dtype, out and, optionally, lora (a PEFT adapter folder served with a LoRARequest). The
+dtype, out and, optionally, lora (a PEFT adapter folder served with a LoRARequest) and
+pipeline_parallel_size (stages in worker processes, the model compiled: vLLM 0.32's CPU runner
+allocates the buffers a later stage receives its inputs in only in the compiled mode's warm-up run,
+and with enforce_eager a second stage fails at its first forward, vLLM's own classes too). The
 environment decides which class serves the checkpoint (a staged port on PYTHONPATH with
 VLLM_PLUGINS naming it, or vLLM's own). Writes {"model_class", "logprobs"}: per prompt, per
 position after the first, the top-20 token ids and their log-probabilities.
@@ -18,7 +21,7 @@ PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 80, 11], [2, 100, 17, 4, 4, 250, 31, 66, 12, 
 
 
 def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype: str = "float32",
-             lora: Path | None = None, prompts: list[list[int]] = PROMPTS,
+             lora: Path | None = None, prompts: list[list[int]] = PROMPTS, pipeline_parallel_size: int = 1,
              check: bool = True) -> dict | subprocess.CompletedProcess:
     """Run the engine on `checkpoint` in a child process: through the port at `port` (staged as
     verify stages it), or through vLLM's own class when port is None. check=False returns the
@@ -36,9 +39,12 @@ def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype
     request = {"checkpoint": str(checkpoint), "prompts": prompts, "dtype": dtype, "out": str(out)}
     if lora is not None:
         request["lora"] = str(lora)
+    if pipeline_parallel_size > 1:
+        request["pipeline_parallel_size"] = pipeline_parallel_size
     (workdir / "request.json").write_text(json.dumps(request))
     proc = subprocess.run([sys.executable, __file__, str(workdir / "request.json")], cwd=workdir,
-                          env=engine_env(stage, package), capture_output=True, text=True, timeout=600)
+                          env=engine_env(stage, package, pipeline_parallel_size), capture_output=True, text=True,
+                          timeout=600)
     if not check:
         return proc
     if proc.returncode != 0:
@@ -73,7 +79,10 @@ def main(request_file: str) -> None:
 
         kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=1)
         lora = LoRARequest("adapter", 1, request["lora"])
-    llm = LLM(model=request["checkpoint"], skip_tokenizer_init=True, dtype=request["dtype"], enforce_eager=True,
+    stages = request.get("pipeline_parallel_size", 1)
+    if stages > 1:
+        kwargs.update(pipeline_parallel_size=stages, distributed_executor_backend="mp")
+    llm = LLM(model=request["checkpoint"], skip_tokenizer_init=True, dtype=request["dtype"], enforce_eager=stages == 1,
               max_model_len=128, seed=0, max_logprobs=20, enable_prefix_caching=False, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20, detokenize=False)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]

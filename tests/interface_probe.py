@@ -19,6 +19,15 @@ the port side `package` and `architecture` (the staged port is on PYTHONPATH; se
   vLLM's post-load processing, both given vLLM's own EplbState (add_model), and one MoE block
   of each run on the same hidden states. Writes the interface's attributes of both, the
   parameters where they differ, the expert weights EPLB would move, and both blocks' outputs.
+- mode "names": no engine. The port's class is built in this process on the checkpoint's config,
+  with an FP8 quantization config whose ignored_layers are `ignored` (module names as the
+  checkpoint gives them). Writes, for every linear layer, its place in the module tree, the prefix
+  it was built with and its quantization method's class, and for every attention layer the name
+  vLLM binds its KV cache by and the layer index vLLM's binding reads from it.
+- mode "routing": no engine. The port's class is built in this process on the checkpoint's config
+  and loaded from it (its load_weights and vLLM's post-load processing), and the MoE block of
+  layer `layer` is run on `tokens` random hidden states, every torch.topk call counted. Writes the
+  hidden states, the block's output and the shapes torch.topk was called on.
 """
 
 from __future__ import annotations
@@ -156,9 +165,91 @@ def moe(request: dict) -> dict:
     }
 
 
+def names(request: dict) -> dict:
+    import importlib
+    import socket
+
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    config = EngineArgs(model=request["checkpoint"], dtype="float32", skip_tokenizer_init=True, max_model_len=128,
+                        enforce_eager=True).create_engine_config()
+    # Only built, never loaded nor run: the quantization methods each linear layer gets are what is read.
+    config.quant_config = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
+                                    ignored_layers=request["ignored"])
+    port_class = getattr(importlib.import_module(f"{request['package']}.model"), request["architecture"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with set_current_vllm_config(config), torch.device("cpu"):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method=address,
+                                     backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+        model = port_class(vllm_config=config, prefix="")
+    modules = dict(model.named_modules())
+    return {
+        "linears": {name: {"prefix": m.prefix, "method": type(m.quant_method).__name__}
+                    for name, m in modules.items() if isinstance(m, LinearBase)},
+        "attention": {name: {"layer_name": m.layer_name, "index": extract_layer_index(m.layer_name)}
+                      for name, m in modules.items() if isinstance(m, AttentionLayerBase)},
+    }
+
+
+def routing(request: dict) -> dict:
+    import glob
+    import importlib
+    import socket
+
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    checkpoint = request["checkpoint"]
+    config = EngineArgs(model=checkpoint, dtype="float32", skip_tokenizer_init=True, max_model_len=128,
+                        enforce_eager=True).create_engine_config()
+    port_class = getattr(importlib.import_module(f"{request['package']}.model"), request["architecture"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    topk_calls: list[list[int]] = []
+    topk = torch.topk
+
+    def counted_topk(input, *args, **kwargs):
+        topk_calls.append(list(input.shape))
+        return topk(input, *args, **kwargs)
+
+    with set_current_vllm_config(config), torch.device("cpu"):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method=address,
+                                     backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+        model = port_class(vllm_config=config, prefix="")
+        model.load_weights(safetensors_weights_iterator(sorted(glob.glob(f"{checkpoint}/*.safetensors")), False))
+        process_weights_after_loading(model, config.model_config, torch.device("cpu"))
+        torch.manual_seed(0)
+        hidden = torch.randn(request["tokens"], config.model_config.hf_config.hidden_size)
+        torch.topk = counted_topk
+        try:
+            with set_forward_context(None, config):
+                out = model.model.layers[request["layer"]].mlp(hidden.clone())
+        finally:
+            torch.topk = topk
+    return {"hidden": hidden.tolist(), "block": out.tolist(), "topk_calls": topk_calls}
+
+
 def main(request_file: str) -> None:
     request = json.loads(Path(request_file).read_text())
-    result = {"eagle3": eagle3, "eagle3_speculative": eagle3_speculative, "moe": moe}[request["mode"]](request)
+    result = {"eagle3": eagle3, "eagle3_speculative": eagle3_speculative, "moe": moe,
+              "names": names, "routing": routing}[request["mode"]](request)
     Path(request["out"]).write_text(json.dumps(result))
 
 

@@ -839,6 +839,45 @@ def test_one_kv_head_replicated_over_two_ranks_matches_transformers(name, workdi
 
 
 @pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+def test_several_kv_heads_replicated_over_four_ranks_match_transformers(workdir):
+    """Doge's key bias with 2 KV heads at TP 4: each KV head replicated on 2 ranks, and each rank gathers every KV
+    head's values once (rank r's head is r // 2) for the bias projection, whole on every rank. The CPU build binds
+    two ranks to each of the machine's two cores. Served live against transformers."""
+    ckpt = checkpoint_for("doge", ARCHITECTURES, workdir)
+    out = workdir / "port-doge-tp4"
+    scaffold("new", ckpt, "-o", out, "--force")
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1|0|1"}
+    report = json.loads(scaffold("verify", out, "--tp", "4", "--json", env=env).stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], json.dumps(report, indent=2)
+    assert "tensor_parallel_size=4" in checks["port loaded by vLLM"]["detail"]
+    assert "TP=4: ok (k/v heads replicated on 2 ranks each" in checks["tensor-parallel sharding"]["detail"]
+    assert checks["parity: log-probabilities"]["max_delta"] <= TOLERANCE
+    assert checks["parity: greedy continuation"]["status"] == "pass"
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+def test_per_layer_inputs_reach_the_second_pipeline_stage(workdir):
+    """Gemma 4's per-layer inputs are computed from the token ids and the embeddings on the first pipeline stage and
+    handed to the next in IntermediateTensors beside the hidden states (make_empty_intermediate_tensors gives the
+    receiving buffers both). Served live at pipeline_parallel_size 2 (layers split [2, 1]: the last layer reads its
+    slice on the second stage), the port gives what it gives on one stage, which its row holds to transformers."""
+    name = "gemma4_text-per-layer-inputs"
+    ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
+    out = workdir / f"port-{name}-pp2"
+    scaffold("new", ckpt, "-o", out, "--force")
+    one = logprobs(ckpt, workdir / "pp1", port=out)
+    two = logprobs(ckpt, workdir / "pp2", port=out, pipeline_parallel_size=2)
+    delta = max_delta(one, two)
+    print(f"{name} PP=2 vs PP=1: max |dlogp| {delta:.2e}")
+    assert delta <= TOLERANCE
+
+
+@pytest.mark.engine
 @pytest.mark.extended
 def test_doge_port_refuses_a_context_beyond_its_keep_window(workdir):
     """Beyond keep_window_size keys Doge keeps only the top-scoring ones of each query, which the port does not

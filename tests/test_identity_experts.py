@@ -1,0 +1,45 @@
+"""LongCat-Flash's MoE block with identity (zero) experts, as the port computes it outside an engine.
+
+The router scores routed and identity experts together; the port takes that top-k once, adds the
+identity experts' share (weight x state) itself and hands FusedMoE the same top-k for the routed
+experts. The block of the port (built and loaded in a child process: interface_probe.py, mode
+"routing") is run on random hidden states beside transformers' LongcatFlashMoE on the same weights,
+and every torch.topk call the port's block makes is counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import scaffold
+from interface_probe import run
+from test_sublayer_names import LONGCAT
+
+TOKENS = 64
+
+
+@pytest.mark.slow
+def test_the_port_routes_once_and_computes_what_transformers_computes(workdir):
+    import torch
+    from transformers import LongcatFlashForCausalLM
+
+    from scaffold.tiny import build_tiny
+
+    ckpt = build_tiny("longcat_flash", workdir / "ckpt-routing-longcat", architecture="RoutingLongcatFlashForCausalLM",
+                      overrides=LONGCAT)
+    out = workdir / "port-routing-longcat"
+    scaffold("new", ckpt, "-o", out, "--force")
+    probe = run({"mode": "routing", "checkpoint": str(ckpt), "layer": 1, "tokens": TOKENS},
+                workdir / "probe-routing", port=out)
+
+    scored = LONGCAT["n_routed_experts"] + LONGCAT["zero_expert_num"]
+    # One top-k over the scores of every expert, routed and identity, per forward.
+    assert probe["topk_calls"] == [[TOKENS, scored]], probe["topk_calls"]
+
+    hidden = torch.tensor(probe["hidden"])
+    reference = LongcatFlashForCausalLM.from_pretrained(ckpt, dtype=torch.float32).model.layers[1].mlp
+    with torch.no_grad():
+        expected = reference(hidden[None])[0]
+        _, _, chosen = reference.router(hidden)
+    # Both kinds of expert are chosen, so that both shares count.
+    assert (chosen >= LONGCAT["n_routed_experts"]).any() and (chosen < LONGCAT["n_routed_experts"]).any()
+    torch.testing.assert_close(torch.tensor(probe["block"]), expected, rtol=1e-4, atol=1e-5)
