@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, sourcecode, sublayers
+from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, renamings, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -69,6 +69,8 @@ def check(ckpt: Checkpoint) -> None:
     """Refuse, naming the form and its file:line, a model whose code computes a form no port computes."""
     sources = sourcecode.modeling_sources(ckpt)
     found = blocking_forms(sources, ckpt.config) if sources else []
+    if found and found[0].startswith(REPEATED) and (cycles := recurrence.read(sources, ckpt.config)) is not None:
+        found[0] += stored_fused(ckpt, cycles)
     if found:
         raise unsupported("; and ".join(found), ckpt.config_file, ckpt.config.get("model_type"))
 
@@ -303,6 +305,9 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
     return None
 
 
+REPEATED = "a layer stack run more than once per forward: "
+
+
 def _recurrence_message(cycles: recurrence.Recurrence, config: dict) -> str:
     """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port lacks."""
     loop = cycles.loop
@@ -315,7 +320,39 @@ def _recurrence_message(cycles: recurrence.Recurrence, config: dict) -> str:
         calls = sum(runs * length for runs, length in steps)
         message += (f", where this forward makes {calls} attention calls with the weights of {sum(lengths.values())} "
                     f"layers in {len(lengths)} lists, each call keeping a KV cache of its own")
+    needs = []
+    for state, (attr, kind, line) in cycles.held.items():
+        owner = next((f"self.{call.attr}'s" for call in cycles.calls if call.output == state), state)
+        needs.append(f"{owner} first state from the {kind} self.{attr} ({cycles.file}:{line})")
+    after = {call.after for call in cycles.calls if call.after is not None}
+    for attr, cls, line in sorted(after):
+        stacks = ", ".join(f"self.{call.attr}" for call in cycles.calls if call.after == (attr, cls, line))
+        needs.append(f"{cls} {attr} after the layers of {stacks} ({cycles.file}:{line})")
+    if cycles.result is not None:
+        owner = next((f"self.{call.attr}'s state" for call in cycles.calls if call.output == cycles.result), "")
+        needs.append(f"{owner or cycles.result} returned")
+    if needs:
+        message += "; beside the cycles a port computes " + ", ".join(needs)
     return message
+
+
+def stored_fused(ckpt: Checkpoint, cycles: recurrence.Recurrence) -> str:
+    """The stacks' tensors transformers cuts into more row blocks on load than a fused parameter of the port holds
+    (HRM-Text's attn.gqkv_proj -> gate, q, k, v: four; the port's qkv_proj holds three, its gate_up_proj two), as
+    the refusal's last words; empty where none is stored."""
+    layers = {f".{call.attr}.{call.layers}." for call in cycles.calls}
+    parts = []
+    for chunked in renamings.chunks(ckpt):
+        if len(chunked.targets) in (2, 3):
+            continue  # as many blocks as the port's fused gate_up (2) or qkv (3) parameters hold
+        stored = sorted(n for n in ckpt.tensors if n.endswith("." + chunked.source) and any(p in n for p in layers))
+        if stored:
+            blocks = " | ".join(t.removesuffix(".weight").removesuffix(".bias") for t in chunked.targets)
+            parts.append(f"{chunked.source} ({len(stored)} tensors, e.g. {stored[0]}: [{blocks}] row blocks)")
+    if not parts:
+        return ""
+    return ("; and the stacks' layers store " + ", ".join(parts) + ", which transformers' conversion table cuts on "
+            "load, where the port's fused attention projection holds q, k, v")
 
 
 def _loop_head(loop: ast.AST) -> str:

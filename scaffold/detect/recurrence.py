@@ -16,6 +16,12 @@ list, the config key of its length, the terms summed into its input with `.to(..
 the state it assigns, the loops around it) and how each state is first set. Names do not matter: the states are
 whatever the calls assign, the stacks whatever classes build a layer list as long as a config value says.
 
+Beside the loops, what else a port of the forward has to compute: the module each stack's forward applies to its
+layers' output (HrmTextStack's `return self.final_norm(hidden_states)`; `StackCall.after`), a state whose first
+value is a parameter or buffer of the model (HRM's `self.z_L_init`, stored in the checkpoint; `Recurrence.held`),
+and the state the forward returns (`Recurrence.result`: `BaseModelOutputWithPast(last_hidden_state=...)`, a plain
+`return x`, or a tuple's first item).
+
 `Recurrence.attention_steps(config)` counts the attention calls one forward makes per decoder layer position
 (each stack call runs every layer of its list once): what a port needs as many KV caches of (vLLM's hrm_text.py
 registers one Attention per (layer, step), sharing the projections).
@@ -55,6 +61,7 @@ class StackCall:
     output: str  # the state it assigns
     loops: tuple[Loop, ...]  # outermost first
     line: int
+    after: tuple[str, str, int] | None = None  # (attr, class, line): the module the stack applies after its layers
 
     def runs(self, config: dict) -> int | None:
         counts = [loop.count(config) for loop in self.loops]
@@ -73,6 +80,9 @@ class Recurrence:
     loop: Loop  # the outermost loop
     calls: tuple[StackCall, ...]
     initial: dict[str, str] = field(default_factory=dict)  # state -> its first value, on one line
+    held: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # state -> (attr, kind, line) of a
+    # parameter or buffer of the model its first value reads (kind "parameter" or "buffer")
+    result: str | None = None  # the state the forward returns, None where it returns something else
 
     def attention_steps(self, config: dict) -> int | None:
         """Stack calls per forward (each runs every layer of its stack once): the KV caches per layer position."""
@@ -112,8 +122,10 @@ def read(sources: dict, config: dict | None = None) -> Recurrence | None:
             continue
         outer = looped[0].loops[0]
         states = {call.output for call in looped}
-        return Recurrence(owner=name, file=file, loop=outer, calls=tuple(looped),
-                          initial=_initial(forward, states, outer.line))
+        initial = _initial(forward, states, outer.line)
+        held = _held(cls, initial)
+        return Recurrence(owner=name, file=file, loop=outer, calls=tuple(looped), initial=initial, held=held,
+                          result=_result(forward, states))
     return None
 
 
@@ -143,7 +155,8 @@ def _walk(body: list[ast.stmt], loops: tuple[Loop, ...], built: dict, stacks: di
         out.append(StackCall(attr=call.func.attr, stack=stack, layers=attr, layer_class=layer,
                              length_key=_list_length_key(classes[stack][1], attr),
                              inputs=tuple(_terms(argument)) if argument is not None else (),
-                             output=ast.unparse(target), loops=loops, line=stmt.lineno))
+                             output=ast.unparse(target), loops=loops, line=stmt.lineno,
+                             after=_after(classes[stack][1])))
 
 
 def _head(loop: ast.For | ast.While) -> str:
@@ -223,3 +236,62 @@ def _initial(forward: ast.FunctionDef, states: set[str], before: int) -> dict[st
             if node.targets[0].id not in found or node.lineno > found[node.targets[0].id][0]:
                 found[node.targets[0].id] = (node.lineno, _line(value, 60))
     return {state: text for state, (_n, text) in found.items()}
+
+
+def _after(cls: ast.ClassDef) -> tuple[str, str, int] | None:
+    """(attr, class, line) where every return of the stack's forward is `self.<attr>(...)` of a module its __init__
+    builds (HrmTextStack's `return self.final_norm(hidden_states)`); None where it returns its layers' output."""
+    forward = _method(cls, "forward")
+    returns = [n for n in subtree(forward) if isinstance(n, ast.Return)] if forward is not None else []
+    built = _built(cls)
+    found = set()
+    for node in returns:
+        value = node.value
+        if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                and _dotted(value.func.value) == "self" and value.func.attr in built):
+            return None
+        found.add((value.func.attr, built[value.func.attr][0], node.lineno))
+    return found.pop() if len(found) == 1 else None
+
+
+def _held(cls: ast.ClassDef, initial: dict[str, str]) -> dict[str, tuple[str, str, int]]:
+    """state -> (attr, "parameter" | "buffer", line) where its first value is `self.<attr>` and __init__ makes that
+    attribute an nn.Parameter or registers it as a buffer (HRM's `self.z_L_init = nn.Parameter(...)`)."""
+    init = _method(cls, "__init__")
+    kinds: dict[str, tuple[str, int]] = {}
+    for node in subtree(init) if init is not None else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and _dotted(node.targets[0].value) == "self" and isinstance(node.value, ast.Call)):
+            name = _dotted(node.value.func).rsplit(".", 1)[-1]
+            if name in ("Parameter", "Buffer"):
+                kinds[node.targets[0].attr] = ("parameter" if name == "Parameter" else "buffer", node.lineno)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_buffer"
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            kinds[node.args[0].value] = ("buffer", node.lineno)
+    out = {}
+    for state, text in initial.items():
+        attr = text.removeprefix("self.")
+        if text.startswith("self.") and attr in kinds:
+            out[state] = (attr, *kinds[attr])
+    return out
+
+
+RESULT_KEYWORDS = ("last_hidden_state", "hidden_states")
+
+
+def _result(forward: ast.FunctionDef, states: set[str]) -> str | None:
+    """The state the forward returns: `return x`, the first item of a returned tuple, or the last_hidden_state (else
+    first argument) of a returned output class; None where the returns do not agree on one state."""
+    found = set()
+    for node in (n for n in subtree(forward) if isinstance(n, ast.Return) and n.value is not None):
+        value = node.value
+        if isinstance(value, ast.Tuple) and value.elts:
+            value = value.elts[0]
+        if isinstance(value, ast.Call):
+            given = {k.arg: k.value for k in value.keywords}
+            value = next((given[k] for k in RESULT_KEYWORDS if k in given), value.args[0] if value.args else None)
+        found.add(_dotted(value) if value is not None else None)
+    if len(found) != 1:
+        return None
+    state = found.pop()
+    return state if state in states else None
