@@ -5,8 +5,9 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - Bidirectional attention by config (XLM's `config.causal`, XLNet's `config.attn_type`): the code builds its
   causal (triangular) mask only under a condition on a config value, and config.json's value leaves it out, so
   every position attends to later ones: an encoder, which a decoder's KV cache cannot serve.
-- A layer stack run more than once per forward (HRM's H and L modules iterated in cycles): a module holding the
-  decoder layers called inside a loop, or the layer list iterated inside another loop.
+- A layer stack run more than once per forward: a module holding the decoder layers called inside a loop, or the
+  layer list iterated inside another loop; but the cycles scaffold.detect.recurrence.Plan ports (HRM's H and L
+  modules), which scaffold.detect.recurrence.view reads.
 - Reversible residual streams (Reformer's RevNet): the decoder layer's attention reads one stream and its output
   is added to another stream, a second argument of the layer.
 - Several attention computations in one decoder layer (LongCat-Flash's two per layer): the layer calls attention
@@ -41,7 +42,7 @@ from types import SimpleNamespace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, renamings, sourcecode, sublayers
+from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, sourcecode, sublayers
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -69,8 +70,6 @@ def check(ckpt: Checkpoint) -> None:
     """Refuse, naming the form and its file:line, a model whose code computes a form no port computes."""
     sources = sourcecode.modeling_sources(ckpt)
     found = blocking_forms(sources, ckpt.config) if sources else []
-    if found and found[0].startswith(REPEATED) and (cycles := recurrence.read(sources, ckpt.config)) is not None:
-        found[0] += stored_fused(ckpt, cycles)
     if found:
         raise unsupported("; and ".join(found), ckpt.config_file, ckpt.config.get("model_type"))
 
@@ -276,6 +275,9 @@ def _argument_key(trees, function: str, index: int, param: str, aliases: dict) -
 
 # ------------------------------------------------------------------ a layer stack run more than once
 def repeated_stack(sources: dict, config: dict) -> str | None:
+    cycles = recurrence.read(sources, config)
+    if cycles is not None and isinstance(recurrence.plan(cycles, sources), recurrence.Plan):
+        return None  # the port computes it (scaffold.detect.recurrence.view)
     classes = _classes(sources)
     stacks = {name: lists for name, (_f, cls) in classes.items() if (lists := _layer_lists(cls, classes))}
     for name, (file, cls) in classes.items():
@@ -295,7 +297,7 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                             and built[n.func.attr][0] in stacks):
                         cycles = recurrence.read(sources, config)
                         if cycles is not None and cycles.owner == name:
-                            return _recurrence_message(cycles, config)
+                            return _recurrence_message(cycles, config, sources)
                         held = stacks[built[n.func.attr][0]]
                         attr, layer = next(iter(held.items()))
                         return (f"a layer stack run more than once per forward: {name}.forward calls "
@@ -305,54 +307,20 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
     return None
 
 
-REPEATED = "a layer stack run more than once per forward: "
-
-
-def _recurrence_message(cycles: recurrence.Recurrence, config: dict) -> str:
-    """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port lacks."""
+def _recurrence_message(cycles: recurrence.Recurrence, config: dict, sources: dict) -> str:
+    """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port's cycles
+    (recurrence.Plan) do not compute."""
     loop = cycles.loop
     message = (f"a layer stack run more than once per forward: {cycles.owner}.forward runs {cycles.describe()} "
-               f"({cycles.file}:{loop.line}: `{loop.head}`); the port runs one list of decoder layers once, with "
-               "one KV cache per layer")
+               f"({cycles.file}:{loop.line}: `{loop.head}`)")
     steps = [(call.runs(config), config.get(call.length_key) if call.length_key else None) for call in cycles.calls]
     if all(isinstance(runs, int) and isinstance(length, int) for runs, length in steps):
         lengths = {call.attr: length for call, (_runs, length) in zip(cycles.calls, steps)}
         calls = sum(runs * length for runs, length in steps)
-        message += (f", where this forward makes {calls} attention calls with the weights of {sum(lengths.values())} "
-                    f"layers in {len(lengths)} lists, each call keeping a KV cache of its own")
-    needs = []
-    for state, (attr, kind, line) in cycles.held.items():
-        owner = next((f"self.{call.attr}'s" for call in cycles.calls if call.output == state), state)
-        needs.append(f"{owner} first state from the {kind} self.{attr} ({cycles.file}:{line})")
-    after = {call.after for call in cycles.calls if call.after is not None}
-    for attr, cls, line in sorted(after):
-        stacks = ", ".join(f"self.{call.attr}" for call in cycles.calls if call.after == (attr, cls, line))
-        needs.append(f"{cls} {attr} after the layers of {stacks} ({cycles.file}:{line})")
-    if cycles.result is not None:
-        owner = next((f"self.{call.attr}'s state" for call in cycles.calls if call.output == cycles.result), "")
-        needs.append(f"{owner or cycles.result} returned")
-    if needs:
-        message += "; beside the cycles a port computes " + ", ".join(needs)
-    return message
-
-
-def stored_fused(ckpt: Checkpoint, cycles: recurrence.Recurrence) -> str:
-    """The stacks' tensors transformers cuts into more row blocks on load than a fused parameter of the port holds
-    (HRM-Text's attn.gqkv_proj -> gate, q, k, v: four; the port's qkv_proj holds three, its gate_up_proj two), as
-    the refusal's last words; empty where none is stored."""
-    layers = {f".{call.attr}.{call.layers}." for call in cycles.calls}
-    parts = []
-    for chunked in renamings.chunks(ckpt):
-        if len(chunked.targets) in (2, 3):
-            continue  # as many blocks as the port's fused gate_up (2) or qkv (3) parameters hold
-        stored = sorted(n for n in ckpt.tensors if n.endswith("." + chunked.source) and any(p in n for p in layers))
-        if stored:
-            blocks = " | ".join(t.removesuffix(".weight").removesuffix(".bias") for t in chunked.targets)
-            parts.append(f"{chunked.source} ({len(stored)} tensors, e.g. {stored[0]}: [{blocks}] row blocks)")
-    if not parts:
-        return ""
-    return ("; and the stacks' layers store " + ", ".join(parts) + ", which transformers' conversion table cuts on "
-            "load, where the port's fused attention projection holds q, k, v")
+        message += (f", {calls} attention calls with the weights of {sum(lengths.values())} layers in "
+                    f"{len(lengths)} lists")
+    reason = recurrence.plan(cycles, sources)
+    return message + f"; the port's cycles do not compute {reason if isinstance(reason, str) else 'this form'}"
 
 
 def _loop_head(loop: ast.AST) -> str:
