@@ -260,3 +260,26 @@ def test_stacks_that_differ_or_a_first_state_not_stored_are_refused(tmp_path):
             assert said in str(exc), str(exc)
         else:
             raise AssertionError(f"without {drop} the port was detected")
+
+
+def test_a_spec_file_cycles_must_name_the_stacks_consistently(tmp_path):
+    from ckpt_factory import Shape, write_checkpoint
+
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.errors import SpecError
+    from scaffold.spec import validate_identifiers
+
+    spec = detect(read_checkpoint(write_checkpoint(tmp_path, Shape(), tensors=hrm_tensors(), config=HRM_CONFIG)))
+    validate_identifiers(spec, "spec.toml", free=False)
+    for field, value, said in (("cycle_inner", ["L_cycles"], "holds 1 values, one per stack"),
+                               ("cycle_inputs", ["L_module+X_module", "H_module"], "'+'-joined stacks"),
+                               ("cycle_result", "X_module", "need cycle_result"),
+                               ("cycle_start", ["z L", "embeddings"], "not a valid Python identifier")):
+        changed = type(spec)(**{**spec.__dict__, field: value})
+        try:
+            validate_identifiers(changed, "spec.toml", free=False)
+        except SpecError as exc:
+            assert said in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{field} = {value!r} was accepted")
