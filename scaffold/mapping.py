@@ -273,6 +273,11 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     """[(vLLM parameter, shard id, note)] for one checkpoint tensor; None if the port has no home for it."""
     n = spec.names
     modules = modules or _Modules.of(spec)
+    if (stacked := recurrent_layer(spec, name)) is not None:
+        stack, layer, rest = stacked
+        return _prefixed(f"{n['model']}.{stack}.{spec.recurrent_layers}.{layer}.", map_in_layer(spec, rest, modules))
+    if (start := recurrent_start(spec, name)) is not None:
+        return [(name, None, f"the first state of {start}, a vector broadcast over the tokens")]
     name = renamed_name(spec, name)
     if name in modules.top:
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
@@ -285,6 +290,39 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
     layer, rest = inside
     return _prefixed(port_param(spec, f"{prefix}{layer}."),
                      per_layer_targets(spec, int(layer), rest, map_in_layer(spec, rest, modules)))
+
+
+def recurrent_layer(spec: Spec, name: str) -> tuple[str, str, str] | None:
+    """(stack, layer index, name inside the layer) of a tensor of a stack's layers (spec.recurrent_stacks:
+    `model.L_module.layers.0.mlp.down_proj.weight`); None for others."""
+    model = spec.names["model"]
+    for stack in spec.recurrent_stacks:
+        head = f"{model}.{stack}.{spec.recurrent_layers}."
+        if name.startswith(head):
+            layer, _, rest = name[len(head):].partition(".")
+            if layer.isdigit() and rest:
+                return stack, layer, rest
+    return None
+
+
+def recurrent_start(spec: Spec, name: str) -> str | None:
+    """The stack whose first state the stored vector `name` is (HRM's model.z_L_init); None for others."""
+    model = spec.names["model"]
+    for stack, start in zip(spec.recurrent_stacks, spec.cycle_start):
+        if start not in ("embeddings", "zeros") and name == f"{model}.{start}":
+            return stack
+    return None
+
+
+def gated_qkv_targets(spec: Spec) -> Targets:
+    """The stored [gate | q | k | v] tensor (spec.gated_qkv), inside a layer: its four equal row blocks in the
+    gate's parameter and the q, k, v shards of the fused projection."""
+    n = spec.names
+    attn = n["self_attn"]
+    rows = spec.num_heads * spec.head_dim
+    return [(f"{attn}.{n['attn_gate']}.weight", None, f"rows 0:{rows} (the output gate)")] + [
+        (f"{attn}.{n['qkv_proj']}.weight", shard, f"rows {rows * (i + 1)}:{rows * (i + 2)}")
+        for i, shard in enumerate(QKV)]
 
 
 def per_layer_targets(spec: Spec, layer: int, rest: str, targets: Targets | None) -> Targets | None:
@@ -402,6 +440,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
         return None
     if (routed := _routed_attention(spec, rest)) is not None:
         return routed
+    if spec.gated_qkv and rest == f"{n['self_attn']}.{spec.gated_qkv}.weight":
+        return gated_qkv_targets(spec)
     if spec.moa_moe_bias and rest == f"{n['mlp']}.{spec.moa_moe_bias}":
         return [(rest, None, "the MoE block's output bias, whole on every rank, added after the ranks' sum")]
     targets = _in_layer(spec, rest, module, kind, modules)
@@ -489,6 +529,15 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
     inside: dict[str, tuple[list, Targets | None]] = {}  # name in the layer -> (natural key, targets)
     keyed = []
     for name in ckpt.tensors:
+        if (stacked := recurrent_layer(spec, name)) is not None:
+            # A layer of one of the stacks run in cycles: mapped as the model's layer of that index would be.
+            stack, layer, rest = stacked
+            if rest not in inside:
+                inside[rest] = (natural("." + rest), map_in_layer(spec, rest, modules))
+            key, targets = inside[rest]
+            base = f"{spec.names['model']}.{stack}.{spec.recurrent_layers}."
+            keyed.append(([*natural(base), int(layer), *key], name, _prefixed(f"{base}{layer}.", targets)))
+            continue
         split = _layer_and_rest(prefix, name)
         if split is None:
             keyed.append((natural(name), name, map_tensor(spec, name, modules)))

@@ -127,7 +127,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "dense_mlp": spec.has_dense_mlp,
         # The port has a {P}MLP class: dense layers, or a MoE block's shared expert.
         "mlp_class": mlp_class,
-        "interfaces": interfaces(moe, spec.rope_position_rows),
+        "interfaces": (("SupportsQuant",) if spec.recurrent_stacks else interfaces(moe, spec.rope_position_rows)),
+        # Stacks run in cycles (HRM's): the recurrent_model partial in place of base_model.
+        "recurrent": bool(spec.recurrent_stacks),
+        "stack_layers": [f"{spec.names['model']}.{stack}.{spec.recurrent_layers}." for stack in spec.recurrent_stacks],
         "packed_modules": packed_modules(spec, gated and mlp_class),
         "rotary": spec.position_scheme == "rotary",
         # The rotary frequencies in the order the modeling code computes them (Cohere Compass's pre-rotated ones):
@@ -276,6 +279,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     if spec.o_bias_param:
         out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
+    # The stored first states of stacks run in cycles (HRM's z_L_init).
+    out += [f".{start}" for start in spec.cycle_start if start not in ("embeddings", "zeros")]
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     return tuple(dict.fromkeys(out))
@@ -415,7 +420,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         *([Import("math")] if alibi or diff else []),
         Import("re"),
         Import("collections.abc", ("Iterable",)),
-        Import("itertools", ("islice",)),
+        *([] if spec.recurrent_stacks else [Import("itertools", ("islice",))]),
         Import("typing", ("ClassVar",)),
     ]
     third_party = [
@@ -474,9 +479,12 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         # PhiMoE's routing, vLLM's own (its phimoe model's custom routing function).
         *([Import("vllm.model_executor.models.phimoe", ("sparsemixer",))]
           if moe and spec.moe_routing == "sparsemixer" else []),
-        Import("vllm.model_executor.models.utils", (
-            "PPMissingLayer", "WeightsMapper", "extract_layer_index", "is_pp_missing_parameter",
-            "make_empty_intermediate_tensors_factory", "make_layers", "maybe_prefix",
+        Import("vllm.model_executor.models.utils", _present(
+            ("PPMissingLayer", True), ("WeightsMapper", True), ("extract_layer_index", True),
+            ("is_pp_missing_parameter", True),
+            # Stacks run in cycles build their lists themselves, on one pipeline stage.
+            ("make_empty_intermediate_tensors_factory", not spec.recurrent_stacks),
+            ("make_layers", not spec.recurrent_stacks), ("maybe_prefix", True),
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),
         *([Import("vllm.model_executor.utils", ("set_weight_attrs",))] if sliced or clamped else []),

@@ -183,6 +183,14 @@ def _routed(spec) -> str:
             "and the bias added once; KV heads fewer than the ranks are refused by an assertion.")
 
 
+def _cycle_term(term: str) -> str:
+    return "the embeddings" if term == "embeddings" else f"`{term}`'s state"
+
+
+def _cycle_start(model: str, start: str) -> str:
+    return {"embeddings": "the embeddings", "zeros": "zeros"}.get(start, f"`{model}.{start}`")
+
+
 def decisions(spec) -> list[str]:
     """What the port computes, in the order a reader meets it in model.py."""
     n = spec.names
@@ -331,6 +339,30 @@ def decisions(spec) -> list[str]:
                    f"`{n['mlp_norm']}` output and is added to the layer's output "
                    f"({_md(spec.source('sublayer_count').detail)}). Each sublayer's attention caches under a layer "
                    f"name of its own ({spec.sublayer_count} x layer + sublayer).")
+    if spec.recurrent_stacks:
+        n = spec.names
+        calls = "; ".join(
+            f"`{stack}` on {' + '.join(map(_cycle_term, inputs.split('+')))}"
+            + (f", config.{inner} times" if inner else "")
+            + f", starting from {_cycle_start(n['model'], start)}"
+            for stack, inner, inputs, start in zip(spec.recurrent_stacks, spec.cycle_inner, spec.cycle_inputs,
+                                                   spec.cycle_start))
+        out.append(f"- layer stacks run in config.{spec.cycle_outer} cycles ({_md(spec.source('recurrent_stacks').detail)}"
+                   f"): each cycle runs {calls}; the forward returns `{spec.cycle_result}`'s state. Each stack holds "
+                   f"its own `{spec.recurrent_layers}`"
+                   + (f" and ends with `{spec.recurrent_norm}`, a norm without parameters" if spec.recurrent_norm
+                      else "")
+                   + ". Every (step, layer) runs its own vLLM `Attention` with its own KV cache (layer name: step x "
+                   "layers per stack + layer), all on the layer's shared projections, as vLLM's hrm_text.py does. "
+                   "The attention is causal: transformers' HrmText attends bidirectionally within a prefix only when "
+                   "token_type_ids are passed (with config.prefix_lm), which neither vLLM's engine nor the verifier "
+                   "passes; vLLM's own hrm_text.py (PrefillPrefixLMAttention) attends bidirectionally over every "
+                   "prompt instead. Pipeline parallelism is refused at load (every cycle runs every stack).")
+    if spec.gated_qkv:
+        n = spec.names
+        out.append(f"- `{n['self_attn']}.{spec.gated_qkv}` holds four equal row blocks [gate | q | k | v] "
+                   f"({_md(spec.source('gated_qkv').detail)}): load_weights cuts it into `{n['attn_gate']}` and the "
+                   f"q, k, v shards of `{n['self_attn']}.{n['qkv_proj']}`.")
     if spec.zero_expert_count:
         out.append(f"- {spec.zero_expert_count} identity experts (`{_md(spec.source('zero_expert_count').expr or '')}`)"
                    f" scored after the routed ones ({_md(spec.source('zero_expert_count').detail)}): the block takes "

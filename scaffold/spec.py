@@ -721,6 +721,42 @@ class Spec:
         0, group="norms", probe="layer", limit=64, omit_when_empty=True,
         doc="with sublayers, the MoE block is a shortcut: it reads the MLP norm's output of this sublayer and its "
             "output is added to the layer's output (LongCat-Flash's 0)")
+    # Layer stacks run in cycles (HRM's L and H modules; scaffold.detect.recurrence): the model holds one list of
+    # num_layers decoder layers per stack, and its forward runs them in loops, each state the output of a stack.
+    recurrent_stacks: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="the modules each holding a list of num_layers decoder layers (a stack), in the order the forward first "
+            "calls them (HRM's L_module, H_module); empty: one list of layers run once")
+    recurrent_layers: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="the layer list's attribute inside each stack (HRM's layers)")
+    recurrent_norm: str = spec_field(
+        "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a norm without parameters each stack applies to its last layer's output (HRM's final_norm); empty: "
+            "none")
+    cycle_outer: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="the config key counting the outer loop's cycles (HRM's H_cycles), read at run time")
+    cycle_inner: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="per stack (recurrent_stacks' order), the config key of the loop inside a cycle that runs it that many "
+            "times in a row (HRM's L_cycles), or empty: once per cycle")
+    cycle_inputs: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="per stack, what its input sums, '+'-joined: stacks' states (by the stack's name) and 'embeddings' "
+            "(HRM's L_module+H_module, H_module+L_module)")
+    cycle_start: list[str] = spec_field(
+        [], group="norms", probe="layer", omit_when_empty=True,
+        doc="per stack, its state's first value: 'embeddings', 'zeros', or a vector of the model's own stored in the "
+            "checkpoint, broadcast over the tokens (HRM's z_L_init)")
+    cycle_result: str = spec_field(
+        "", group="norms", probe="layer", omit_when_empty=True,
+        doc="the stack whose state the forward returns (HRM's H_module)")
+    gated_qkv: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="a stored module holding four equal row blocks [gate | q | k | v] (HRM's attn.gqkv_proj, which "
+            "transformers' conversion table cuts on load): loaded into names.attn_gate and the q, k, v shards; "
+            "empty: none")
     layer_scalar: str = spec_field(
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a one-element tensor of each layer's own (Gemma 4's layer_scalar) the layer's output is multiplied by, "
@@ -1094,11 +1130,36 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         value = getattr(spec, name)
         if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block",
                                                      "key_bias_proj", "key_bias_param", "residual_scale_attn",
-                                                     "residual_scale_mlp", "sublayer_mlp"):
+                                                     "residual_scale_mlp", "sublayer_mlp", "recurrent_layers",
+                                                     "recurrent_norm", "gated_qkv"):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)
+    # The stacks run in cycles and their stored first states become module attributes; the config keys, attributes
+    # of the config.
+    named = [("recurrent_stacks", v) for v in spec.recurrent_stacks] + [
+        ("cycle_start", v) for v in spec.cycle_start if v not in ("embeddings", "zeros")] + [
+        ("cycle_inner", v) for v in spec.cycle_inner if v] + ([("cycle_outer", spec.cycle_outer)]
+                                                              if spec.cycle_outer else [])
+    for name, value in named:
+        if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
+                or keyword.iskeyword(value)):
+            raise SpecError(f"spec field {name!r} holds {str(value)[:80]!r}, not a valid Python identifier.", origin)
+    stacks = spec.recurrent_stacks
+    if stacks:
+        lists = {"cycle_inner": spec.cycle_inner, "cycle_inputs": spec.cycle_inputs, "cycle_start": spec.cycle_start}
+        for name, values in lists.items():
+            if len(values) != len(stacks):
+                raise SpecError(f"spec field {name!r} holds {len(values)} values, one per stack of recurrent_stacks "
+                                f"({len(stacks)}).", origin)
+        for inputs in spec.cycle_inputs:
+            if not isinstance(inputs, str) or not all(t in stacks or t == "embeddings" for t in inputs.split("+")):
+                raise SpecError(f"spec field 'cycle_inputs' holds {str(inputs)[:80]!r}: '+'-joined stacks of "
+                                "recurrent_stacks and 'embeddings' only.", origin)
+        if spec.cycle_result not in stacks or not spec.cycle_outer or not spec.recurrent_layers:
+            raise SpecError("stacks run in cycles need cycle_result (one of recurrent_stacks), cycle_outer and "
+                            "recurrent_layers.", origin)
     if not DISTRIBUTION.fullmatch(spec.package.replace("_", "-")):
         raise SpecError(f"spec field 'package' = {spec.package!r} gives the distribution name "
                         f"{spec.package.replace('_', '-')!r}, which pip refuses: it must start and end with a "

@@ -374,6 +374,12 @@ ARCHITECTURES = {
         "rope_parameters": {"full_attention": None,
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                   "mrope_section": [6, 6, 4]}}}),
+    # HRM-Text: an L stack run L_cycles (3) times, then an H stack, in H_cycles (2) cycles, each stack's input the sum
+    # of both states; 24 attention calls of 6 layers' projections, each with a KV cache of its own; the attention's
+    # [gate | q | k | v] rows stored in one tensor; the L state starting from the stored z_L_init. Embeddings unscaled
+    # (embedding_scale 1, not 1 / initializer_range = 50), so z_L_init (random, as the embeddings) is as large as
+    # they are: a port that dropped it would be far off.
+    "hrm_text": ("hrm_text", {"embedding_scale": 1.0}),
 }
 
 # Rows whose transformers reference must run otherwise than eager: transformers 5.19's eager Falcon adds the ALiBi
@@ -553,6 +559,11 @@ EXPECTED_SPEC = {
              "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
              "norm_kind": "layer", "norm_bias": False},
     "dbrx-p2-norm": {"moe_pnorm": True, "moe_norm_p": 2.0, "moe_renormalize": False},
+    "hrm_text": {"recurrent_stacks": ["L_module", "H_module"], "recurrent_norm": "final_norm",
+                 "cycle_outer": "H_cycles", "cycle_inner": ["L_cycles", ""],
+                 "cycle_inputs": ["L_module+H_module", "H_module+L_module"], "cycle_start": ["z_L_init", "embeddings"],
+                 "cycle_result": "H_module", "gated_qkv": "gqkv_proj", "num_kv_heads": 4, "num_layers": 3,
+                 "gate_up_layout": "fused", "embedding_multiplier": 1.0},
 }
 
 # (model_type, overrides, words the refusal must contain)
@@ -619,11 +630,6 @@ UNSUPPORTED = {
     # CPM-Ant: its forward fills the `context` that lifts the causal mask with ones (every position attends to later
     # ones: an encoder, as transformers computes it), named first; its relative bias table follows.
     "cpmant-relative-bias": ("cpmant", {}, ("bidirectional attention: CpmAntModel.forward fills context with ones")),
-    # HRM's L stack run L_cycles times, then its H stack, in H_cycles cycles (scaffold.detect.recurrence).
-    "hrm_text-cycles": ("hrm_text", {}, ("a layer stack run more than once per forward: HrmTextModel.forward runs "
-                                         "config.H_cycles cycles of self.L_module (HrmTextStack, on "
-                                         "hidden_states_low_cycle + hidden_states_high_cycle) config.L_cycles "
-                                         "times, then self.H_module")),
     # Reformer's LSH layers (attn_layers alternates local and lsh) hash the keys by a random rotation, named before its
     # reversible residual streams.
     "reformer-reversible": ("reformer", {"is_decoder": True, "axial_pos_embds_dim": [64, 64],
@@ -948,7 +954,9 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              # The rotary frequencies reordered, and M-RoPE's rows of positions built by the port.
              "cohere_compass_text",
              # A mixture of attention heads' banks (each rank its KV heads' slice) and the MoE block's bias.
-             "jetmoe")
+             "jetmoe",
+             # Two stacks of layers run in cycles, the attention's [gate | q | k | v] rows cut on load.
+             "hrm_text")
 
 
 @pytest.mark.engine
@@ -1038,6 +1046,8 @@ DEFAULTS = {
     "residual_scale_attn": "", "residual_scale_mlp": "",
     # Left out when absent: a top-k key selection (DeepSeek-V3.2's indexer).
     "index_topk": None, "key_selector": [],
+    # Left out when absent: layer stacks run in cycles (HRM's) and their [gate | q | k | v] rows.
+    "recurrent_stacks": [], "cycle_inner": [], "cycle_start": [], "gated_qkv": "",
 }
 LLAMA_NAMES = {"model": "model", "embed_tokens": "embed_tokens", "layers": "layers", "norm": "norm",
                "lm_head": "lm_head", "self_attn": "self_attn", "o_proj": "o_proj", "mlp": "mlp",

@@ -52,3 +52,53 @@ def test_a_checkpoint_with_its_own_code_is_not_renamed_by_transformers_table(tmp
     assert renamings.renamings(ckpt) == renamings._table()["hy_v3"]
     ckpt.sources.update({"modeling_own.py": "class Own: pass\n"})
     assert renamings.renamings(ckpt) == ()
+
+
+CHUNKS = '''
+_MODEL_TO_CONVERSION_PATTERN = {"sibling": "fused"}
+
+
+def _build_checkpoint_conversion_mapping():
+    mapping = {
+        "fused": [
+            WeightConverter(
+                source_patterns="block.wgqkv.weight",
+                target_patterns=["attention.gate.weight", "attention.wq.weight", "attention.wk.weight",
+                                 "attention.wv.weight"],
+                operations=[Chunk(dim=0)],
+            ),
+            WeightConverter("ffn.w13.weight", ["ffn.w1.weight", "ffn.w3.weight"], [Chunk(0)]),
+            WeightRenaming(r"\\.block\\.", ".attention."),
+        ],
+        "other": [
+            WeightConverter(source_patterns="qkv", target_patterns=["q", "k", "v"], operations=[Chunk(dim=1)]),
+            WeightConverter(source_patterns="experts.*.w", target_patterns=["experts.w"],
+                            operations=[Chunk(dim=0, num_shards_attribute="num_experts")]),
+            WeightConverter(source_patterns="qkv", target_patterns=["q", "k", "v"],
+                            operations=[Interleave(dim=0), Chunk(dim=0)]),
+        ],
+    }
+    return mapping
+'''
+
+
+def test_chunk_converters_give_the_row_blocks_in_order():
+    table = renamings.parse_chunks(CHUNKS)
+    assert table["fused"] == table["sibling"] == (
+        renamings.Chunked("block.wgqkv.weight", ("attention.gate.weight", "attention.wq.weight", "attention.wk.weight",
+                                                 "attention.wv.weight")),
+        renamings.Chunked("ffn.w13.weight", ("ffn.w1.weight", "ffn.w3.weight")))  # positional arguments too
+    # Cut along columns, into as many pieces as a config key says, or after another operation: not row blocks.
+    assert "other" not in table
+    assert renamings.parse_table(CHUNKS)["fused"] == ((r"\.block\.", ".attention."),)  # the renamings unchanged
+
+
+def test_the_installed_table_cuts_hrm_texts_fused_projections(tmp_path):
+    assert renamings._chunk_table()["hrm_text"] == (
+        renamings.Chunked("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+        renamings.Chunked("attn.gqkv_proj.weight", ("self_attn.gate_proj.weight", "self_attn.q_proj.weight",
+                                                    "self_attn.k_proj.weight", "self_attn.v_proj.weight")))
+    ckpt = read(tmp_path, Shape(model_type="hrm_text"))
+    assert renamings.chunks(ckpt) == renamings._chunk_table()["hrm_text"]
+    ckpt.sources.update({"modeling_own.py": "class Own: pass\n"})
+    assert renamings.chunks(ckpt) == ()

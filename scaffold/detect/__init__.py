@@ -28,6 +28,7 @@ from scaffold.detect import (
     normparams,
     norms,
     policy,
+    recurrence,
     rope,
     scaling,
     sizes,
@@ -78,6 +79,8 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
     if overrides:
         values, sources = config_keyed(ckpt, dict(overrides), origin or "")
         spec.pin(values, origin or "", sources)
+    # Stacks run in cycles (HRM's): the detectors read the first stack's layers as the model's one list.
+    stored, ckpt = ckpt, recurrence.view(ckpt, spec)
     # The detectors read norms by their `weight`; a lab's norms may keep it as `scale` (the port maps it back).
     ckpt = normparams.view(ckpt, spec)
     ckpt = blocks.view(ckpt, spec)
@@ -98,6 +101,8 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
             _undecided(spec, detector, f"the {_name(detector)} detector stopped on a value still unknown")
     if spec.sublayer_count and not spec.unknowns:
         sublayers.check(whole, spec)  # the sublayers the view left out, against what detection found
+    if spec.recurrent_stacks and not spec.unknowns:
+        recurrence.settle(stored, spec)  # the stored names of what the view showed as transformers loads it
     return spec
 
 

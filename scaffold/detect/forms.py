@@ -11,8 +11,9 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - LSH attention (Reformer's LSHSelfAttention): an attention class hashes its vectors into buckets by a random
   rotation (an argmax over their product with a random draw, redrawn at every call unless a seed is set) and sorts
   the keys by bucket, so each query attends to a key set chosen by hashing, not by position.
-- A layer stack run more than once per forward (HRM's H and L modules iterated in cycles): a module holding the
-  decoder layers called inside a loop, or the layer list iterated inside another loop.
+- A layer stack run more than once per forward: a module holding the decoder layers called inside a loop, or the
+  layer list iterated inside another loop; but the cycles scaffold.detect.recurrence.Plan ports (HRM's H and L
+  modules), which scaffold.detect.recurrence.view reads.
 - Reversible residual streams (Reformer's RevNet): the decoder layer's attention reads one stream and its output
   is added to another stream, a second argument of the layer.
 - Several attention computations in one decoder layer (LongCat-Flash's two per layer): the layer calls attention
@@ -390,6 +391,9 @@ def bidirectional_by_fill(sources: dict, config: dict) -> str | None:
 
 # ------------------------------------------------------------------ a layer stack run more than once
 def repeated_stack(sources: dict, config: dict) -> str | None:
+    cycles = recurrence.read(sources, config)
+    if cycles is not None and isinstance(recurrence.plan(cycles, sources), recurrence.Plan):
+        return None  # the port computes it (scaffold.detect.recurrence.view)
     classes = _classes(sources)
     stacks = {name: lists for name, (_f, cls) in classes.items() if (lists := _layer_lists(cls, classes))}
     for name, (file, cls) in classes.items():
@@ -409,7 +413,7 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
                             and built[n.func.attr][0] in stacks):
                         cycles = recurrence.read(sources, config)
                         if cycles is not None and cycles.owner == name:
-                            return _recurrence_message(cycles, config)
+                            return _recurrence_message(cycles, config, sources)
                         held = stacks[built[n.func.attr][0]]
                         attr, layer = next(iter(held.items()))
                         return (f"a layer stack run more than once per forward: {name}.forward calls "
@@ -419,19 +423,20 @@ def repeated_stack(sources: dict, config: dict) -> str | None:
     return None
 
 
-def _recurrence_message(cycles: recurrence.Recurrence, config: dict) -> str:
-    """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port lacks."""
+def _recurrence_message(cycles: recurrence.Recurrence, config: dict, sources: dict) -> str:
+    """The stacks, their inputs and loops as scaffold.detect.recurrence reads them, and what the port's cycles
+    (recurrence.Plan) do not compute."""
     loop = cycles.loop
     message = (f"a layer stack run more than once per forward: {cycles.owner}.forward runs {cycles.describe()} "
-               f"({cycles.file}:{loop.line}: `{loop.head}`); the port runs one list of decoder layers once, with "
-               "one KV cache per layer")
+               f"({cycles.file}:{loop.line}: `{loop.head}`)")
     steps = [(call.runs(config), config.get(call.length_key) if call.length_key else None) for call in cycles.calls]
     if all(isinstance(runs, int) and isinstance(length, int) for runs, length in steps):
         lengths = {call.attr: length for call, (_runs, length) in zip(cycles.calls, steps)}
         calls = sum(runs * length for runs, length in steps)
-        message += (f", where this forward makes {calls} attention calls with the weights of {sum(lengths.values())} "
-                    f"layers in {len(lengths)} lists, each call keeping a KV cache of its own")
-    return message
+        message += (f", {calls} attention calls with the weights of {sum(lengths.values())} layers in "
+                    f"{len(lengths)} lists")
+    reason = recurrence.plan(cycles, sources)
+    return message + f"; the port's cycles do not compute {reason if isinstance(reason, str) else 'this form'}"
 
 
 def _loop_head(loop: ast.AST) -> str:

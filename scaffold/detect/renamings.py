@@ -10,6 +10,10 @@ The table is read as text and parsed, like the modeling file, never imported. On
 source regex and a target name, both string literals without capturing groups. The function that builds the
 table is followed statement by statement: the table literal, `mapping[T] = mapping[B].copy()`, `mapping[T] =
 [...]`, `mapping[T] += [...]`, then the model types that share another's table (_MODEL_TO_CONVERSION_PATTERN).
+
+`chunks` reads the table's other plain entry: a `WeightConverter` whose one operation is `Chunk(dim=0)` (no config
+attribute counting the pieces), a checkpoint tensor cut into equal row blocks, one per target, in order: HRM-Text's
+`attn.gqkv_proj.weight` -> self_attn.gate_proj, q_proj, k_proj, v_proj, i.e. the stored rows are [gate | q | k | v].
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ast
 import functools
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
@@ -36,6 +41,21 @@ def renamings(ckpt: Checkpoint) -> tuple[tuple[str, str], ...]:
     return _table().get(model_type, ())
 
 
+@dataclass(frozen=True)
+class Chunked:
+    source: str  # the stored tensor's pattern (`attn.gqkv_proj.weight`)
+    targets: tuple[str, ...]  # the code's tensors its equal row blocks become, in order
+
+
+def chunks(ckpt: Checkpoint) -> tuple[Chunked, ...]:
+    """The tensors transformers cuts into equal row blocks on load, for the checkpoint's model type (empty for a
+    checkpoint that brings its own code)."""
+    model_type = ckpt.config.get("model_type")
+    if ckpt.sources or not isinstance(model_type, str):
+        return ()
+    return _chunk_table().get(model_type, ())
+
+
 def code_name(table: tuple[tuple[str, str], ...], name: str) -> str:
     """`name` as the modeling code calls it: each renaming whose source matches replaces the first match."""
     for source, target in table:
@@ -47,18 +67,41 @@ def code_name(table: tuple[tuple[str, str], ...], name: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, tuple[tuple[str, str], ...]]:
+    return parse_table(_text())
+
+
+@functools.lru_cache(maxsize=1)
+def _chunk_table() -> dict[str, tuple[Chunked, ...]]:
+    return parse_chunks(_text())
+
+
+def _text() -> str:
     found = importlib.util.find_spec("transformers")
     if found is None or not found.submodule_search_locations:
-        return {}
+        return ""
     path = Path(next(iter(found.submodule_search_locations))) / "conversion_mapping.py"
     try:
-        return parse_table(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return {}
+        return ""
 
 
 def parse_table(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
     """model type -> its plain renamings, from conversion_mapping.py's text."""
+    return {model_type: tuple(r for r in map(_renaming, entries) if r is not None)
+            for model_type, entries in _entries(text).items()}
+
+
+def parse_chunks(text: str) -> dict[str, tuple[Chunked, ...]]:
+    """model type -> the tensors it cuts into equal row blocks (`Chunk(dim=0)`), from conversion_mapping.py's text;
+    only the model types that have one."""
+    out = {model_type: tuple(c for c in map(_chunked, entries) if c is not None)
+           for model_type, entries in _entries(text).items()}
+    return {model_type: found for model_type, found in out.items() if found}
+
+
+def _entries(text: str) -> dict[str, list[ast.expr]]:
+    """model type -> the entries of its table (aliases resolved), as syntax."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -93,8 +136,7 @@ def parse_table(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
     for model_type, base in aliases.items():
         if model_type not in table and base in table:
             table[model_type] = list(table[base])
-    return {model_type: tuple(r for r in map(_renaming, entries) if r is not None)
-            for model_type, entries in table.items()}
+    return table
 
 
 def _string(node) -> bool:
@@ -120,3 +162,29 @@ def _renaming(node) -> tuple[str, str] | None:
     # The target is a name: transformers drops its anchors and the escapes of its dots.
     name = target.value.removeprefix("^").removesuffix("$").replace(r"\.", ".")
     return source.value, name
+
+
+def _chunked(node) -> Chunked | None:
+    """`WeightConverter(source, [targets], operations=[Chunk(dim=0)])` with string literals and no pattern groups."""
+    if not isinstance(node, ast.Call) or _dotted(node.func).rsplit(".", 1)[-1] != "WeightConverter":
+        return None
+    names = ("source_patterns", "target_patterns", "operations")
+    given = dict(zip(names, node.args))
+    given.update({k.arg: k.value for k in node.keywords if k.arg in names})
+    source, targets, operations = (given.get(n) for n in names)
+    if not (_string(source) and isinstance(targets, ast.List) and len(targets.elts) > 1
+            and all(_string(t) for t in targets.elts) and isinstance(operations, ast.List)
+            and len(operations.elts) == 1):
+        return None
+    op = operations.elts[0]
+    if not (isinstance(op, ast.Call) and _dotted(op.func).rsplit(".", 1)[-1] == "Chunk" and not op.args[1:]):
+        return None
+    dims = [a for a in op.args[:1]] + [k.value for k in op.keywords if k.arg == "dim"]
+    if [k.arg for k in op.keywords if k.arg != "dim"] or len(dims) > 1:
+        return None  # num_shards_attribute: the count is the config's, not the targets'
+    if dims and not (isinstance(dims[0], ast.Constant) and dims[0].value == 0):
+        return None
+    texts = [source.value] + [t.value for t in targets.elts]
+    if any(c in t for t in texts for c in "()^$*\\"):
+        return None
+    return Chunked(source.value, tuple(t.value for t in targets.elts))

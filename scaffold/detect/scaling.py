@@ -43,7 +43,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                         f"{hk}**0.5") if on else Source("config", f"config.json {flag} is not true: unscaled"))
     elif (found := _scaled_call(ckpt, spec.names.get("embed_tokens"))
           or _embedding_scale_argument(ckpt, spec.names.get("embed_tokens"))
-          or _scaled_in_place(ckpt, spec.names.get("embed_tokens"))) is not None:
+          or _scaled_in_place(ckpt, spec.names.get("embed_tokens"))
+          or _scaled_name(ckpt, spec.names.get("embed_tokens"))) is not None:
         spec.set("embedding_multiplier", *_as_multiplier(ckpt, found, "the embedding's output"))
     else:
         spec.set("embedding_multiplier", None, Source("default", "embeddings used as they are"))
@@ -226,6 +227,12 @@ def _scaled_in_place(ckpt: Checkpoint, embed: str | None) -> tuple[str, bool, st
     """The one config expression a name holding the embedding's output is multiplied by in place (CTRL's
     `inputs_embeds = self.w(input_ids)` ... `inputs_embeds *= np.sqrt(self.d_model_size)`)."""
     return _unique(_products(ckpt, _outputs_of(embed), augmented=True)) if embed else None
+
+
+def _scaled_name(ckpt: Checkpoint, embed: str | None) -> tuple[str, bool, str] | None:
+    """The one config expression a name holding the embedding's output is multiplied by (HRM-Text's
+    `inputs_embeds = self.embed_tokens(input_ids)` ... `inputs_embeds = inputs_embeds * self.embedding_scale`)."""
+    return _unique(_products(ckpt, _outputs_of(embed))) if embed else None
 
 
 def _embedding_scale_argument(ckpt: Checkpoint, embed: str | None) -> tuple[str, bool, str] | None:

@@ -14,7 +14,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint, _short_list
-from scaffold.detect import codekeys, configreads, dataflow, layerwidths, policy, positions, subconfigs
+from scaffold.detect import codekeys, configreads, dataflow, layerwidths, policy, positions, recurrence, subconfigs
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
@@ -97,6 +97,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                      Source("config", f"config.json {key} (attribute_map: {STANDARD[field]})", f"config.{key}"))
 
     size("hidden_size")
+    if spec.recurrent_stacks and (stacked := recurrence.layer_count(modeling_sources(ckpt), ckpt.config)):
+        # Stacks run in cycles: each stack's list is as long as this key (HRM's num_layers_per_stack; its
+        # num_hidden_layers counts the attention calls of a forward).
+        key, file, line = stacked
+        if isinstance(ckpt.config.get(key), int):
+            from_code["num_layers"] = (codekeys.CodeExpr(f"config.{key}", (key,), file, line), ckpt.config[key])
     size("num_layers")
     size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr))  # head_dim = hidden // H
     size("vocab_size")

@@ -16,6 +16,7 @@ from scaffold.mapping import (
     embedding_tensor,
     head_tensor,
     port_rest,
+    recurrent_layer,
     renamed_name,
     stacked_modules,
     sublayer_module,
@@ -167,7 +168,27 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{mlp}.{n['mlp_sub_norm']}.{kind}"] = (None,)
         for tensor in spec.act_tensors:  # the activation's own (xIELU's alpha_p, ...)
             params[f"{p}{mlp}.{n['act_fn']}.{tensor}"] = (None,)
+    if spec.recurrent_stacks:
+        return _in_stacks(spec, params)
     return _in_sublayers(spec, params) if spec.sublayer_count else params
+
+
+def _in_stacks(spec: Spec, params: dict[str, tuple]) -> dict[str, tuple]:
+    """Stacks run in cycles (spec.recurrent_stacks): every layer's parameters once per stack, under the stack's
+    list (model.L_module.layers.0.), and the stored first states (model.z_L_init)."""
+    n = spec.names
+    head = f"{n['model']}.{n['layers']}."
+    out: dict[str, tuple] = {}
+    for name, shards in params.items():
+        if name.startswith(head):
+            out.update((f"{n['model']}.{stack}.{spec.recurrent_layers}.{name[len(head):]}", shards)
+                       for stack in spec.recurrent_stacks)
+        else:
+            out[name] = shards
+    for start in spec.cycle_start:
+        if start not in ("embeddings", "zeros"):
+            out[f"{n['model']}.{start}"] = (None,)
+    return out
 
 
 def _in_sublayers(spec: Spec, params: dict[str, tuple]) -> dict[str, tuple]:
@@ -268,6 +289,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
         del want[f"{attn}.{n['o_proj']}"]
         want.update({f"{attn}.{n['qkv_proj']}": 2 * kv,
                      f"{attn}.{n['moa']}.{n['moa_router']}": spec.moa_num_experts})
+    elif spec.gated_qkv:
+        want[f"{attn}.{spec.gated_qkv}"] = 4 * q  # [gate | q | k | v], as many heads each
     elif spec.qkv_layout == "separate":
         want.update({f"{attn}.{n['q_proj']}": spec.query_rows, f"{attn}.{n['k_proj']}": kv,
                      f"{attn}.{n['v_proj']}": spec.num_kv_heads * spec.value_dim})
@@ -309,6 +332,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     transposed = transposed_modules(spec)
     problems, seen = [], set()
     for name, info in ckpt.tensors.items():
+        if (stacked_layer := recurrent_layer(spec, name)) is not None:  # a stack's layer, checked as the model's
+            name = f"{prefix}{stacked_layer[1]}.{stacked_layer[2]}"
         rest = name[len(prefix):].split(".", 1)[-1]
         if name.startswith(prefix) and rest in stacked:
             seen.add(rest)
