@@ -506,6 +506,10 @@ def activation_call(spec: Spec) -> str | None:
 def model_context(spec: Spec, overridden: set[str], cfg: Callable[[str], str], act_and_mul: bool) -> dict:
     """Everything the model template needs beyond render's common context."""
     flags = choices(spec, overridden)
+    if spec.hash_layers and (not flags["fused_residual"] or spec.sublayer_count):
+        # The token ids reach the MoE block through the fused-residual layer's forward only.
+        raise SpecError("hash_layers: hash routing is ported in decoder layers that add the residual inside a "
+                        "fused RMSNorm (pre-norm or sandwich, one attention and MLP), not this layer's form.")
     stdlib, third_party = imports(spec, flags, act_and_mul)
     return {**flags, "norm": norm_constructor(spec, cfg), "stdlib_imports": stdlib, "imports": third_party,
             "logits_processor_arguments": logits_processor_arguments(spec, cfg)}

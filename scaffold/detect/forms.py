@@ -39,9 +39,18 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import INTEGER_DTYPES, Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, sourcecode, sublayers
+from scaffold.detect import (
+    conditions,
+    dataflow,
+    hashrouting,
+    keybias,
+    layerinputs,
+    recurrence,
+    sourcecode,
+    sublayers,
+)
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -79,12 +88,32 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     try:
         return _read(path)
     except NonFloatTensor as exc:
-        found = integer_table(sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {},
-                                                                           config=exc.config or {})),
-                              exc.tensor, exc.dtype) if exc.config is not None else None
+        sources = sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {}, config=exc.config or {})) \
+            if exc.config is not None else {}
+        found = integer_table(sources, exc.tensor, exc.dtype) if exc.config is not None else None
         if found is None:
             raise
-        raise unsupported(found, Path(path).resolve() / "config.json", exc.config.get("model_type")) from None
+        # Hash routing the port computes (scaffold.detect.hashrouting): the table is read as integers.
+        why = hash_table_problem(sources, exc.config, exc.tensor, exc.dtype)
+        if why is None:
+            return _read(path, integer_tables=frozenset({exc.tensor.rsplit(".", 1)[-1]}))
+        raise unsupported(f"{found}; {why}" if why else found, Path(path).resolve() / "config.json",
+                          exc.config.get("model_type")) from None
+
+
+def hash_table_problem(sources: dict[str, str], config: dict, tensor: str, dtype: str) -> str | None:
+    """None where `tensor` is the table of a hash routing the port computes (hashrouting.read finds the routing and
+    the ids are the model's input_ids); else why not ("" where the table is not indexed by token ids for experts)."""
+    leaf = tensor.rsplit(".", 1)[-1]
+    lookup = next((found for found in hashrouting.lookups(sources) if found.table == leaf), None)
+    if lookup is None or dtype not in INTEGER_DTYPES or not any(
+            isinstance(m, ast.Attribute) and "expert" in m.attr.lower() and _dotted(m.value) in ("config", "self.config")
+            for m in subtree(lookup.cls)):
+        return ""
+    read = hashrouting.read(sources, config, lookup, 8, 2)
+    if isinstance(read, str):
+        return read
+    return hashrouting.ids_from_model(sources, lookup)
 
 
 def integer_table(sources: dict[str, str], tensor: str, dtype: str) -> str | None:
