@@ -259,7 +259,7 @@ def _layer_read(spec: Spec, field: str) -> str:
 def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     """Name endings of the checkpoint's float tensors: weights and biases, and those kept under names of their own
     (norm scales named `scale`, a gate's extra bias, a router's correction bias, attention sinks, an activation's
-    own tensors, experts stored 3-D)."""
+    own tensors, experts stored 3-D; hash routing's integer table)."""
     out = [".weight", ".bias"]
     if spec.norm_weight_name != "weight":
         out.append(f".{spec.norm_weight_name}")
@@ -278,6 +278,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     out += [f".{tensor}" for tensor in spec.act_tensors]
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
+    if moe and spec.hash_table:  # hash routing's integer table: no quantization method's tensor either
+        out.append(f".{spec.hash_table}")
     return tuple(dict.fromkeys(out))
 
 

@@ -281,8 +281,8 @@ def ids_from_model(sources: dict[str, str], lookup: Lookup) -> str | None:
                 if target.startswith("self.") and target.count(".") == 1:
                     if built.get(target[5:]) and cls_name not in built[target[5:]]:
                         continue
-                elif not (isinstance(call.func, ast.Name) and _calls_layer_list(f)):  # `layer(...)` in the loop
-                    continue
+                elif not (isinstance(call.func, ast.Name) and cls_name in _looped(f, built).get(call.func.id, ())):
+                    continue  # a call of the loop's variable over a list of cls_name (`for layer in self.layers`)
                 handed = _handed(call, param, func)
                 if handed and handed in _params(f):
                     out.append((name, f, handed))
@@ -314,6 +314,16 @@ def _built_classes(cls: ast.ClassDef) -> dict[str, set[str]]:
                 and _dotted(stmt.targets[0].value) == "self"):
             for call in (n for n in subtree(stmt.value) if isinstance(n, ast.Call)):
                 out.setdefault(stmt.targets[0].attr, set()).add(_dotted(call.func).rsplit(".", 1)[-1])
+    return out
+
+
+def _looped(func: ast.FunctionDef, built: dict[str, set[str]]) -> dict[str, set[str]]:
+    """{variable: classes} of `for variable in self.X` (or self.X[...]) in `func`, X built in __init__."""
+    out: dict[str, set[str]] = {}
+    for loop in (n for n in subtree(func) if isinstance(n, ast.For) and isinstance(n.target, ast.Name)):
+        it = loop.iter.value if isinstance(loop.iter, ast.Subscript) else loop.iter
+        if isinstance(it, ast.Attribute) and _dotted(it.value) == "self" and it.attr in built:
+            out[loop.target.id] = built[it.attr]
     return out
 
 
