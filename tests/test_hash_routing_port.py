@@ -53,3 +53,20 @@ def test_hash_routing_port_at_parity(tp, tmp_path):
         return
     # The port's own weight-mapping tests: the table lands on the router's integer parameter.
     own_weight_tests_pass(out)
+
+
+@pytest.mark.slow
+def test_a_hash_router_without_its_table_is_refused(tmp_path):
+    """The code routes layer 0 by a table the checkpoint does not hold (a buffer not saved): a port routing that layer
+    by the router's scores would compute something else, so it is refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    ckpt = build(tmp_path / "hashmoe")
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["model.layers.0.mlp.gate.expert_table"]
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    proc = scaffold("new", ckpt, "-o", tmp_path / "port", "--trust-remote-code", "--impl", "native", check=False)
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, message
+    assert ("hash routing (LabTokenHashGate.forward indexes expert_table by token_ids (modeling_hashmoe.py:" in message
+            and "in layers [0] whose table the checkpoint does not hold" in message), message

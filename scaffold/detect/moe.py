@@ -1066,9 +1066,19 @@ def _hash_routing(ckpt: Checkpoint, spec: Spec, sources: dict[str, str]) -> None
     only where forms.read_checkpoint found the code computing hash routing with them) must sit under the MoE block's
     router, [vocab, top_k], in exactly the layers the code builds its hash router in; the routing's fields."""
     tables = sorted(name for name, info in ckpt.tensors.items() if info.dtype in INTEGER_DTYPES)
-    if not tables:
-        return
     where, n = ckpt.config_file, spec.names
+    if not tables:
+        # A router of the code routing by a table of token ids in some layer, with no table in the checkpoint (a
+        # buffer not saved): the port would route those layers by the scores.
+        for lookup in hashrouting.lookups(sources):
+            if isinstance(hashrouting.read(sources, ckpt.config, lookup, spec.num_experts,
+                                           spec.num_experts_per_tok), str):
+                continue
+            found = hashrouting.layer_condition(sources, ckpt.config, n["layers"], lookup.cls.name, spec.num_layers)
+            if not isinstance(found, str) and found[1]:
+                raise unsupported(f"hash routing ({lookup.describe()}) in layers {found[1]} whose table the "
+                                  "checkpoint does not hold", where, spec.model_type)
+        return
     leaf = tables[0].rsplit(".", 1)[-1]
     lookup = next((found for found in hashrouting.lookups(sources) if found.table == leaf), None)
     if lookup is None:  # forms.read_checkpoint read it as a table only where the code indexes it
