@@ -218,3 +218,34 @@ def test_a_lab_attention_over_a_modules_entries_is_named():
     # Keys a norm of the attention computes from projected keys (not from its input) are not such entries.
     normed = LAB_MEMORY.replace("extra_k, extra_v = self.summary(x, mask)", "extra_k, extra_v = self.summary(k, v)")
     assert forms.appended_keys({"modeling_lab.py": normed}, {}) is None
+
+
+def test_the_scoring_router_beside_a_hash_router_is_the_routing_path():
+    """The block builds the hash router in some layers and the scoring one in the others: routing.routing reads the
+    scoring router's forward, whichever the code assigns last (an if/else either way round, a conditional
+    expression), with the hash routers (hashrouting.lookups) skipped."""
+    from scaffold.detect import routing
+
+    lab = modeling_source()
+    reversed_ = lab.replace('''        if self.hashed:
+            self.gate = LabTokenHashGate(config)
+        else:
+            self.gate = Qwen3MoeTopKRouter(config)''', '''        if not self.hashed:
+            self.gate = Qwen3MoeTopKRouter(config)
+        else:
+            self.gate = LabTokenHashGate(config)''')
+    assert reversed_ != lab
+    for code in (lab, reversed_):
+        sources = {"modeling_hashmoe.py": code}
+        skip = frozenset(found.cls.name for found in hashrouting.lookups(sources))
+        path = routing.routing(sources, "experts", skip=skip)
+        assert path.standard and path.scoring == "softmax", path
+        # Without the skip, the hash router read last is taken for the router: no top-k.
+        if code is reversed_:
+            assert not routing.routing(sources, "experts").standard
+    # DeepSeek-V4's scoring router (a conditional expression builds one or the other): sqrt-softplus scores, which the
+    # port's FusedMoE does not compute: named, not passed.
+    sources = transformers_code("deepseek_v4")
+    path = routing.routing(sources, "experts", skip=frozenset({"DeepseekV4HashRouter"}))
+    assert "topk" in path.calls and path.scoring is None
+    assert "scores the experts with neither a softmax nor a sigmoid" in path.problem(2)

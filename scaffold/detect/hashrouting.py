@@ -31,7 +31,7 @@ from scaffold.detect import conditions, window
 from scaffold.detect.codekeys import _is_config
 from scaffold.detect.denselayers import negated
 from scaffold.detect.evaluate import CannotEvaluate
-from scaffold.detect.formcode import _line, _statements
+from scaffold.detect.formcode import _line, _statements, _value_reads
 from scaffold.detect.gatednorm import _choices
 from scaffold.detect.routingmath import _logits_assignment, _Routing
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
@@ -85,7 +85,8 @@ def lookups(sources: dict[str, str]) -> list[Lookup]:
                         if not (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute)
                                 and _dotted(n.value.value) == "self"):
                             continue
-                        read = sorted({m.id for m in subtree(n.slice) if isinstance(m, ast.Name)} & params)
+                        # The ids' values, not their shape (Whisper's weight[past : past + input_ids.shape[1]]).
+                        read = sorted({m.id for m in _value_reads(n.slice) if isinstance(m, ast.Name)} & params)
                         if read:
                             found.append(Lookup(file, cls, func, n.value.attr, read[0], stmt))
                             break

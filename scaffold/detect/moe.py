@@ -689,7 +689,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
         shared_code = frozenset({n["shared_expert"], code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight")
                                  .split(".")[1]})
-    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code)
+    # A hash router the block builds in some layers (hashrouting reads it): the scoring router is the routing path.
+    hashed = frozenset(found.cls.name for found in hashrouting.lookups(sources)) if sources else frozenset()
+    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code, hashed)
     if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
         if path.weighted_input or "topk" in path.calls:
             raise unsupported(problem, where, spec.model_type)
