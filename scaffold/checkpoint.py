@@ -33,6 +33,9 @@ from scaffold.errors import CheckpointError, NonFloatTensor, UnsupportedArchitec
 # Bytes per element of the safetensors dtypes a port can load.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 # Dtypes that exist in the format but mean quantized or non-float weights.
+# Integer dtypes a table of the code may be stored in (DeepSeek-V4's tid2eid: I64), read where the caller names the
+# table (`integer_tables`: the last component of its tensors' names), never as a weight.
+INTEGER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 KNOWN_UNSUPPORTED_DTYPES = {
     "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0",
     "F6_E2M3", "F6_E3M2", "F4", "C64",
@@ -422,7 +425,7 @@ def validate_config(config: dict, where: Path) -> None:
 
 # ------------------------------------------------------------ safetensors
 def read_safetensors_header(source: Path, path: Path | None = None, checked: dict | None = None,
-                            packed: bool = False) -> dict[str, dict]:
+                            packed: bool = False, integer_tables: frozenset[str] = frozenset()) -> dict[str, dict]:
     """Return the tensor entries of one shard's header, validated as safetensors validates them.
 
     The entries must be well-formed, name each tensor once, have a supported dtype,
@@ -481,7 +484,8 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         # A quantization method's integer and FP8 tensors only where config.json says the checkpoint is quantized.
-        if dtype not in DTYPE_SIZES and not (packed and quantized.is_packed(name, dtype)):
+        table = dtype in INTEGER_DTYPES and name.rsplit(".", 1)[-1] in integer_tables
+        if dtype not in DTYPE_SIZES and not (packed and quantized.is_packed(name, dtype)) and not table:
             kind = "a quantized or non-float" if dtype in KNOWN_UNSUPPORTED_DTYPES else "an unknown"
             error = (NonFloatTensor if dtype in KNOWN_UNSUPPORTED_DTYPES else CheckpointError)(
                 f"tensor {name!r} has dtype {dtype!r}, {kind} dtype; ports load F32, F16 and BF16 weights.",
@@ -502,7 +506,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
                 f"the shape {shape!r} or data offsets {offsets!r} of tensor {name!r} are malformed.", path
             )
         begin, end = offsets
-        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * {**DTYPE_SIZES, **quantized.PACKED_DTYPES}[dtype]:
+        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * {**DTYPE_SIZES, **quantized.PACKED_DTYPES, **INTEGER_DTYPES}[dtype]:
             raise CheckpointError(
                 f"tensor {name!r} ({dtype}, shape {shape}) does not fit its data offsets {offsets} "
                 f"in {data_size} bytes of data; the file is truncated or corrupt.",
@@ -527,7 +531,8 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
     return entries
 
 
-def _read_tensors(root: Path, packed: bool = False) -> tuple[dict[str, TensorInfo], list[str], str | None]:
+def _read_tensors(root: Path, packed: bool = False, integer_tables: frozenset[str] = frozenset(),
+                  ) -> tuple[dict[str, TensorInfo], list[str], str | None]:
     index_path = root / INDEX_FILE
     single = root / SINGLE_FILE
     if index_path.exists() or index_path.is_symlink():
@@ -571,7 +576,8 @@ def _read_tensors(root: Path, packed: bool = False) -> tuple[dict[str, TensorInf
         if not shard_path.exists() and not shard_path.is_symlink():
             raise CheckpointError(f"the index names the shard {shard!r}, which does not exist.", where)
         resolved = _regular_file(root, shard_path, f"the shard {shard!r}", where)
-        for name, entry in read_safetensors_header(resolved, shard_path, weight_map, packed).items():
+        for name, entry in read_safetensors_header(resolved, shard_path, weight_map, packed,
+                                                        integer_tables).items():
             if name in tensors:
                 raise CheckpointError(
                     f"tensor {name!r} is stored twice, in {tensors[name].file} and in {shard}.", shard_path
@@ -707,8 +713,10 @@ def _read_sources(root: Path, config: dict) -> dict[str, str]:
     return sources
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint folder. Raises CheckpointError with a one-paragraph message."""
+def read_checkpoint(path: str | Path, integer_tables: frozenset[str] = frozenset()) -> Checkpoint:
+    """Read a checkpoint folder. Raises CheckpointError with a one-paragraph message. `integer_tables`: the last
+    components of tensor names that may hold integers (a table the code indexes, named by
+    scaffold.detect.forms.read_checkpoint from what the code computes with it); every other tensor must be float."""
     root = Path(path)
     if not root.exists():
         raise CheckpointError("no such checkpoint folder.", root)
@@ -724,7 +732,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         )
     validate_config(config, config_file)
     try:
-        tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None)
+        tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None,
+                                                    integer_tables=frozenset(integer_tables))
     except NonFloatTensor as exc:  # what the code does with it is for scaffold.detect.forms to name
         exc.config, exc.sources = config, _read_sources(root, config)
         raise

@@ -24,8 +24,8 @@ import click
 
 from scaffold.analysis import analyze
 from scaffold.backend.plan import plan
-from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import policy
+from scaffold.detect.forms import read_checkpoint  # names an integer table by what the code does with it
 from scaffold.errors import ScaffoldError
 from scaffold.pipeline import generate
 from scaffold.text import echo

@@ -435,6 +435,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "the layer's output scale")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
+        if spec.hash_table and rest == f"{n['mlp']}.{n['router']}.{spec.hash_table}":
+            return [(rest, None, "hash routing's table of each token id's experts (integers), whole on every rank")]
         if spec.act_tensors and module == f"{n['mlp']}.{n['act_fn']}" and kind in spec.act_tensors:
             return [(rest, None, f"the activation's {kind}")]
         return None

@@ -262,7 +262,7 @@ def _layer_read(spec: Spec, field: str) -> str:
 def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     """Name endings of the checkpoint's float tensors: weights and biases, and those kept under names of their own
     (norm scales named `scale`, a gate's extra bias, a router's correction bias, attention sinks, an activation's
-    own tensors, experts stored 3-D)."""
+    own tensors, experts stored 3-D; hash routing's integer table)."""
     out = [".weight", ".bias"]
     if spec.norm_weight_name != "weight":
         out.append(f".{spec.norm_weight_name}")
@@ -283,6 +283,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     out += [f".{start}" for start in spec.cycle_start if start not in ("embeddings", "zeros")]
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
+    if moe and spec.hash_table:  # hash routing's integer table: no quantization method's tensor either
+        out.append(f".{spec.hash_table}")
     return tuple(dict.fromkeys(out))
 
 
@@ -514,6 +516,10 @@ def activation_call(spec: Spec) -> str | None:
 def model_context(spec: Spec, overridden: set[str], cfg: Callable[[str], str], act_and_mul: bool) -> dict:
     """Everything the model template needs beyond render's common context."""
     flags = choices(spec, overridden)
+    if spec.hash_layers and (not flags["fused_residual"] or spec.sublayer_count):
+        # The token ids reach the MoE block through the fused-residual layer's forward only.
+        raise SpecError("hash_layers: hash routing is ported in decoder layers that add the residual inside a "
+                        "fused RMSNorm (pre-norm or sandwich, one attention and MLP), not this layer's form.")
     stdlib, third_party = imports(spec, flags, act_and_mul)
     return {**flags, "norm": norm_constructor(spec, cfg), "stdlib_imports": stdlib, "imports": third_party,
             "logits_processor_arguments": logits_processor_arguments(spec, cfg)}

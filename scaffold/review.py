@@ -363,6 +363,17 @@ def decisions(spec) -> list[str]:
         out.append(f"- `{n['self_attn']}.{spec.gated_qkv}` holds four equal row blocks [gate | q | k | v] "
                    f"({_md(spec.source('gated_qkv').detail)}): load_weights cuts it into `{n['attn_gate']}` and the "
                    f"q, k, v shards of `{n['self_attn']}.{n['qkv_proj']}`.")
+    if spec.hash_layers:
+        renorm = spec.source("hash_renormalize").expr or str(spec.hash_renormalize)
+        scale = spec.source("hash_scaling_factor").expr or f"{spec.hash_scaling_factor:g}"
+        out.append(f"- **hash routing** in layers {spec.hash_layers} (where `{_md(spec.hash_condition)}`): each "
+                   f"token's experts are its row of the integer table `{spec.names['mlp']}.{spec.names['router']}."
+                   f"{spec.hash_table}` ({_md(spec.source('hash_table').detail)}), weighted by the router's "
+                   f"{spec.hash_scoring} scores there, renormalized where `{_md(renorm)}`, times `{_md(scale)}` "
+                   f"({_md(spec.source('hash_scoring').detail)}). The table is loaded as an int64 parameter, whole on "
+                   "every rank; the block computes the weights and hands FusedMoE a [tokens, experts] table of them "
+                   "(its custom routing function takes the top k); the model passes the token ids down, so a "
+                   "request served from prompt embeddings is refused in those layers.")
     if spec.zero_expert_count:
         out.append(f"- {spec.zero_expert_count} identity experts (`{_md(spec.source('zero_expert_count').expr or '')}`)"
                    f" scored after the routed ones ({_md(spec.source('zero_expert_count').detail)}): the block takes "

@@ -623,6 +623,29 @@ class Spec:
     moe_routed_scaling_factor: float | None = spec_field(
         None, group="moe", probe="mlp", omit_when_empty=True,
         doc="the routing weights are scaled by this after the top k; None: not scaled")
+    # Hash routing (DeepSeek-V4's first hash_moe layers): in hash_layers the experts of each token are the row of
+    # an integer table indexed by its token id, kept under the router as hash_table, weighted by the router's
+    # hash_scoring scores at those experts, renormalized where hash_renormalize, times hash_scaling_factor.
+    hash_layers: list[int] = spec_field([], group="moe", probe="mlp", layer_list=True, omit_when_empty=True,
+                                        doc="layers whose experts come from a table of token ids (hash routing); "
+                                            "[]: none")
+    hash_condition: str = spec_field(
+        "", group="moe", probe="mlp", omit_when_empty=True,
+        doc="hash routing: over `config` and `layer_idx`, as the code writes it, where the MoE block builds its hash "
+            "router (DeepSeek-V4's config.mlp_layer_types[layer_idx] == 'hash_moe'); hash_layers on config.json")
+    hash_table: str | None = spec_field(
+        None, group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="hash routing: the integer table's name under the router (DeepSeek-V4's tid2eid: [vocab, top_k], the "
+            "experts of each token id), loaded as an integer buffer")
+    hash_scoring: str = spec_field(
+        "softmax", group="moe", probe="mlp", choices=("softmax", "sigmoid", "sqrtsoftplus"), omit_when_empty=True,
+        doc="hash routing: the function of the router logits whose values at the table's experts weight them")
+    hash_renormalize: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="hash routing: the weights at the table's experts are divided by their sum")
+    hash_scaling_factor: float = spec_field(
+        1.0, group="moe", probe="mlp", omit_when_empty=True,
+        doc="hash routing: the factor the weights are multiplied by (DeepSeek-V4's routed_scaling_factor)")
     moe_routing: str = spec_field(
         "topk", group="moe", probe="mlp", choices=("topk", "sparsemixer"), omit_when_empty=True,
         doc="topk: the scores' top k (softmax or sigmoid, the fields above); sparsemixer: PhiMoE's routing, vLLM's "

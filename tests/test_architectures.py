@@ -641,10 +641,12 @@ UNSUPPORTED = {
     "doge-cdmoe": ("doge", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 2},
                    ("experts kept as rows of embedding tables: DogeCDMoE.forward looks up down_embed, up_embed by "
                     "the indices of its top-k")),
-    "deepseek_v4-hash-routing": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
-                                                 "num_experts_per_tok": 2, "moe_intermediate_size": 64},
-                                 ("an integer table looked up by token ids: DeepseekV4HashRouter.forward indexes "
-                                  "tid2eid by input_ids")),
+    # DeepSeek-V4's hash routing is read (scaffold.detect.hashrouting; tests/test_hash_routing_port.py ports a lab's);
+    # behind its hyper-connections, the attention attends over entries its compressor appends to the keys and values.
+    "deepseek_v4-compressed-keys": ("deepseek_v4", {"num_local_experts": 4, "n_routed_experts": 4,
+                                                    "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+                                    ("keys and values from a module of the attention: DeepseekV4Attention.forward "
+                                     "appends what self.compressor returns (compressed_kv) to kv")),
     # Several copies of the residual stream through the layers (scaffold.detect.streams): Gemma-3n's AltUp (its MLP
     # widths per layer port; the catalogue's tiny config).
     "gemma3n_text-altup": ("gemma3n_text", {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"],

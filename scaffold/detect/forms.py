@@ -40,7 +40,10 @@ file:line, or None; `check` refuses with the first found (the others follow it, 
 - Hyper-connections (HY-V4's, DeepSeek-V4's): a module of the decoder layer mixes the layer's input (several
   residual streams) into the attention's input and weights the attention's output added back to each stream.
 - An integer table the code indexes by token ids (DeepSeek-V4's hash routing `tid2eid[input_ids]`), named where the
-  reader refuses the tensor's dtype (`read_checkpoint`).
+  reader refuses the tensor's dtype (`read_checkpoint`), unless scaffold.detect.hashrouting reads a hash routing the
+  port computes (then the table is read as integers).
+- Keys and values extended by what a module of the attention computes from its input (DeepSeek-V4's compressor,
+  whose entries the attention attends over beside the tokens' own: `kv = torch.cat([kv, compressed_kv], dim=2)`).
 """
 
 from __future__ import annotations
@@ -49,9 +52,18 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import INTEGER_DTYPES, Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
-from scaffold.detect import conditions, dataflow, keybias, layerinputs, recurrence, sourcecode, sublayers
+from scaffold.detect import (
+    conditions,
+    dataflow,
+    hashrouting,
+    keybias,
+    layerinputs,
+    recurrence,
+    sourcecode,
+    sublayers,
+)
 from scaffold.detect.blocks import _method, _parameters
 from scaffold.detect.common import unsupported
 from scaffold.detect.formcode import (
@@ -89,12 +101,32 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     try:
         return _read(path)
     except NonFloatTensor as exc:
-        found = integer_table(sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {},
-                                                                           config=exc.config or {})),
-                              exc.tensor, exc.dtype) if exc.config is not None else None
+        sources = sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {}, config=exc.config or {})) \
+            if exc.config is not None else {}
+        found = integer_table(sources, exc.tensor, exc.dtype) if exc.config is not None else None
         if found is None:
             raise
-        raise unsupported(found, Path(path).resolve() / "config.json", exc.config.get("model_type")) from None
+        # Hash routing the port computes (scaffold.detect.hashrouting): the table is read as integers.
+        why = hash_table_problem(sources, exc.config, exc.tensor, exc.dtype)
+        if why is None:
+            return _read(path, integer_tables=frozenset({exc.tensor.rsplit(".", 1)[-1]}))
+        raise unsupported(f"{found}; {why}" if why else found, Path(path).resolve() / "config.json",
+                          exc.config.get("model_type")) from None
+
+
+def hash_table_problem(sources: dict[str, str], config: dict, tensor: str, dtype: str) -> str | None:
+    """None where `tensor` is the table of a hash routing the port computes (hashrouting.read finds the routing and
+    the ids are the model's input_ids); else why not ("" where the table is not indexed by token ids for experts)."""
+    leaf = tensor.rsplit(".", 1)[-1]
+    lookup = next((found for found in hashrouting.lookups(sources) if found.table == leaf), None)
+    if lookup is None or dtype not in INTEGER_DTYPES or not any(
+            isinstance(m, ast.Attribute) and "expert" in m.attr.lower() and _dotted(m.value) in ("config", "self.config")
+            for m in subtree(lookup.cls)):
+        return ""
+    read = hashrouting.read(sources, config, lookup, 8, 2)
+    if isinstance(read, str):
+        return read
+    return hashrouting.ids_from_model(sources, lookup)
 
 
 def integer_table(sources: dict[str, str], tensor: str, dtype: str) -> str | None:
@@ -1267,6 +1299,53 @@ def _attention_attrs(cls: ast.ClassDef, sources: dict) -> set[str]:
     return {attr for attr, (name, _n) in _built(cls).items() if name in attention}
 
 
+def appended_keys(sources: dict, config: dict) -> str | None:
+    """Keys and values extended by what a module of the attention computes (DeepSeek-V4's compressed entries: its
+    compressor pools blocks of earlier tokens into entries the attention also attends over): in the forward of a
+    class computing attention, `kv = torch.cat([kv, m], ...)` with kv handed to the attention call and m what a call
+    of a module of its own (`self.X(...)`) returned. Read from the values, not from names."""
+    classes = _classes(sources)
+    for name in sorted(_attention_classes(sources, direct=True)):
+        file, cls = classes[name]
+        forward = _method(cls, "forward")
+        if forward is None:
+            continue
+        attended = {a.id for call in subtree(forward) if isinstance(call, ast.Call) and _callee(call) in ATTENTION_CALLS
+                    for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Name)}
+        first = forward.args.args[1].arg if len(forward.args.args) > 1 else None
+        module_out: dict[str, str] = {}  # a name -> the self.X whose call returned it
+        for stmt in _statements(forward.body):
+            if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+                continue
+            value, target = stmt.value, stmt.targets[0]
+            # A module of its own reading the attention's input itself (not a norm of projected keys).
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                    and _dotted(value.func.value) == "self" and any(
+                        isinstance(a, ast.Name) and a.id == first for a in value.args):
+                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if isinstance(t, ast.Name):
+                        module_out[t.id] = value.func.attr
+                continue
+            if not (isinstance(target, ast.Name) and target.id in attended and isinstance(value, ast.Call)
+                    and _callee(value) in ("cat", "concat", "concatenate") and value.args
+                    and isinstance(value.args[0], (ast.List, ast.Tuple))):
+                continue
+            parts = [e.id for e in value.args[0].elts if isinstance(e, ast.Name)]
+            added = [p for p in parts if p in module_out and p != target.id]
+            own = [p for p in parts if p not in added]
+            if own and added:
+                module = module_out[added[0]]
+                init = _method(cls, "__init__")
+                built = next((n for n in subtree(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                              and _dotted(n.targets[0]) == f"self.{module}"), None) if init else None
+                how = f"; self.{module} built at {file}:{built.lineno}: {_line(built, 120)}" if built else ""
+                return (f"keys and values from a module of the attention: {name}.forward appends what "
+                        f"self.{module} returns ({added[0]}) to {own[0]}, the keys and values it "
+                        f"attends over ({file}:{stmt.lineno}: {_line(stmt, 60)}{how}); the port's attention "
+                        "attends over the keys and values each token stores in the KV cache")
+    return None
+
+
 FINDERS = (bidirectional_by_config, bidirectional_by_fill, media_inputs, repeated_stack, hashed_keys, reversible_residual,
            hyper_connections, parallel_lists, several_attentions, summed_scores, dynamic_mask, residual_scales,
-           relative_position_bias, experts_beside_mlp, embedded_experts)
+           relative_position_bias, experts_beside_mlp, embedded_experts, appended_keys)

@@ -21,13 +21,14 @@ import math
 import re
 from collections.abc import Callable
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import INTEGER_DTYPES, Checkpoint
 from scaffold.detect import (
     codekeys,
     dataflow,
     denselayers,
     expertbanks,
     gluformula,
+    hashrouting,
     renamings,
     routing,
     routingmath,
@@ -688,7 +689,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         code = code_names(ckpt, f"{n['model']}.{n['layers']}.{spec.sparse_layers[0]}.")
         shared_code = frozenset({n["shared_expert"], code(f"{n['mlp']}.{n['shared_expert']}.{n['down_proj']}.weight")
                                  .split(".")[1]})
-    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code)
+    # A hash router the block builds in some layers (hashrouting reads it): the scoring router is the routing path.
+    hashed = frozenset(found.cls.name for found in hashrouting.lookups(sources)) if sources else frozenset()
+    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code, hashed)
     if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
         if path.weighted_input or "topk" in path.calls:
             raise unsupported(problem, where, spec.model_type)
@@ -703,6 +706,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         _routing_fields(spec, ckpt, path)
         if path.norm_division:
             _norm_division(spec, ckpt, path)
+    _hash_routing(ckpt, spec, sources)
     hidden, inter, experts = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
     scored = experts + _zero_experts(spec, ckpt, sources)  # the router scores the identity experts too
     base = f"{n['model']}.{n['layers']}"
@@ -1057,3 +1061,75 @@ def expert_width_key(sources: dict[str, str], experts: str, config: dict) -> str
                         keys.add(node.value.attr)
     keys = {k for k in keys if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
     return keys.pop() if len(keys) == 1 else None
+
+
+def _hash_routing(ckpt: Checkpoint, spec: Spec, sources: dict[str, str]) -> None:
+    """Hash routing (scaffold.detect.hashrouting): the integer tables the checkpoint holds (the reader reads them
+    only where forms.read_checkpoint found the code computing hash routing with them) must sit under the MoE block's
+    router, [vocab, top_k], in exactly the layers the code builds its hash router in; the routing's fields."""
+    tables = sorted(name for name, info in ckpt.tensors.items() if info.dtype in INTEGER_DTYPES)
+    where, n = ckpt.config_file, spec.names
+    if not tables:
+        # A router of the code routing by a table of token ids in some layer, with no table in the checkpoint (a
+        # buffer not saved): the port would route those layers by the scores.
+        for lookup in hashrouting.lookups(sources):
+            if isinstance(hashrouting.read(sources, ckpt.config, lookup, spec.num_experts,
+                                           spec.num_experts_per_tok), str):
+                continue
+            found = hashrouting.layer_condition(sources, ckpt.config, n["layers"], lookup.cls.name, spec.num_layers)
+            if not isinstance(found, str) and found[1]:
+                raise unsupported(f"hash routing ({lookup.describe()}) in layers {found[1]} whose table the "
+                                  "checkpoint does not hold", where, spec.model_type)
+        return
+    leaf = tables[0].rsplit(".", 1)[-1]
+    lookup = next((found for found in hashrouting.lookups(sources) if found.table == leaf), None)
+    if lookup is None:  # forms.read_checkpoint read it as a table only where the code indexes it
+        raise unsupported(f"an integer tensor {tables[0]} the code does not index by token ids", where,
+                          spec.model_type)
+    read = hashrouting.read(sources, ckpt.config, lookup, spec.num_experts, spec.num_experts_per_tok)
+    if isinstance(read, str):
+        raise unsupported(f"hash routing ({lookup.describe()}): {read}", where, spec.model_type)
+    what = f"hash routing ({lookup.describe()})"
+    layer_re = re.compile(rf"{re.escape(n['model'])}\.{re.escape(n['layers'])}\.(\d+)\.(.+)")
+    layers = []
+    for name in tables:
+        match = layer_re.fullmatch(name)
+        if match is None or match.group(2) != f"{n['mlp']}.{n['router']}.{leaf}":
+            raise unsupported(f"{what} with its table stored as {name}, not under a layer's router "
+                              f"({n['mlp']}.{n['router']}.{leaf})", where, spec.model_type)
+        shape = ckpt.tensors[name].shape
+        if shape != (spec.vocab_size, spec.num_experts_per_tok):
+            raise CheckpointError(f"tensor {name} has shape {list(shape)}, but a table of each token id's experts "
+                                  f"holds {[spec.vocab_size, spec.num_experts_per_tok]} (vocab_size, "
+                                  "num_experts_per_tok).", where)
+        layers.append(int(match.group(1)))
+    found = hashrouting.layer_condition(sources, ckpt.config, n["layers"], lookup.cls.name, spec.num_layers)
+    if isinstance(found, str):
+        raise unsupported(f"{what}: {found}", where, spec.model_type)
+    condition, coded = found
+    if sorted(layers) != coded:
+        raise CheckpointError(f"the checkpoint holds hash routing's table {leaf} in layers {sorted(layers)}, but the "
+                              f"code builds its hash router where `{condition}`: layers {coded}.", where)
+    if not set(coded) <= set(spec.sparse_layers):
+        raise unsupported(f"{what} in layers {sorted(set(coded) - set(spec.sparse_layers))} without experts", where,
+                          spec.model_type)
+    # What the port computes beside it: the scored layers' routing inside FusedMoE, the hashed layers' its own.
+    beside = [f for f, on in (("identity experts", spec.zero_expert_count), ("a correction bias",
+                                                                              spec.moe_correction_bias),
+                              ("sparsemixer routing", spec.moe_routing == "sparsemixer"),
+                              ("a p-norm of the weights", spec.moe_pnorm),
+                              ("routing weights on the experts' input", spec.moe_weights_on_input),
+                              ("clamped SiLU experts", spec.expert_activation == "silu_clamp")) if on]
+    if beside:
+        raise unsupported(f"{what} beside {', '.join(beside)}: the port computes hash routing with FusedMoE's "
+                          "plain experts and a router without them", where, spec.model_type)
+    tensors = ", ".join(tables)
+    spec.set("hash_layers", coded, Source("code", f"{condition} on config.json ({lookup.cls.name}); the tables "
+                                                  f"{tensors}"))
+    spec.set("hash_condition", condition, Source("code", f"{lookup.cls.name} built where `{condition}`"))
+    spec.set("hash_table", leaf, Source("code", f"{lookup.describe()}; stored as {ckpt.tensors[tables[0]].dtype}"))
+    spec.set("hash_scoring", read.scoring, Source("code", read.evidence))
+    spec.set("hash_renormalize", read.renormalize,
+             Source("code", read.evidence, f"config.{read.renormalize_key}" if read.renormalize_key else None))
+    spec.set("hash_scaling_factor", read.scale,
+             Source("code", read.evidence, f"config.{read.scale_key}" if read.scale_key else None))

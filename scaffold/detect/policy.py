@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import branches, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
+from scaffold.detect import branches, forms, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -66,7 +66,8 @@ def check(ckpt: Checkpoint) -> None:
 def _behind_streams(ckpt: Checkpoint, sources: dict) -> str:
     """What else the layers compute that the port does not, named behind the copies of the residual stream: the
     per-layer inputs where the port computes them otherwise, a low-rank residual branch, a cutoff on a projection's
-    output on the layers config.json takes it (scaffold.detect.branches)."""
+    output on the layers config.json takes it (scaffold.detect.branches), keys and values a module of the attention
+    appends (DeepSeek-V4's compressor, forms.appended_keys)."""
     behind = []
     try:
         layerinputs.read(sources, ckpt.config, ckpt.tensors)
@@ -74,7 +75,8 @@ def _behind_streams(ckpt: Checkpoint, sources: dict) -> str:
         behind.append(str(exc))
     layers = ckpt.config.get("num_hidden_layers")
     behind += [found for found in (branches.low_rank_branch(sources),
-                                   branches.gate_cutoff(sources, ckpt.config, layers) if _is_int(layers) else None)
+                                   branches.gate_cutoff(sources, ckpt.config, layers) if _is_int(layers) else None,
+                                   forms.appended_keys(sources, ckpt.config))
                if found]
     return f"; behind it, {'; '.join(behind)}" if behind else ""
 

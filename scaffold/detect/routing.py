@@ -454,17 +454,36 @@ def _weighted_input(forward: ast.FunctionDef, experts: str, file: str) -> str | 
     return None
 
 
-def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = frozenset()) -> Routing | None:
+def _assigned_skipping(init: ast.FunctionDef | None, skip: frozenset[str]) -> dict[str, str]:
+    """_assigned_classes, where a module is built from one of two classes and one is in `skip` (a hash router, which
+    scaffold.detect.hashrouting reads): the other, whichever comes last or in whichever branch of a conditional."""
+    out = _assigned_classes(init)
+    for stmt in subtree(init) if init else ():
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+                and _dotted(stmt.targets[0].value) == "self"):
+            continue
+        calls = [stmt.value.body, stmt.value.orelse] if isinstance(stmt.value, ast.IfExp) else [stmt.value]
+        names = [_dotted(c.func).rsplit(".", 1)[-1] for c in calls if isinstance(c, ast.Call)]
+        kept = [n for n in names if n not in skip]
+        if kept and len(kept) < len(names) or kept and out.get(stmt.targets[0].attr) in skip:
+            out[stmt.targets[0].attr] = kept[0]
+    return out
+
+
+def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = frozenset(),
+            skip: frozenset[str] = frozenset()) -> Routing | None:
     """The routing path of the class whose __init__ builds `self.<experts>`: its forward and the forwards of the
     other modules it builds from classes of the source (the router, whatever the code calls it: checkpoints saved
     in a legacy layout name it differently), except those in `beside` (the shared expert, whose forward is no
-    part of the routing: MiniMax-M3's multiplies by its config's swiglu_alpha). None when the code has no such
-    class."""
+    part of the routing: MiniMax-M3's multiplies by its config's swiglu_alpha) and classes in `skip` (a hash router
+    built in some layers instead of the scoring one, read by scaffold.detect.hashrouting). None when the code has no
+    such class."""
     classes = _classes(sources)
     functions = {node.name: (file, node) for file, tree in _parsed(sources) for node in tree.body
                  if isinstance(node, ast.FunctionDef)}
     for name, (file, cls) in classes.items():
-        assigned = _assigned_classes(_method(cls, "__init__"))
+        assigned = _assigned_skipping(_method(cls, "__init__"), skip) if skip else \
+            _assigned_classes(_method(cls, "__init__"))
         if experts not in assigned:
             continue
         forward = _method(cls, "forward")

@@ -154,6 +154,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{attn}.{n['attn_sub_norm']}.{kind}"] = (None,)
         if i in sparse:
             params.update(_expert_params(spec, p))
+            if i in spec.hash_layers:  # hash routing's table, under the router
+                params[f"{p}{n['mlp']}.{port_names(n)['router']}.{spec.hash_table}"] = (None,)
             continue
         for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
             if spec.mlp_kind == "gated":
