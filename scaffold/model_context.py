@@ -9,6 +9,7 @@ pieces a port carries (`choices`), which names it imports (`imports`), how a nor
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,18 @@ class Import:
         if not self.one_per_line and len(one_line) <= IMPORT_LINE_LENGTH:
             return one_line
         return "\n".join([f"from {self.module} import (", *(f"    {name}," for name in self.names), ")"])
+
+
+def _reads_config_and_layer(expr: str) -> bool:
+    """Whether the code's expression reads the config and the layer's index alone (names `config`, `layer_idx`),
+    so that the port's decoder layer may evaluate it as written."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return names <= {"config", "layer_idx"} and not any(isinstance(n, (ast.Call, ast.Lambda, ast.NamedExpr))
+                                                        for n in ast.walk(tree))
 
 
 def rotated_dims(spec: Spec) -> str | None:
@@ -85,10 +98,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     kv_heads_expr = ((kv_source.expr if kv_source.kind == "code" and kv_source.expr
                       and "layer_num_kv_heads" not in overridden else f"{spec.layer_num_kv_heads!r}[layer_idx]")
                      if spec.layer_num_kv_heads else None)
-    # Each layer's MLP width (Gemma-3n's config.intermediate_size[layer_idx]): the code's expression, else the list.
+    # Each layer's MLP width (Gemma-3n's config.intermediate_size[layer_idx], Gemma 4's double-wide MLP computed from
+    # intermediate_size and the layer's index): the code's expression over config and layer_idx, else the list.
     width_source = spec.source("layer_intermediate_sizes")
     mlp_width_expr = ((width_source.expr if width_source.kind == "code" and width_source.expr
-                       and re.fullmatch(r"config\.[A-Za-z]\w*\[layer_idx\]", width_source.expr)
+                       and _reads_config_and_layer(width_source.expr)
                        and "layer_intermediate_sizes" not in overridden
                        else f"{list(spec.layer_intermediate_sizes)!r}[layer_idx]")
                       if spec.layer_intermediate_sizes else None)

@@ -275,8 +275,9 @@ class Spec:
     layer_intermediate_sizes: list[int] = spec_field(
         [], group="sizes", probe="mlp", omit_when_empty=True,
         doc="each layer's MLP width, where config.json holds one per layer and the code builds each layer's MLP from "
-            "its own (Gemma-3n's intermediate_size[layer_idx]: the port evaluates the code's expression per layer); "
-            "empty: intermediate_size in every layer")
+            "its own (Gemma-3n's intermediate_size[layer_idx]), or the code computes it from one width and the "
+            "layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the port evaluates the code's "
+            "expression per layer; empty: intermediate_size in every layer")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
     max_position: int = spec_field(2048, group="sizes", config_key=True, doc="the longest sequence served")

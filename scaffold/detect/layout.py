@@ -547,7 +547,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # The MLP's width per layer, read by detect.sizes (layer_intermediate_sizes) and checked by detect.mlp.
     widths = spec.source("layer_intermediate_sizes").expr if spec.layer_intermediate_sizes else None
     for module, key, counts in policy.layer_sized_modules(ckpt):
-        if widths == f"config.{key}[layer_idx]" and counts == spec.layer_intermediate_sizes:
+        if widths in (key, f"config.{key}[layer_idx]") and counts == spec.layer_intermediate_sizes:
             continue
         if len(set(counts)) > 1 and (module, key) != read_heads:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
