@@ -1,0 +1,187 @@
+"""Routed experts beside the dense MLP in each decoder layer (Gemma 4's enable_moe_block), read from what the code
+computes (scaffold.detect.parallelmoe): the layer's sum of the dense MLP and the experts with their norms, what the
+experts and the router read, the router's forward over numbers compared with vLLM's Gemma 4 router, the experts'
+halves and activation; on transformers' file and on a lab's module written otherwise; other forms refused naming
+what differs."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import LAB_PRELUDE, transformers_code
+
+from scaffold.detect import forms, parallelmoe
+from scaffold.detect.formcode import _decoder_layer
+
+HIDDEN, EXPERTS, WIDTH = 128, 4, 64
+GEMMA4 = {"hidden_size": HIDDEN, "num_experts": EXPERTS, "top_k_experts": 2, "moe_intermediate_size": WIDTH,
+          "intermediate_size": 256, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+          "enable_moe_block": True, "hidden_size_per_layer_input": 0, "num_hidden_layers": 2,
+          "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "attention_k_eq_v": False}
+GEMMA4_TENSORS = {"experts.gate_up_proj": (EXPERTS, 2 * WIDTH, HIDDEN), "experts.down_proj": (EXPERTS, HIDDEN, WIDTH),
+                  "router.proj.weight": (EXPERTS, HIDDEN), "router.scale": (HIDDEN,),
+                  "router.per_expert_scale": (EXPERTS,)}
+
+
+def _read(sources, config, tensors):
+    return parallelmoe.read(sources, config, _decoder_layer(sources), tensors)
+
+
+def test_gemma4_moe_block_is_read_from_its_code():
+    code = transformers_code("gemma4")
+    found = _read(code, GEMMA4, GEMMA4_TENSORS)
+    assert isinstance(found, parallelmoe.ParallelMoe), found
+    assert (found.experts, found.router, found.dense) == ("experts", "router", "mlp")
+    assert (found.dense_norm, found.input_norm, found.output_norm, found.sum_norm) == (
+        "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2",
+        "post_feedforward_layernorm")
+    # The router reads the residual stream (not the experts' normed input): norm, scale, hidden ** -0.5, proj,
+    # softmax top-k renormalized, times the per-expert scale; its norm's eps is config.json's rms_norm_eps.
+    assert found.router_input == "residual"
+    assert (found.router_norm, found.router_proj, found.router_scale, found.expert_scale) == (
+        "norm", "proj", "scale", "per_expert_scale")
+    assert found.router_root and found.renormalize and found.router_eps_key == "rms_norm_eps"
+    assert (found.gate_up, found.down, found.up_first) == ("gate_up_proj", "down_proj", False)
+    assert (found.activation_key, found.activation) == ("hidden_activation", "gelu_pytorch_tanh")
+    assert found.where.startswith("modeling_gemma4.py:") and found.router_where.startswith("modeling_gemma4.py:")
+    # The form check lets it through now (its router is read with the tensors by the layout detector); config.json
+    # switching the block off leaves one feed-forward block.
+    assert forms.experts_beside_mlp(code, GEMMA4) is None
+    assert forms.experts_beside_mlp(code, dict(GEMMA4, enable_moe_block=False)) is None
+
+
+def test_a_router_that_computes_otherwise_is_refused_naming_its_forward():
+    code = dict(transformers_code("gemma4"))
+    file = next(f for f in code if f.endswith("modeling_gemma4.py"))
+    # No renormalization of the top-k and sigmoid scores: not the softmax top-k the port computes.
+    changed = code[file].replace("router_probabilities = nn.functional.softmax(expert_scores, dim=-1, "
+                                 "dtype=torch.float32)", "router_probabilities = torch.sigmoid(expert_scores)")
+    assert changed != code[file]
+    found = _read({**code, file: changed}, GEMMA4, GEMMA4_TENSORS)
+    assert isinstance(found, str) and "Gemma4TextRouter.forward (modeling_gemma4.py:" in found, found
+    assert "computes routing weights other than a softmax top-k" in found
+    # The router's scale held nowhere in the checkpoint: named, not guessed.
+    missing = _read(code, GEMMA4, {k: v for k, v in GEMMA4_TENSORS.items() if k != "router.scale"})
+    assert isinstance(missing, str) and "self.scale, which the checkpoint does not hold" in missing, missing
+
+
+# A lab's layer written otherwise: the dense MLP `ffn` with no norm of its own after it, the experts `bank` (weights
+# before indices in its forward, a loop over every expert), their norms `moe_in` / `moe_out`, the router `chooser`
+# (a plain linear of the experts' normed input, softmax top-k renormalized, no scales) returning two values, the sum
+# added to the residual stream with no norm over it.
+LAB = "\n" + LAB_PRELUDE + '''ACT2FN = {"silu": F.silu}
+
+
+class LabDense(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class LabBank(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.count = config.num_experts
+        self.w_gu = nn.Parameter(torch.empty(config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size))
+        self.w_dn = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, config.moe_intermediate_size))
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x, scores, chosen):
+        out = torch.zeros_like(x)
+        for e in range(self.count):
+            tok, slot = torch.where(chosen == e)
+            g, u = F.linear(x[tok], self.w_gu[e]).chunk(2, dim=-1)
+            y = F.linear(self.act(g) * u, self.w_dn[e])
+            out.index_add_(0, tok, y * scores[tok, slot, None])
+        return out
+
+
+class LabChooser(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.k = config.num_experts_per_tok
+        self.lin = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+
+    def forward(self, h):
+        probs = torch.softmax(self.lin(h), dim=-1)
+        top, idx = torch.topk(probs, self.k, dim=-1)
+        return top / top.sum(-1, keepdim=True), idx
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+        return self.wo(F.scaled_dot_product_attention(q, k, self.wv(x), attn_mask=mask))
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn = LabAttention(config, layer_idx)
+        self.ffn = LabDense(config)
+        self.chooser = LabChooser(config)
+        self.bank = LabBank(config)
+        self.ln_1 = LabRMSNorm(config.hidden_size)
+        self.ln_2 = LabRMSNorm(config.hidden_size)
+        self.moe_in = LabRMSNorm(config.hidden_size)
+        self.moe_out = LabRMSNorm(config.hidden_size)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.attn(self.ln_1(x), cos, sin, mask)
+        dense = self.ffn(self.ln_2(x))
+        routed_in = self.moe_in(x)
+        scores, chosen = self.chooser(routed_in)
+        routed = self.moe_out(self.bank(routed_in, scores, chosen))
+        return x + (dense + routed)
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LabRMSNorm(config.hidden_size)
+'''
+LAB_CONFIG = {"hidden_size": HIDDEN, "num_experts": EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": WIDTH,
+              "intermediate_size": 256, "hidden_act": "silu", "num_hidden_layers": 2, "vocab_size": 256}
+LAB_TENSORS = {"bank.w_gu": (EXPERTS, 2 * WIDTH, HIDDEN), "bank.w_dn": (EXPERTS, HIDDEN, WIDTH),
+               "chooser.lin.weight": (EXPERTS, HIDDEN)}
+
+
+def test_a_lab_layer_with_experts_beside_its_mlp_is_read_under_its_own_names():
+    found = _read({"modeling_lab.py": LAB}, LAB_CONFIG, LAB_TENSORS)
+    assert isinstance(found, parallelmoe.ParallelMoe), found
+    assert (found.experts, found.router, found.dense) == ("bank", "chooser", "ffn")
+    assert (found.dense_norm, found.input_norm, found.output_norm, found.sum_norm) == ("", "moe_in", "moe_out", "")
+    assert found.router_input == "experts_input"
+    assert (found.router_norm, found.router_proj, found.router_scale, found.expert_scale) == ("", "lin", "", "")
+    assert not found.router_root and found.renormalize
+    assert (found.gate_up, found.down, found.activation) == ("w_gu", "w_dn", "silu")
+    assert forms.experts_beside_mlp({"modeling_lab.py": LAB}, LAB_CONFIG) is None
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    # The experts read the stream before the attention's output was added: not what the dense MLP reads.
+    (("routed_in = self.moe_in(x)", "routed_in = self.moe_in(self.ln_1(x))"), "not the residual stream"),
+    # Top-k weights left as the softmax gives them, beside the renormalized sum: still a routing the reader matches.
+    (("return top / top.sum(-1, keepdim=True), idx", "return top * 2.0, idx"), "routing weights other than"),
+])
+def test_a_lab_layer_computing_otherwise_is_refused_naming_it(change, reason):
+    code = LAB.replace(*change)
+    assert code != LAB
+    found = _read({"modeling_lab.py": code}, LAB_CONFIG, LAB_TENSORS)
+    assert isinstance(found, str) and reason in found, found
+    message = forms.experts_beside_mlp({"modeling_lab.py": code}, LAB_CONFIG)
+    if "routing weights" not in reason:  # the router is read with the tensors (layout), the layer's form here
+        assert message is not None and "otherwise than the port's experts beside the dense MLP" in message
