@@ -603,6 +603,10 @@ class Spec:
         "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
         doc="the decoder layer's module of routed experts run beside its dense MLP and added to its output (Gemma 4's "
             "experts: 3-D gate_up_proj and down_proj), by its name on the layer; \"\": none")
+    parallel_moe_condition: str = spec_field(
+        "", group="moe", probe="mlp", omit_when_empty=True,
+        doc="the condition over config and layer_idx under which the layer builds those experts (Gemma 4's "
+            "config.enable_moe_block), evaluated by the port on the config it serves; \"\": every layer")
     parallel_moe_router: str = spec_field(
         "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
         doc="the router module of those experts, on the layer (its norm, linear and scales read from its forward)")

@@ -43,6 +43,9 @@ def test_gemma4_moe_block_is_read_from_its_code():
     assert (found.gate_up, found.down, found.up_first) == ("gate_up_proj", "down_proj", False)
     assert (found.activation_key, found.activation) == ("hidden_activation", "gelu_pytorch_tanh")
     assert found.where.startswith("modeling_gemma4.py:") and found.router_where.startswith("modeling_gemma4.py:")
+    # Built under `if self.enable_moe_block:` (self.enable_moe_block = config.enable_moe_block): the port evaluates
+    # the condition on the config it serves.
+    assert found.condition == "config.enable_moe_block"
     # The form check lets it through now (its router is read with the tensors by the layout detector); config.json
     # switching the block off leaves one feed-forward block.
     assert forms.experts_beside_mlp(code, GEMMA4) is None
@@ -168,7 +171,21 @@ def test_a_lab_layer_with_experts_beside_its_mlp_is_read_under_its_own_names():
     assert (found.router_norm, found.router_proj, found.router_scale, found.expert_scale) == ("", "lin", "", "")
     assert not found.router_root and found.renormalize
     assert (found.gate_up, found.down, found.activation) == ("w_gu", "w_dn", "silu")
+    assert found.condition == ""  # built in every layer
     assert forms.experts_beside_mlp({"modeling_lab.py": LAB}, LAB_CONFIG) is None
+
+
+def test_the_condition_building_the_experts_is_followed_to_the_config_and_the_layer_index():
+    # Built in the odd layers while the config says so, the flag copied to the layer under another name.
+    code = LAB.replace('''        self.chooser = LabChooser(config)
+        self.bank = LabBank(config)''', '''        self.routed = config.use_bank
+        if self.routed and layer_idx % 2 == 1:
+            self.chooser = LabChooser(config)
+            self.bank = LabBank(config)''')
+    assert code != LAB
+    found = _read({"modeling_lab.py": code}, LAB_CONFIG, LAB_TENSORS)
+    assert isinstance(found, parallelmoe.ParallelMoe), found
+    assert found.condition == "config.use_bank and layer_idx % 2 == 1"
 
 
 @pytest.mark.parametrize(("change", "reason"), [

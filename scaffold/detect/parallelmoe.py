@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaffold.detect import kvshare, layerinputs, stacked
+from scaffold.detect import conditions, kvshare, layerinputs, stacked, window
 from scaffold.detect.common import unsupported
 from scaffold.detect.evaluate import (
     MODULES,
@@ -71,6 +71,9 @@ class ParallelMoe:
     experts_where: str  # FILE:LINE of the experts' class
     sum_norm: str = ""  # the norm over the sum (the dense MLP's post-norm in a plain layer; "" none)
     router_eps_key: str = ""  # the config key of the router norm's eps
+    # The condition under which the layer's __init__ builds the experts, over config and layer_idx (Gemma 4's
+    # config.enable_moe_block); "" where it builds them unconditionally. None: not followed.
+    condition: str | None = ""
 
 
 # --------------------------------------------------------------------------------------------------- the layer
@@ -129,6 +132,37 @@ def _three_d(cls: ast.ClassDef) -> list[str]:
                 and len(node.value.args[0].args) == 3):
             out.append(node.targets[0].attr)
     return out
+
+
+def build_condition(sources: dict, cls: ast.ClassDef, attr: str) -> str | None:
+    """The test of the `if` blocks of the layer's __init__ around `self.<attr> = ...`, followed to the config and the
+    layer's index (window.lift_from_layer: Gemma 4's `if self.enable_moe_block:` is `config.enable_moe_block`);
+    "" where the assignment sits under no `if`; None where a test is not followed to them."""
+    init = _method(cls, "__init__")
+    if init is None:
+        return ""
+
+    def tests(body, above):
+        for stmt in body:
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Attribute) and _dotted(t.value) == "self"
+                                                    and t.attr == attr for t in stmt.targets):
+                return above
+            if isinstance(stmt, ast.If):
+                found = tests(stmt.body, [*above, stmt.test])
+                if found is None and stmt.orelse:
+                    found = tests(stmt.orelse, [*above, ast.UnaryOp(ast.Not(), stmt.test)])
+                if found is not None:
+                    return found
+        return None
+
+    found = tests(init.body, [])
+    if not found:
+        return "" if found == [] else None
+    test = found[0] if len(found) == 1 else ast.BoolOp(ast.And(), found)
+    lifted = window.lift_from_layer(sources, None, test)
+    if lifted is None or {n.id for n in ast.walk(lifted) if isinstance(n, ast.Name)} - {"config", "layer_idx"}:
+        return None
+    return ast.unparse(lifted)
 
 
 def _built(cls: ast.ClassDef) -> dict[str, tuple[str, int]]:
@@ -217,6 +251,7 @@ def read(sources: dict, config: dict, layer_cls: tuple[str, ast.ClassDef],
                               or parent[0] == "add" and residual in (_bare(parent[1]), _bare(parent[2]))):
         return f"{cls.name}.forward ({where}): the sum of the dense MLP and the experts goes into {_short(parent)}"
     sum_norm = parent[1] if parent[0] == "norm" else ""
+    condition = build_condition(sources, cls, attr)
     # The experts' class: which routing output is which, the halves, the activation.
     experts_cls_name = built[attr][0]
     efile, ecls = classes[experts_cls_name]
@@ -247,7 +282,7 @@ def read(sources: dict, config: dict, layer_cls: tuple[str, ast.ClassDef],
     if tensors is None:  # the layer's form alone (scaffold.detect.forms, before any tensor is read)
         return ParallelMoe(attr, router, dense, dense_norm, input_norm, output_norm, router_input, "", "", "", False,
                            "", False, code.gate_up, code.down, code.up_first, activation[1], activation[0], where, "",
-                           experts_where, sum_norm)
+                           experts_where, sum_norm, "", condition)
     # The router, over numbers.
     rname = built.get(router, ("", 0))[0]
     if rname not in classes:
@@ -258,7 +293,7 @@ def read(sources: dict, config: dict, layer_cls: tuple[str, ast.ClassDef],
     norm_attr, proj, scale, root, expert_scale, renormalize, router_where, eps_key = found_router
     return ParallelMoe(attr, router, dense, dense_norm, input_norm, output_norm, router_input, norm_attr, proj, scale,
                        root, expert_scale, renormalize, code.gate_up, code.down, code.up_first, activation[1],
-                       activation[0], where, router_where, experts_where, sum_norm, eps_key)
+                       activation[0], where, router_where, experts_where, sum_norm, eps_key, condition)
 
 
 def _short(term) -> str:
@@ -544,6 +579,13 @@ def detect(ckpt, spec, names: dict, sources: dict, layer_cls, per_layer: dict) -
     if found.dense != names.get("mlp"):
         raise unsupported(f"a mixture of experts beside the dense MLP self.{found.dense} ({found.where}), where the "
                           f"port's MLP is {names.get('mlp')}", where, spec.model_type)
+    if found.condition is None:
+        raise unsupported(f"experts beside the dense MLP ({found.where}) built under a condition the reader does not "
+                          "follow to the config and the layer's index", where, spec.model_type)
+    if found.condition and not all(conditions.evaluate(ast.parse(found.condition, mode="eval").body, ckpt.config,
+                                                       {"layer_idx": i}) for i in range(spec.num_layers)):
+        raise unsupported(f"experts beside the dense MLP in some layers only (built where {found.condition}, "
+                          f"{found.where})", where, spec.model_type)
     if found.up_first:
         raise unsupported(f"experts beside the dense MLP whose gate-and-up tensor holds the up half first "
                           f"({found.experts_where})", where, spec.model_type)
@@ -614,6 +656,10 @@ def detect(ckpt, spec, names: dict, sources: dict, layer_cls, per_layer: dict) -
              Source("config", f"{found.experts_where}: ACT2FN[config.{found.activation_key}]",
                     f"config.{found.activation_key}"))):
         spec.set(field, value, source)
+    spec.set("parallel_moe_condition", found.condition,
+             Source("code", f"{found.where}: the layer's __init__ builds self.{found.experts} where "
+                            f"{found.condition}; the port evaluates it on the config it serves", found.condition)
+             if found.condition else Source("code", f"{found.where}: built in every layer"))
     if found.router_norm:
         spec.set("parallel_moe_router_eps", float(ckpt.config[found.router_eps_key]),
                  Source("config", f"config.json {found.router_eps_key} (the router norm's, read over numbers)",
