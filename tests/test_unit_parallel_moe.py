@@ -202,3 +202,11 @@ def test_a_lab_layer_computing_otherwise_is_refused_naming_it(change, reason):
     message = forms.experts_beside_mlp({"modeling_lab.py": code}, LAB_CONFIG)
     if "routing weights" not in reason:  # the router is read with the tensors (layout), the layer's form here
         assert message is not None and "otherwise than the port's experts beside the dense MLP" in message
+
+
+def test_the_top_k_is_what_the_routers_code_takes():
+    # The router reads its k from config.json (top_k_experts); run over numbers, the top-k it takes is that value.
+    found = _read(transformers_code("gemma4"), dict(GEMMA4, top_k_experts=3), GEMMA4_TENSORS)
+    assert isinstance(found, parallelmoe.ParallelMoe) and found.top_k == 3
+    found = _read({"modeling_lab.py": LAB}, dict(LAB_CONFIG, num_experts_per_tok=1), LAB_TENSORS)
+    assert isinstance(found, parallelmoe.ParallelMoe) and found.top_k == 1

@@ -74,6 +74,7 @@ class ParallelMoe:
     # The condition under which the layer's __init__ builds the experts, over config and layer_idx (Gemma 4's
     # config.enable_moe_block); "" where it builds them unconditionally. None: not followed.
     condition: str | None = ""
+    top_k: int = 0  # the experts per token the router's top-k takes, run on config.json
 
 
 # --------------------------------------------------------------------------------------------------- the layer
@@ -290,10 +291,10 @@ def read(sources: dict, config: dict, layer_cls: tuple[str, ast.ClassDef],
     found_router = _router(sources, config, classes, rname, router, tensors, weights_item, index_item)
     if isinstance(found_router, str):
         return found_router
-    norm_attr, proj, scale, root, expert_scale, renormalize, router_where, eps_key = found_router
+    norm_attr, proj, scale, root, expert_scale, renormalize, router_where, eps_key, top_k = found_router
     return ParallelMoe(attr, router, dense, dense_norm, input_norm, output_norm, router_input, norm_attr, proj, scale,
                        root, expert_scale, renormalize, code.gate_up, code.down, code.up_first, activation[1],
-                       activation[0], where, router_where, experts_where, sum_norm, eps_key, condition)
+                       activation[0], where, router_where, experts_where, sum_norm, eps_key, condition, top_k)
 
 
 def _short(term) -> str:
@@ -421,7 +422,7 @@ def _instance(sources, config, classes, name: str, args: list, kwargs: dict) -> 
 
 
 def _router(sources, config, classes, name, attr, tensors, weights_item, index_item):
-    """(norm attr, proj attr, scale attr, root, per-expert scale attr, renormalize, FILE:LINE) of the router class
+    """(norm attr, proj attr, scale attr, root, per-expert scale attr, renormalize, FILE:LINE, eps key, k) of the router class
     `name` (the layer's self.`attr`), read by running its forward over numbers; else a reason."""
     file, cls = classes[name]
     where = f"{file}:{cls.lineno}"
@@ -492,7 +493,6 @@ def _router(sources, config, classes, name, attr, tensors, weights_item, index_i
     per_expert = [a for a, v in vectors.items() if v.shape == (experts,)]
     if len(scales) > 1 or len(per_expert) > 1 or len(vectors) != len(scales) + len(per_expert) or experts == hidden:
         return f"{name} ({where}): parameters {sorted(vectors)} the reader cannot tell apart"
-    top_k = config.get("top_k_experts", config.get("num_experts_per_tok"))
     methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
     x = rng.normal(0, 1e-3, size=(TOKENS, hidden))  # small: the norm's eps counts
     try:
@@ -512,9 +512,10 @@ def _router(sources, config, classes, name, attr, tensors, weights_item, index_i
                                             hidden ** -0.5 if root else 1.0, calls[roles["proj"]],
                                             vectors.get(per_expert[0]) if per_expert else None, renormalize,
                                             index.shape[-1])
-                if index.shape == want_i.shape and index.shape[-1] == top_k and _same(weights, index, want_w, want_i):
+                if index.shape == want_i.shape and _same(weights, index, want_w, want_i):
                     return (roles["norm"], roles["proj"], scales[0] if scales else "", root,
-                            per_expert[0] if per_expert else "", renormalize, f"{file}:{forward.lineno}", eps_key)
+                            per_expert[0] if per_expert else "", renormalize, f"{file}:{forward.lineno}", eps_key,
+                            int(index.shape[-1]))
     return (f"{name}.forward ({file}:{forward.lineno}) computes routing weights other than a softmax top-k of "
             "proj(norm(x) * scale * hidden ** -0.5), renormalized or not, times a per-expert scale (vLLM's Gemma 4 "
             "router), on sample inputs")
@@ -600,7 +601,7 @@ def detect(ckpt, spec, names: dict, sources: dict, layer_cls, per_layer: dict) -
                           spec.model_type)
     experts, width = gate_up[0], gate_up[1] // 2
     hidden = spec.hidden_size
-    top_k = ckpt.config.get("top_k_experts", ckpt.config.get("num_experts_per_tok"))
+    top_k = found.top_k  # what the router's top-k took, run on config.json
     experts_cls = _built(layer_cls[1])[found.experts][0]
     router_cls = _built(layer_cls[1])[found.router][0]
     keys = {
@@ -608,8 +609,8 @@ def detect(ckpt, spec, names: dict, sources: dict, layer_cls, per_layer: dict) -
                                                  experts, ("num_experts",)), experts),
         "parallel_moe_intermediate_size": (_config_key(sources, [experts_cls], ckpt.config, width,
                                                        ("moe_intermediate_size",)), width),
-        "parallel_moe_top_k": (_config_key(sources, [router_cls, layer_cls[1].name], ckpt.config,
-                                           top_k if isinstance(top_k, int) else -1, ("top_k_experts",)), top_k),
+        "parallel_moe_top_k": (_config_key(sources, [router_cls, layer_cls[1].name], ckpt.config, top_k,
+                                           ("top_k_experts",)), top_k),
     }
     for field, (key, value) in keys.items():
         if key is None:
