@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import LAB_PRELUDE, transformers_code
 
+from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import forms, parallelmoe
 from scaffold.detect.formcode import _decoder_layer
 
@@ -210,3 +211,92 @@ def test_the_top_k_is_what_the_routers_code_takes():
     assert isinstance(found, parallelmoe.ParallelMoe) and found.top_k == 3
     found = _read({"modeling_lab.py": LAB}, dict(LAB_CONFIG, num_experts_per_tok=1), LAB_TENSORS)
     assert isinstance(found, parallelmoe.ParallelMoe) and found.top_k == 1
+
+
+# The lab's layer in a checkpoint, its attention, dense MLP and layer norms under Llama's names (ckpt_factory's), the
+# experts beside the MLP under the lab's own: detected, mapped and rendered end to end.
+LAB_LLAMA = LAB.replace('''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.wq = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.wq(x), self.wk(x), cos, sin)
+        return self.wo(F.scaled_dot_product_attention(q, k, self.wv(x), attn_mask=mask))''', '''class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * config.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * config.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * config.head_dim, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * config.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        q, k = apply_rope(self.q_proj(x), self.k_proj(x), cos, sin)
+        return self.o_proj(F.scaled_dot_product_attention(q, k, self.v_proj(x), attn_mask=mask))''').replace(
+    '''        self.w_gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))''', '''        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))''').replace(
+    "self.attn = LabAttention", "self.self_attn = LabAttention").replace(
+    "self.ffn = LabDense", "self.mlp = LabDense").replace(
+    "self.ln_1 = ", "self.input_layernorm = ").replace("self.ln_2 = ", "self.post_attention_layernorm = ").replace(
+    "x = x + self.attn(self.ln_1(x), cos, sin, mask)", "x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)").replace(
+    "dense = self.ffn(self.ln_2(x))", "dense = self.mlp(self.post_attention_layernorm(x))").replace(
+    "self.embed = nn.Embedding", "self.embed_tokens = nn.Embedding")
+
+
+def _lab_checkpoint(tmp_path):
+    from ckpt_factory import Shape, config_for, tensors_for
+    from helpers import read
+
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_beside", layers=2)
+    hidden, experts, width = shape.hidden, 4, 32
+    tensors = dict(tensors_for(shape))
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        tensors.update({p + "bank.w_gu": [experts, 2 * width, hidden], p + "bank.w_dn": [experts, hidden, width],
+                        p + "chooser.lin.weight": [experts, hidden], p + "moe_in.weight": [hidden],
+                        p + "moe_out.weight": [hidden]})
+    config = {**config_for(shape), "num_experts": experts, "num_experts_per_tok": 2, "moe_intermediate_size": width,
+              "hidden_act": "silu"}
+    read(tmp_path, shape, tensors=tensors, config=config)
+    (tmp_path / "modeling_lab.py").write_text(LAB_LLAMA)  # read back with the checkpoint's own code beside it
+    return read_checkpoint(tmp_path)
+
+
+def test_a_lab_checkpoint_with_experts_beside_its_mlp_is_ported_end_to_end(tmp_path):
+    from scaffold.detect import detect
+    from scaffold.render import render
+    from scaffold.verify.report import Report
+    from scaffold.verify.static import check_mapping
+
+    assert "self.bank = LabBank(config)" in LAB_LLAMA and "self.self_attn = LabAttention" in LAB_LLAMA
+    ckpt = _lab_checkpoint(tmp_path)
+    spec = detect(ckpt)
+    assert (spec.parallel_moe_experts, spec.parallel_moe_router, spec.parallel_moe_router_proj) == (
+        "bank", "chooser", "lin")
+    assert (spec.parallel_moe_gate_up, spec.parallel_moe_down) == ("w_gu", "w_dn")
+    assert (spec.parallel_moe_input_norm, spec.parallel_moe_output_norm, spec.parallel_moe_dense_norm) == (
+        "moe_in", "moe_out", "")
+    assert spec.parallel_moe_router_input == "experts_input" and spec.parallel_moe_renormalize
+    assert (spec.parallel_moe_num_experts, spec.parallel_moe_top_k, spec.parallel_moe_intermediate_size) == (4, 2, 32)
+    assert spec.source("parallel_moe_top_k").expr == "config.num_experts_per_tok"
+    assert "mlp_post_norm" not in spec.names and not spec.is_moe
+    report = Report("port", str(ckpt.path))
+    check_mapping(report, spec, ckpt)
+    assert all(c.status != "FAIL" for c in report.checks), [c.detail for c in report.checks]
+    model = next(text for name, text in render(spec, ckpt).files.items() if name.endswith("model.py"))
+    assert "self.bank = FusedMoE(" in model and ("activation='silu'" in model or 'activation="silu"' in model)
+    assert "self.parallel_moe = True" in model  # built in every layer: the lab's __init__ has no condition
+    assert "router_logits = self.chooser(experts_input)" in model
+    assert "experts_output = self.moe_out(experts_output)" in model
