@@ -142,6 +142,31 @@ def stacked_expert_tensors(spec: Spec) -> dict[str, Targets]:
     return out
 
 
+def parallel_moe_targets(spec: Spec, rest: str) -> Targets | None:
+    """The tensors of the routed experts beside the dense MLP (spec.parallel_moe_experts, Gemma 4's), by their name
+    inside a decoder layer: each expert's gate and up halves of the 3-D gate-and-up tensor go to w1 and w3 of
+    FusedMoE's w13_weight, its down to w2_weight; the router's tensors and the block's norms load under their own
+    names, whole on every rank. None for any other tensor."""
+    if not spec.parallel_moe_experts:
+        return None
+    experts, router, inter = spec.parallel_moe_experts, spec.parallel_moe_router, spec.parallel_moe_intermediate_size
+    if rest == f"{experts}.{spec.parallel_moe_gate_up}":
+        return [(f"{experts}.{EXPERT_PARAMS[shard]}", (e, shard), f"expert {e}, {shard}: rows {a}:{a + inter} of [{e}]")
+                for e in range(spec.parallel_moe_num_experts) for shard, a in (("w1", 0), ("w3", inter))]
+    if rest == f"{experts}.{spec.parallel_moe_down}":
+        return [(f"{experts}.{EXPERT_PARAMS['w2']}", (e, "w2"), f"expert {e}, w2: [{e}]")
+                for e in range(spec.parallel_moe_num_experts)]
+    own = {f"{router}.{spec.parallel_moe_router_proj}.weight": "the experts' router, whole on every rank"}
+    for name, note in ((spec.parallel_moe_router_scale, "the router input's scale"),
+                       (spec.parallel_moe_expert_scale, "each expert's routing-weight scale")):
+        if name:
+            own[f"{router}.{name}"] = note
+    for name in (spec.parallel_moe_dense_norm, spec.parallel_moe_input_norm, spec.parallel_moe_output_norm):
+        if name:
+            own[f"{name}.weight"] = "a norm of the experts beside the dense MLP"
+    return [(rest, None, own[rest])] if rest in own else None
+
+
 def split_modules(spec: Spec) -> list[tuple[str, tuple]]:
     """(module inside a decoder layer, shard ids in row order) for checkpoint tensors holding several shards."""
     n = spec.names
@@ -419,6 +444,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     rest = port_rest(spec, renamed_name(spec, rest))
     if rest in modules.stacked_experts:
         return list(modules.stacked_experts[rest])
+    if (beside := parallel_moe_targets(spec, rest)) is not None:
+        return beside
     module, _, kind = rest.rpartition(".")
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":

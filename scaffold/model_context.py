@@ -9,12 +9,13 @@ pieces a port carries (`choices`), which names it imports (`imports`), how a nor
 
 from __future__ import annotations
 
-import re
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaffold.detect.activations import vllm_activation_call
 from scaffold.errors import SpecError
+from scaffold.mapping import EXPERT_PARAMS
 from scaffold.spec import Spec, port_names
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
@@ -40,6 +41,18 @@ class Import:
         if not self.one_per_line and len(one_line) <= IMPORT_LINE_LENGTH:
             return one_line
         return "\n".join([f"from {self.module} import (", *(f"    {name}," for name in self.names), ")"])
+
+
+def _reads_config_and_layer(expr: str) -> bool:
+    """Whether the code's expression reads the config and the layer's index alone (names `config`, `layer_idx`),
+    so that the port's decoder layer may evaluate it as written."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return names <= {"config", "layer_idx"} and not any(isinstance(n, (ast.Call, ast.Lambda, ast.NamedExpr))
+                                                        for n in ast.walk(tree))
 
 
 def rotated_dims(spec: Spec) -> str | None:
@@ -85,10 +98,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     kv_heads_expr = ((kv_source.expr if kv_source.kind == "code" and kv_source.expr
                       and "layer_num_kv_heads" not in overridden else f"{spec.layer_num_kv_heads!r}[layer_idx]")
                      if spec.layer_num_kv_heads else None)
-    # Each layer's MLP width (Gemma-3n's config.intermediate_size[layer_idx]): the code's expression, else the list.
+    # Each layer's MLP width (Gemma-3n's config.intermediate_size[layer_idx], Gemma 4's double-wide MLP computed from
+    # intermediate_size and the layer's index): the code's expression over config and layer_idx, else the list.
     width_source = spec.source("layer_intermediate_sizes")
     mlp_width_expr = ((width_source.expr if width_source.kind == "code" and width_source.expr
-                       and re.fullmatch(r"config\.[A-Za-z]\w*\[layer_idx\]", width_source.expr)
+                       and _reads_config_and_layer(width_source.expr)
                        and "layer_intermediate_sizes" not in overridden
                        else f"{list(spec.layer_intermediate_sizes)!r}[layer_idx]")
                       if spec.layer_intermediate_sizes else None)
@@ -109,6 +123,11 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "A": port_names(spec.names),
         "gated": gated,
         "moe": moe,
+        # The activation vLLM's FusedMoE computes for the experts beside the dense MLP (its names for the tanh GELU).
+        # FusedMoE's parameters of every expert's gate-and-up and down (scaffold.mapping.EXPERT_PARAMS).
+        "parallel_moe_params": (EXPERT_PARAMS["w1"], EXPERT_PARAMS["w2"]),
+        "parallel_moe_activation": {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(
+            spec.parallel_moe_activation, spec.parallel_moe_activation),
         # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.
         "stacked_experts": moe and spec.experts_layout in ("stacked", "flattened"),
         "stacked_projections": (stacked_projections(spec) if moe and spec.experts_layout in ("stacked", "flattened")
@@ -285,6 +304,9 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     if moe and spec.hash_table:  # hash routing's integer table: no quantization method's tensor either
         out.append(f".{spec.hash_table}")
+    # The experts beside the dense MLP (3-D tensors) and their router's scales.
+    out += [f".{name}" for name in (spec.parallel_moe_gate_up, spec.parallel_moe_down, spec.parallel_moe_router_scale,
+                                    spec.parallel_moe_expert_scale) if name]
     return tuple(dict.fromkeys(out))
 
 
@@ -418,6 +440,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     # Experts computing silu(gate.clamp(max=L)) * up.clamp(-L, L): the port's own experts module (vLLM's CPU
     # FusedMoE kernel takes no clamp limit), with vLLM's router.
     clamped = moe and spec.expert_activation == "silu_clamp"
+    # Routed experts beside the dense MLP (Gemma 4's): FusedMoE, a replicated router linear, a weightless RMSNorm.
+    beside = bool(spec.parallel_moe_experts)
     stdlib = [
         *([Import("math")] if alibi or diff else []),
         Import("re"),
@@ -452,8 +476,9 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
           if clamped else []),
         # LayerNorm1P is the port's own class.
         *([Import("vllm.model_executor.layers.layernorm", tuple(sorted(
-            ({"RMSNorm"} if diff else set()) | (set() if flags["layer_norm_1p"] else {norm_class(spec)}))))]
-          if diff or not flags["layer_norm_1p"] else []),
+            ({"RMSNorm"} if diff or beside and spec.parallel_moe_router_norm else set())
+            | (set() if flags["layer_norm_1p"] else {norm_class(spec)}))))]
+          if diff or beside or not flags["layer_norm_1p"] else []),
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
              or spec.attn_output_gate not in ("none", "in_query") or bool(spec.per_layer_input_size)
@@ -461,7 +486,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None
-             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts) or bool(spec.key_bias_proj)),
+             or routed or bool(spec.per_layer_input_size) or bool(spec.gated_norm_parts) or bool(spec.key_bias_proj)
+             or beside),
             ("RowParallelLinear", not routed or mlp_class),
         ), one_per_line=True),
         Import("vllm.model_executor.layers.logits_processor", ("LogitsProcessor",)),

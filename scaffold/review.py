@@ -331,6 +331,25 @@ def decisions(spec) -> list[str]:
                    f"({_md(spec.source('moe_output_norm').detail)}), applied after the experts' all-reduce"
                    + (", kept on the decoder layer by the checkpoint and loaded into the block" if
                       spec.moe_output_norm_on_layer else "") + ".")
+    if spec.parallel_moe_experts:
+        norms = [f"`{n}`" for n in (spec.parallel_moe_dense_norm, spec.parallel_moe_input_norm,
+                                    spec.parallel_moe_output_norm) if n]
+        router_parts = [p for p, on in (("a weightless RMS norm", spec.parallel_moe_router_norm),
+                                        (f"x `{spec.parallel_moe_router_scale}`", spec.parallel_moe_router_scale),
+                                        ("x hidden_size ** -0.5", spec.parallel_moe_router_root)) if on]
+        out.append(f"- **routed experts beside the dense MLP**: each layer adds `{spec.parallel_moe_experts}` "
+                   f"({spec.parallel_moe_num_experts} experts {spec.parallel_moe_intermediate_size} wide, top "
+                   f"{spec.parallel_moe_top_k}, {spec.parallel_moe_activation}; vLLM's FusedMoE) to its dense MLP's "
+                   f"output ({_md(spec.source('parallel_moe_experts').detail)})"
+                   + (f", with the norms {', '.join(norms)}" if norms else "")
+                   + f"; the router `{spec.parallel_moe_router}` reads "
+                   + ("the residual stream" if spec.parallel_moe_router_input == "residual" else
+                      "the experts' normed input")
+                   + (f" through {', '.join(router_parts)}" if router_parts else "")
+                   + ", a softmax over every expert, the top k"
+                   + (", renormalized" if spec.parallel_moe_renormalize else "")
+                   + (f", each times `{spec.parallel_moe_expert_scale}`" if spec.parallel_moe_expert_scale else "")
+                   + f" ({_md(spec.source('parallel_moe_router_proj').detail)}); replicated on every rank.")
     if spec.sublayer_count:
         n = spec.names
         out.append(f"- {spec.sublayer_count} sublayers per decoder layer, each with its own `{n['attn_norm']}`, "

@@ -275,8 +275,9 @@ class Spec:
     layer_intermediate_sizes: list[int] = spec_field(
         [], group="sizes", probe="mlp", omit_when_empty=True,
         doc="each layer's MLP width, where config.json holds one per layer and the code builds each layer's MLP from "
-            "its own (Gemma-3n's intermediate_size[layer_idx]: the port evaluates the code's expression per layer); "
-            "empty: intermediate_size in every layer")
+            "its own (Gemma-3n's intermediate_size[layer_idx]), or the code computes it from one width and the "
+            "layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the port evaluates the code's "
+            "expression per layer; empty: intermediate_size in every layer")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
     max_position: int = spec_field(2048, group="sizes", config_key=True, doc="the longest sequence served")
@@ -597,6 +598,65 @@ class Spec:
         False, group="moe", probe="mlp", omit_when_empty=True,
         doc="the checkpoint keeps moe_output_norm on the decoder layer (transformers renames it into the block on "
             "load); the port keeps it in its MoE block and maps the names on load")
+    # Routed experts beside the dense MLP in every decoder layer (Gemma 4's enable_moe_block; detect.parallelmoe).
+    parallel_moe_experts: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the decoder layer's module of routed experts run beside its dense MLP and added to its output (Gemma 4's "
+            "experts: 3-D gate_up_proj and down_proj), by its name on the layer; \"\": none")
+    parallel_moe_condition: str = spec_field(
+        "", group="moe", probe="mlp", omit_when_empty=True,
+        doc="the condition over config and layer_idx under which the layer builds those experts (Gemma 4's "
+            "config.enable_moe_block), evaluated by the port on the config it serves; \"\": every layer")
+    parallel_moe_router: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the router module of those experts, on the layer (its norm, linear and scales read from its forward)")
+    parallel_moe_router_norm: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the router's RMS norm without weight over its input (\"\": none)")
+    parallel_moe_router_eps: float = spec_field(
+        0.0, group="moe", probe="mlp", config_key=True, omit_when_empty=True, doc="that norm's eps")
+    parallel_moe_router_proj: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the router's linear to the experts' logits")
+    parallel_moe_router_scale: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the router's [hidden] parameter multiplying its normed input (\"\": none)")
+    parallel_moe_router_root: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the router's normed input times hidden_size ** -0.5")
+    parallel_moe_router_input: str = spec_field(
+        "", group="moe", probe="mlp", choices=("", "residual", "experts_input"), omit_when_empty=True,
+        doc="what the router reads: the residual stream the MLP's norm reads, or the experts' normed input")
+    parallel_moe_expert_scale: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the router's [experts] parameter multiplying each chosen expert's routing weight (\"\": none)")
+    parallel_moe_renormalize: bool = spec_field(
+        False, group="moe", probe="mlp", omit_when_empty=True,
+        doc="the top-k routing weights of the softmax over every expert divided by their sum")
+    parallel_moe_num_experts: int = spec_field(0, group="moe", probe="mlp", config_key=True, omit_when_empty=True,
+                                               doc="the routed experts beside the dense MLP")
+    parallel_moe_top_k: int = spec_field(0, group="moe", probe="mlp", config_key=True, omit_when_empty=True,
+                                         doc="the experts each token is routed to")
+    parallel_moe_intermediate_size: int = spec_field(0, group="moe", probe="mlp", config_key=True,
+                                                     omit_when_empty=True, doc="each expert's width")
+    parallel_moe_activation: str = spec_field(
+        "", group="moe", probe="mlp", omit_when_empty=True,
+        doc="the experts' activation (config.json's value of the key their ACT2FN reads)")
+    parallel_moe_gate_up: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the experts' [experts, 2 x width, hidden] gate-and-up tensor (the gate half first)")
+    parallel_moe_down: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the experts' [experts, hidden, width] down tensor")
+    parallel_moe_dense_norm: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the norm over the dense MLP's output before the sum, on the layer (\"\": none)")
+    parallel_moe_input_norm: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the norm over the experts' input (the residual stream), on the layer (\"\": none)")
+    parallel_moe_output_norm: str = spec_field(
+        "", group="moe", probe="mlp", identifier=True, omit_when_empty=True,
+        doc="the norm over the experts' output before the sum, on the layer (\"\": none)")
     moa_moe_bias: str | None = spec_field(
         None, group="moe", probe="mlp", identifier=True, omit_when_empty=True,
         doc="a bias the MoE block adds to its output (after the experts' weighted sum), by its name in the block "
@@ -1151,11 +1211,12 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
     """
     for name in IDENTIFIER_FIELDS:
         value = getattr(spec, name)
-        if value is None or value == "" and name in ("config_class", "v_norm", "layer_scalar", "layer_block",
-                                                     "key_bias_proj", "key_bias_param", "residual_scale_attn",
-                                                     "residual_scale_mlp", "sublayer_mlp", "recurrent_layers",
-                                                     "recurrent_norm", "gated_qkv"):
-            continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block
+        if value is None or value == "" and (name.startswith("parallel_moe_") or name in (
+                "config_class", "v_norm", "layer_scalar", "layer_block", "key_bias_proj", "key_bias_param",
+                "residual_scale_attn", "residual_scale_mlp", "sublayer_mlp", "recurrent_layers", "recurrent_norm",
+                "gated_qkv")):
+            continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block;
+            # no experts beside the dense MLP (or no such part of them)
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)

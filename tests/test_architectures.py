@@ -326,6 +326,24 @@ ARCHITECTURES = {
     # values (value-normed, not key-normed or rotated): the port loads k_proj into its k and v shards there.
     "gemma4_text-k-eq-v": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
                                            "sliding_window": 8, "attention_k_eq_v": True}),
+    # Gemma 4's double-wide MLP: its KV-shared layers' MLP twice as wide as the others' (use_double_wide_mlp), a
+    # width Gemma4TextMLP.__init__ computes from intermediate_size and the layer's index, which the port's decoder
+    # layer evaluates as the code writes it (layers 3 and 4 512 wide, the others 256).
+    # Gemma 4's MoE block (26B-A4B's enable_moe_block): each layer runs its dense MLP and routed experts of its own
+    # side by side and adds the two, each normed (post_feedforward_layernorm_1 over the MLP's output,
+    # pre_feedforward_layernorm_2 and post_feedforward_layernorm_2 around the experts) under the layer's MLP post-norm;
+    # the router reads the residual stream (RMS-normed without weight, times its scale and hidden_size ** -0.5),
+    # routes by a softmax top-2 renormalized, each weight times its expert's per_expert_scale; the experts' 3-D
+    # gate_up_proj / down_proj in vLLM's FusedMoE (tanh GELU).
+    "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                              "sliding_window": 8, "enable_moe_block": True, "num_experts": 4,
+                                              "top_k_experts": 2, "moe_intermediate_size": 64}),
+    "gemma4_text-double-wide-mlp": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
+                                                    "sliding_window": 8, "num_hidden_layers": 5,
+                                                    "layer_types": ["sliding_attention", "sliding_attention",
+                                                                    "full_attention", "sliding_attention",
+                                                                    "full_attention"],
+                                                    "num_kv_shared_layers": 2, "use_double_wide_mlp": True}),
     "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5}}),
@@ -547,6 +565,17 @@ EXPECTED_SPEC = {
     "gemma4_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "v_norm": "v_norm",
                               "sliding_window_layers": [0, 1, 3], "layer_scalar": "layer_scalar"},
     "gemma4_text-k-eq-v": {"k_eq_v_layers": [2], "v_norm": "v_norm", "sliding_window_layers": [0, 1]},
+    "gemma4_text-moe-block": {"parallel_moe_experts": "experts", "parallel_moe_router": "router",
+                              "parallel_moe_num_experts": 4, "parallel_moe_top_k": 2,
+                              "parallel_moe_intermediate_size": 64, "parallel_moe_router_input": "residual",
+                              "parallel_moe_router_norm": "norm", "parallel_moe_router_scale": "scale",
+                              "parallel_moe_router_root": True, "parallel_moe_expert_scale": "per_expert_scale",
+                              "parallel_moe_renormalize": True, "parallel_moe_activation": "gelu_pytorch_tanh",
+                              "parallel_moe_dense_norm": "post_feedforward_layernorm_1",
+                              "parallel_moe_input_norm": "pre_feedforward_layernorm_2",
+                              "parallel_moe_output_norm": "post_feedforward_layernorm_2"},
+    "gemma4_text-double-wide-mlp": {"layer_intermediate_sizes": [256, 256, 256, 512, 512], "intermediate_size": 256,
+                                    "kv_share_layers": [3, 4], "kv_share_sources": [1, 2]},
     "gemma4_unified_text-sizes": {"layer_head_dim": [32, 32, 64], "layer_num_kv_heads": [2, 2, 1],
                                   "v_norm": "v_norm", "layer_scalar": "layer_scalar", "attention_scale": 1.0,
                                   "block": "sandwich", "sliding_window_layers": [0, 1],
@@ -602,22 +631,6 @@ UNSUPPORTED = {
     # the input (apply_router_weight_on_input) for one expert per token only.
     "llama4_text-input-weights-top2": ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 2},
                                        "routing weights applied to the experts' input: Llama4TextMoe"),
-    # Gemma 4's double-wide MLP: its KV-shared layers' MLP twice as wide as the others' (use_double_wide_mlp), a
-    # width __init__ computes from the layer's index.
-    "gemma4_text-double-wide-mlp": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
-                                                    "num_hidden_layers": 5,
-                                                    "layer_types": ["sliding_attention", "sliding_attention",
-                                                                    "full_attention", "sliding_attention",
-                                                                    "full_attention"],
-                                                    "num_kv_shared_layers": 2, "use_double_wide_mlp": True},
-                                    "Gemma4TextMLP.__init__ computes intermediate_size = 256 in layer 0 and 512 in "
-                                    "layer 3"),
-    # Gemma 4's MoE block: each layer runs its dense MLP and its own routed experts side by side and adds the two.
-    "gemma4_text-moe-block": ("gemma4_text", {"global_head_dim": 32, "hidden_size_per_layer_input": 0,
-                                              "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
-                                              "moe_intermediate_size": 64},
-                              "a mixture of experts beside the dense MLP in each decoder layer: "
-                              "Gemma4TextDecoderLayer.forward"),
     # GLM-5 with attention_bias: its latent projections (q_a_proj, kv_a_proj_with_mqa) and o_proj hold biases, which
     # the port's latent attention does not add.
     "glm_moe_dsa-attention-bias": ("glm_moe_dsa", {**LATENT, "n_routed_experts": 4, "num_experts_per_tok": 2,
@@ -946,6 +959,10 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              "mimo_v2_flash", "gemma4_text-uniform", "gemma4_unified_text-sizes", "gemma4_text-per-layer-inputs",
              # Gemma 4's KV-shared layers (their queries' projection alone) and keys loaded as values.
              "gemma4_text-kv-shared", "gemma4_text-k-eq-v",
+             # Gemma 4's double-wide MLP: each layer's gate / up / down at the width the code computes for it.
+             "gemma4_text-double-wide-mlp",
+             # Gemma 4's experts beside the dense MLP: each expert's halves of the 3-D gate_up_proj, its down_proj.
+             "gemma4_text-moe-block",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",

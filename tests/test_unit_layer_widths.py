@@ -139,3 +139,89 @@ def test_tensor_parallel_sizes_count_every_layers_width():
     _servable_at_real_sizes(check, spec)
     assert check.data["servable_at_checkpoint_sizes"] == [2, 4]  # 260 rows do not divide over 8 ranks
     assert "256/260 MLP rows" in check.detail
+
+
+# ---------------------------------------------------------------- widths computed from one value and the layer's index
+# Gemma 4's double-wide MLP: config.json holds one intermediate_size; the MLP's __init__ doubles it in the KV-shared
+# layers (`config.intermediate_size * (2 if use_double_wide_mlp and is_kv_shared_layer else 1)`).
+GEMMA4_CONFIG = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 5, "num_kv_shared_layers": 2,
+                 "use_double_wide_mlp": True}
+
+
+def test_gemma4_double_wide_mlp_is_read_from_the_codes_expression():
+    found = layerwidths.layer_dependent_widths(transformers_code("gemma4"), "config.hidden_size", "intermediate_size",
+                                               GEMMA4_CONFIG, 5)
+    assert [(attr, values) for attr, _expr, values, _where in found] == [("mlp", [256, 256, 256, 512, 512])]
+    expr = found[0][1]
+    assert "layer_idx" in expr and "config.use_double_wide_mlp" in expr and "config.num_kv_shared_layers" in expr
+    # Where config.json turns it off, or shares no layer, every layer has one width: nothing of its own to port.
+    for off in ({"use_double_wide_mlp": False}, {"num_kv_shared_layers": 0}):
+        assert layerwidths.layer_dependent_widths(transformers_code("gemma4"), "config.hidden_size",
+                                                  "intermediate_size", {**GEMMA4_CONFIG, **off}, 5) == []
+
+
+# A lab's MLP written otherwise: the factor a local of the decoder layer handed down by keyword, the index named
+# `depth`, the width kept on self under another name, the last layer three times as wide.
+WIDENED = LAB.replace('''class LabFeedForward(nn.Module):
+    def __init__(self, config, which=0):
+        super().__init__()
+        width = config.intermediate_size[which]''', '''class LabFeedForward(nn.Module):
+    def __init__(self, config, which=0, factor=1):
+        super().__init__()
+        self.ffn_width = config.intermediate_size * factor
+        width = self.ffn_width''').replace('''    def __init__(self, config, idx):
+        super().__init__()
+        self.self_attn = LabAttention(config, idx)
+        self.feed_forward = LabFeedForward(config, which=idx)''', '''    def __init__(self, config, depth):
+        super().__init__()
+        last = depth == config.num_hidden_layers - 1
+        self.self_attn = LabAttention(config, depth)
+        self.feed_forward = LabFeedForward(config, which=depth, factor=3 if last else 1)''').replace(
+    "LabLayer(config, n) for n in", "LabLayer(config, depth=n) for n in")
+
+
+def _widened(tmp_path, stored=(96, 96, 288)):
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_widths", layers=3)
+    tensors = {k.replace(".mlp.", ".feed_forward."): v for k, v in tensors_for(shape).items()}
+    for i, width in enumerate(stored):
+        p = f"model.layers.{i}.feed_forward."
+        tensors.update({p + "gate_proj.weight": [width, shape.hidden], p + "up_proj.weight": [width, shape.hidden],
+                        p + "down_proj.weight": [shape.hidden, width]})
+    read(tmp_path, shape, tensors=tensors, config={**config_for(shape), "intermediate_size": 96})
+    (tmp_path / "modeling_lab.py").write_text(WIDENED)
+    return read_checkpoint(tmp_path)
+
+
+def test_a_lab_mlp_widened_by_the_layers_index_is_ported_with_the_codes_expression(tmp_path):
+    from scaffold.detect import detect
+    from scaffold.render import render
+
+    assert "factor=3 if last else 1" in WIDENED and "config.intermediate_size[" not in WIDENED
+    ckpt = _widened(tmp_path)
+    spec = detect_until(ckpt, mlp)
+    assert spec.layer_intermediate_sizes == [96, 96, 288] and spec.intermediate_size == 96
+    expr = spec.source("layer_intermediate_sizes").expr
+    assert expr == "config.intermediate_size * (3 if layer_idx == config.num_hidden_layers - 1 else 1)"
+    assert "modeling_lab.py" in spec.source("layer_intermediate_sizes").detail
+    model = next(text for name, text in render(detect(ckpt), ckpt).files.items() if name.endswith("model.py"))
+    assert "layer_idx = extract_layer_index(prefix)" in model and "config.num_hidden_layers - 1" in model
+    # The last layer stored at the others' width contradicts what the code builds there.
+    with pytest.raises(CheckpointError, match=r"layers\.2\.feed_forward\.gate_proj\.weight has shape \[96, 64\].*"
+                                              r"intermediate size 288"):
+        detect_until(_widened(tmp_path / "narrow", stored=(96, 96, 96)), mlp)
+
+
+def test_widths_from_the_layers_index_under_a_fused_gate_up_are_refused(tmp_path):
+    fused = WIDENED.replace('''        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)''', '''        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)''').replace(
+        "F.silu(self.gate_proj(x)) * self.up_proj(x)", "F.silu(self.gate_up_proj(x).chunk(2, -1)[0]) * "
+                                                       "self.gate_up_proj(x).chunk(2, -1)[1]")
+    shape = Shape(architecture="LabForCausalLM", model_type="lab_widths", layers=3)
+    tensors = {k: v for k, v in tensors_for(shape).items() if ".mlp." not in k}
+    for i, width in enumerate((96, 96, 288)):
+        p = f"model.layers.{i}.feed_forward."
+        tensors.update({p + "gate_up_proj.weight": [2 * width, shape.hidden], p + "down_proj.weight": [shape.hidden, width]})
+    read(tmp_path, shape, tensors=tensors, config={**config_for(shape), "intermediate_size": 96})
+    (tmp_path / "modeling_lab.py").write_text(fused)
+    with pytest.raises(UnsupportedArchitecture, match=r"MLP widths of each layer's own .*fused gate_up"):
+        detect_until(read_checkpoint(tmp_path), mlp)

@@ -146,15 +146,13 @@ def test_a_lab_backbone_computing_otherwise_is_refused_naming_the_difference(cha
 
 
 # ------------------------------------------------------------------ experts beside the dense MLP (forms.py)
-def test_gemma4_moe_block_is_refused_naming_both_blocks():
+def test_gemma4_moe_block_passes_the_form_check():
     from scaffold.detect import forms
 
-    config = {"enable_moe_block": True, "hidden_size_per_layer_input": 0, "num_hidden_layers": 2}
-    message = forms.experts_beside_mlp(transformers_code("gemma4"), config)
-    assert message is not None and message.startswith(
-        "a mixture of experts beside the dense MLP in each decoder layer: Gemma4TextDecoderLayer.forward ("), message
-    assert "self.experts (Gemma4TextExperts," in message and "self.mlp (Gemma4TextMLP)" in message
-    # config.json switching the block off leaves one feed-forward block.
+    # Ported now (scaffold.detect.parallelmoe; tests/test_unit_parallel_moe.py): the form check lets it through.
+    config = {"enable_moe_block": True, "hidden_size_per_layer_input": 0, "num_hidden_layers": 2,
+              "hidden_activation": "gelu_pytorch_tanh"}
+    assert forms.experts_beside_mlp(transformers_code("gemma4"), config) is None
     assert forms.experts_beside_mlp(transformers_code("gemma4"), dict(config, enable_moe_block=False)) is None
 
 
@@ -217,6 +215,9 @@ def test_a_lab_layer_adding_its_experts_to_its_dense_mlp_is_refused():
     message = forms.experts_beside_mlp({"modeling_lab.py": LAB_BANK}, {"num_hidden_layers": 2})
     assert message is not None and "LabBlock.forward (modeling_lab.py:" in message, message
     assert "self.bank (LabBank, modeling_lab.py:" in message and "self.ffn (LabDense)" in message
+    # The experts' output is added to the residual stream before the dense MLP's (x + routed + ffn(x)), and its
+    # router is no module: named as what differs from the form the port computes.
+    assert "otherwise than the port's experts beside the dense MLP" in message, message
     # The same layer with the experts alone (no dense MLP beside them) is an ordinary MoE layer.
     alone = LAB_BANK.replace("        return x + routed + self.ffn(x)", "        return x + routed")
     assert forms.experts_beside_mlp({"modeling_lab.py": alone}, {"num_hidden_layers": 2}) is None

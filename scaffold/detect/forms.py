@@ -60,6 +60,7 @@ from scaffold.detect import (
     hashrouting,
     keybias,
     layerinputs,
+    parallelmoe,
     recurrence,
     sourcecode,
     sublayers,
@@ -1287,10 +1288,15 @@ def experts_beside_mlp(sources: dict, config: dict) -> str | None:
                                and not _three_d_parameters(classes[built[m][0]][1])
                                and m not in _attention_attrs(cls, sources))
                 if attr in one and attr not in other and dense:
+                    # Ported where the layer computes the form scaffold.detect.parallelmoe reads (Gemma 4's); the
+                    # router, over the checkpoint's tensors, is read by the layout detector.
+                    read = parallelmoe.read(sources, config, layer, None)
+                    if isinstance(read, parallelmoe.ParallelMoe):
+                        return None
                     return (f"a mixture of experts beside the dense MLP in each decoder layer: {cls.name}.forward "
                             f"({file}:{forward.lineno}) adds what self.{attr} ({built[attr][0]}, {file}:"
-                            f"{built[attr][1]}) computes to what self.{dense[0]} ({built[dense[0]][0]}) computes; the "
-                            "port's layer has one feed-forward block, dense or routed")
+                            f"{built[attr][1]}) computes to what self.{dense[0]} ({built[dense[0]][0]}) computes, "
+                            f"otherwise than the port's experts beside the dense MLP: {read}")
     return None
 
 

@@ -1,14 +1,16 @@
 """Modules of the decoder layer built with a width of each layer's own: a linear that maps config.K[i] features back
 to the hidden size in layer i (Gemma-3n's MLP, `config.intermediate_size[layer_idx]`), the width followed from the
 module's __init__ through the decoder layer's constructor call to the layer list's index (window's steps), whatever
-the modules, the key and the parameters are called. detect.sizes ports it as layer_intermediate_sizes; the policy's
-shape check lets that module's tensors differ from layer to layer."""
+the modules, the key and the parameters are called; or a width computed from one config value and the layer's index
+(Gemma 4's double-wide MLP: `config.intermediate_size * (2 if use_double_wide_mlp and is_kv_shared_layer else 1)`,
+its locals and the constructors' parameters followed the same way). detect.sizes ports either as
+layer_intermediate_sizes; the policy's shape check lets that module's tensors differ from layer to layer."""
 
 from __future__ import annotations
 
 import ast
 
-from scaffold.detect import codekeys, dataflow, window
+from scaffold.detect import codekeys, conditions, dataflow, window
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import subtree
 
@@ -24,6 +26,45 @@ def per_layer_widths(sources: dict, hidden: str | None) -> list[tuple[str, str, 
     """(the layer's attribute, K, file:line) of each linear, in a module the decoder layer builds, that maps
     config.K[i] features back to the hidden size (`hidden`, the config expression) with i the layer's index (the
     layer list's loop variable, handed down through the constructors)."""
+    found = []
+    for attr, width, where in width_expressions(sources, hidden):
+        if (isinstance(width, ast.Subscript) and isinstance(width.slice, ast.Name)
+                and width.slice.id == "layer_idx" and (key := _config_key(width.value)) is not None):
+            found.append((attr, key, where))
+    return found
+
+
+def layer_dependent_widths(sources: dict, hidden: str | None, key: str | None, config: dict,
+                           num_layers: int) -> list[tuple[str, str, list[int], str]]:
+    """(the layer's attribute, the expression, its value in each layer, file:line) of each linear, in a module the
+    decoder layer builds, that maps a width computed from config.K (`key`, the MLP's width key, one number in
+    config.json) and the layer's index back to the hidden size, where that width differs between layers (Gemma 4's
+    double-wide MLP in its KV-shared layers: `config.intermediate_size * (2 if config.use_double_wide_mlp and
+    layer_idx >= config.num_hidden_layers - config.num_kv_shared_layers > 0 else 1)`), whatever the locals, the
+    attributes and the modules are called. The expression reads the config and the layer's index alone, so the
+    port evaluates it per layer on the config it serves; one it cannot evaluate on config.json is left out."""
+    if not key or isinstance(config.get(key), list):
+        return []
+    found = []
+    for attr, width, where in width_expressions(sources, hidden):
+        names = {n.id for n in ast.walk(width) if isinstance(n, ast.Name)}
+        if "layer_idx" not in names or names - window.READS or _config_key(width) is not None:
+            continue
+        if key not in {n.attr for n in ast.walk(width) if isinstance(n, ast.Attribute)
+                       and codekeys._is_config(n.value)}:
+            continue
+        values = [conditions._value(width, config, {"layer_idx": i}) for i in range(num_layers)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            continue
+        if len(set(values)) > 1:
+            found.append((attr, ast.unparse(width), values, where))
+    return found
+
+
+def width_expressions(sources: dict, hidden: str | None) -> list[tuple[str, ast.expr, str]]:
+    """(the layer's attribute, the input width followed to the config and the layer's index, file:line) of each
+    linear, in a module the decoder layer builds, that maps back to the hidden size (`hidden`, the config
+    expression)."""
     if not sources or not hidden:
         return []
     layer_found = dataflow.layer_class(sources)
@@ -50,7 +91,6 @@ def per_layer_widths(sources: dict, hidden: str | None) -> list[tuple[str, str, 
             width = window._lift(width, None, window._bind(init, call))
             width = window._lift(width, layer_init, {})
             width = window._to_layer_list(sources, layer_file, list_line, layer_init, width)
-            if (isinstance(width, ast.Subscript) and isinstance(width.slice, ast.Name)
-                    and width.slice.id == "layer_idx" and (key := _config_key(width.value)) is not None):
-                found.append((attr, key, f"{file}:{node.lineno}"))
+            if width is not None:
+                found.append((attr, width, f"{file}:{node.lineno}"))
     return found

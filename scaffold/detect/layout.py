@@ -21,6 +21,7 @@ from scaffold.detect import (
     codekeys,
     dataflow,
     differential,
+    formcode,
     forms,
     gatednorm,
     headsizes,
@@ -33,6 +34,7 @@ from scaffold.detect import (
     layerinputs,
     moe,
     outbias,
+    parallelmoe,
     policy,
     positions,
     renamings,
@@ -547,7 +549,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     # The MLP's width per layer, read by detect.sizes (layer_intermediate_sizes) and checked by detect.mlp.
     widths = spec.source("layer_intermediate_sizes").expr if spec.layer_intermediate_sizes else None
     for module, key, counts in policy.layer_sized_modules(ckpt):
-        if widths == f"config.{key}[layer_idx]" and counts == spec.layer_intermediate_sizes:
+        if widths in (key, f"config.{key}[layer_idx]") and counts == spec.layer_intermediate_sizes:
             continue
         if len(set(counts)) > 1 and (module, key) != read_heads:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
@@ -760,6 +762,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
 
     _norms_and_block(ckpt, spec, names, per_layer[norm_ref], sources, inside, weightless, flow, norm_ref,
                      gated_inner)
+    # Routed experts beside the dense MLP (Gemma 4's enable_moe_block): their modules, norms and router.
+    beside = parallelmoe.detect(ckpt, spec, names, sources, formcode._decoder_layer(sources) if sources else None,
+                                per_layer)
     if transform is not None:
         _head_norm(ckpt, spec, names, sources, flow, head_norm_built)
     scalar = layer_output_scalar(sources, names["layers"].rsplit(".", 1)[-1], layer0) if sources else None
@@ -787,6 +792,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if "attn_gate" in names:
         claimed.add(f"{attn}.{names['attn_gate']}")
     claimed |= {names[r] for r in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm") if r in names}
+    claimed |= beside
     if spec.layer_scalar:
         claimed.add(spec.layer_scalar)
     if per_layer_inputs is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
 from scaffold.detect import branches, forms, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
-from scaffold.detect.common import unsupported
+from scaffold.detect.common import config_value, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 
@@ -136,6 +136,12 @@ def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
         value = ckpt.config.get(key)
         if isinstance(value, list) and len(value) == layers and all(_is_int(v) and v > 0 for v in value):
             found.append((attr, key, value))
+    # A module whose own __init__ computes its width from one config value and the layer's index (Gemma 4's
+    # double-wide MLP in its KV-shared layers): KEY is that expression (scaffold.detect.sizes ports it).
+    widths = config_value(ckpt, "intermediate_size")[0] if isinstance(layers, int) else None
+    for attr, expr, values, _where in (layerwidths.layer_dependent_widths(
+            sourcecode.modeling_sources(ckpt), "config.hidden_size", widths, ckpt.config, layers) if widths else ()):
+        found.append((attr, expr, values))
     return found
 
 

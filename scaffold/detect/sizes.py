@@ -165,6 +165,28 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk = spec.source("hidden_size").expr
         spec.set("intermediate_size", 4 * spec.hidden_size,
                  Source("default", "no intermediate_size: 4 * hidden_size", f"4 * {hk}" if hk else None))
+    _layer_dependent_widths(ckpt, spec)
+
+
+def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec) -> None:
+    """Each layer's MLP width where config.json holds one width and the MLP's __init__ computes its own from it and
+    the layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the expression followed from the down
+    projection's input to the config and the layer's index (layerwidths.layer_dependent_widths), evaluated on
+    config.json per layer (spec layer_intermediate_sizes; the port evaluates the expression on the config it
+    serves). Two modules computing different widths so are refused by name."""
+    width_expr = spec.source("intermediate_size").expr or ""
+    key = width_expr[len("config."):] if re.fullmatch(r"config\.\w+", width_expr) else None
+    found = layerwidths.layer_dependent_widths(modeling_sources(ckpt), spec.source("hidden_size").expr, key,
+                                               ckpt.config, spec.num_layers)
+    if not found:
+        return
+    if len({(expr, tuple(values)) for _attr, expr, values, _where in found}) > 1:
+        raise UnsupportedArchitecture(
+            "per-layer sizes: modules computing widths of their own from the layer's index: "
+            + "; ".join(f"{attr} ({where}: {expr})" for attr, expr, _values, where in found), ckpt.config_file)
+    _attr, expr, values, where = found[0]
+    spec.set("layer_intermediate_sizes", list(values),
+             Source("code", f"{where}: the MLP's down projection takes {expr} features", expr))
 
 
 def _layer_mlp_widths(ckpt: Checkpoint, spec: Spec, sources: dict, keys: tuple[str, ...]) -> bool:

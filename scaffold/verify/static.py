@@ -170,6 +170,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{mlp}.{n['mlp_sub_norm']}.{kind}"] = (None,)
         for tensor in spec.act_tensors:  # the activation's own (xIELU's alpha_p, ...)
             params[f"{p}{mlp}.{n['act_fn']}.{tensor}"] = (None,)
+        if spec.parallel_moe_experts:  # routed experts beside the dense MLP (Gemma 4's), their router and norms
+            params.update(_parallel_moe_params(spec, p, kinds))
     if spec.recurrent_stacks:
         return _in_stacks(spec, params)
     return _in_sublayers(spec, params) if spec.sublayer_count else params
@@ -213,6 +215,24 @@ def _in_sublayers(spec: Spec, params: dict[str, tuple]) -> dict[str, tuple]:
             out[f"{mlp}{n['gate_up_proj']}.weight"] = SHARDS_OF["mlp.gate_up_proj"]
             out[f"{mlp}{n['down_proj']}.weight"] = (None,)
     return out
+
+
+def _parallel_moe_params(spec: Spec, p: str, kinds: tuple[str, ...]) -> dict[str, tuple]:
+    """The parameters of the routed experts a layer runs beside its dense MLP (p: the layer's prefix)."""
+    experts, router = f"{p}{spec.parallel_moe_experts}", f"{p}{spec.parallel_moe_router}"
+    ids = range(spec.parallel_moe_num_experts)
+    params: dict[str, tuple] = {
+        f"{experts}.{EXPERT_PARAMS['w1']}": tuple((e, w) for e in ids for w in ("w1", "w3")),
+        f"{experts}.{EXPERT_PARAMS['w2']}": tuple((e, "w2") for e in ids),
+        f"{router}.{spec.parallel_moe_router_proj}.weight": (None,),
+    }
+    for name in (spec.parallel_moe_router_scale, spec.parallel_moe_expert_scale):
+        if name:
+            params[f"{router}.{name}"] = (None,)
+    for norm in (spec.parallel_moe_dense_norm, spec.parallel_moe_input_norm, spec.parallel_moe_output_norm):
+        for kind in kinds if norm else ():
+            params[f"{p}{norm}.{kind}"] = (None,)
+    return params
 
 
 def _expert_params(spec: Spec, p: str) -> dict[str, tuple]:
