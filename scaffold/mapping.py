@@ -283,6 +283,8 @@ class _Modules:
             top |= {f"{n['model']}.{n['embed_norm']}.weight", f"{n['model']}.{n['embed_norm']}.bias"}
         if spec.per_layer_input_size:  # the per-layer input table, the projection into it and its norm
             top |= {f"{n['model']}.{n[role]}.weight" for role in PER_LAYER_INPUT_MODEL_ROLES}
+        if spec.hyper_head:  # the head collapsing the hyper-connections' streams: matrix, bias, scale
+            top |= {f"{n['model']}.{spec.hyper_head}.{p}" for p in spec.hyper_head_params}
         if spec.head_act is not None:  # a transform before the head, beside it
             top |= {f"{n['head_transform']}.{n[role]}.{kind}" for role in ("head_dense", "head_norm")
                     for kind in ("weight", "bias")}
@@ -447,6 +449,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
     if (beside := parallel_moe_targets(spec, rest)) is not None:
         return beside
     module, _, kind = rest.rpartition(".")
+    if spec.hyper_mixers and module in spec.hyper_mixers and kind in spec.hyper_params:
+        return [(rest, None, "a hyper-connection's parameter, whole on every rank")]
     if kind not in ("weight", "bias"):
         if spec.gate_extra_bias and rest == f"{n['mlp']}.{spec.gate_extra_bias}":
             return [(rest, None, "")]

@@ -255,7 +255,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # layer_scalar): such ports use the sequential forward.
         "fused_residual": (spec.norm_kind == "rms" and spec.block in ("pre_norm", "sandwich")
                            and not spec.unnormed_attn_layers and not spec.layer_scalar
-                           and not spec.per_layer_input_size
+                           and not spec.per_layer_input_size and not spec.hyper_streams
                            and not spec.residual_scale_attn and not spec.residual_scale_mlp),
         "layer_norm_1p": spec.norm_kind == "layer" and bool(spec.norm_offset),
         # Norms gated by a small MLP of their output (A.X-K2's): the gated_norm partial.
@@ -300,6 +300,10 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     out += [f".{tensor}" for tensor in spec.act_tensors]
     # The stored first states of stacks run in cycles (HRM's z_L_init).
     out += [f".{start}" for start in spec.cycle_start if start not in ("embeddings", "zeros")]
+    # Hyper-connections' mixers and head: their matrix, bias and scales (under the checkpoint's names, if others).
+    out += [f".{m}.{p}" for m in spec.hyper_mixers for p in spec.hyper_params]
+    out += [f".{spec.hyper_head}.{p}" for p in spec.hyper_head_params if spec.hyper_head]
+    out += list(spec.hyper_renamed)
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     if moe and spec.hash_table:  # hash routing's integer table: no quantization method's tensor either
@@ -511,7 +515,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
             ("PPMissingLayer", True), ("WeightsMapper", True), ("extract_layer_index", True),
             ("is_pp_missing_parameter", True),
             # Stacks run in cycles build their lists themselves, on one pipeline stage.
-            ("make_empty_intermediate_tensors_factory", not spec.recurrent_stacks),
+            # Hyper-connections' ranks hand on streams [tokens, N, hidden]: a factory of their own.
+            ("make_empty_intermediate_tensors_factory", not spec.recurrent_stacks and not spec.hyper_streams),
             ("make_layers", not spec.recurrent_stacks), ("maybe_prefix", True),
         )),
         Import("vllm.sequence", ("IntermediateTensors",)),

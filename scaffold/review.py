@@ -499,6 +499,16 @@ def decisions(spec) -> list[str]:
                    f"{spec.per_layer_input_size} wide per layer; each layer adds {n['per_layer_input_norm']}("
                    f"{n['per_layer_input_proj']}({spec.per_layer_input_act}({n['per_layer_input_gate']}(h)) x its "
                    f"slice)) to its output ({_md(spec.source('per_layer_input_size').detail)}).")
+    if spec.hyper_streams:
+        mixers = " and ".join(f"`{m}`" for m in spec.hyper_mixers)
+        comb = (f", the streams mixed by a softmax matrix made doubly stochastic by {spec.hyper_sinkhorn_iters} "
+                f"Sinkhorn iterations (eps {spec.hyper_sinkhorn_eps:g})" if spec.hyper_sinkhorn_iters else
+                ", the streams otherwise kept")
+        out.append(f"- hyper-connections: the residual kept as {spec.hyper_streams} streams per token; {mixers} mix "
+                   f"them into the attention's and the MLP's input (sigmoid + {spec.hyper_pre_eps:g}) and write "
+                   f"each output back with {spec.hyper_post_scale:g} x sigmoid + {spec.hyper_post_eps:g}{comb}; "
+                   f"`{spec.hyper_head}` collapses them before the final norm, all in float32 "
+                   f"({_md(spec.source('hyper_streams').detail)}).")
     scales = []
     if spec.embedding_multiplier is not None:
         scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")

@@ -892,6 +892,52 @@ class Spec:
     residual_scale_mlp: str = spec_field(
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="likewise before the MLP's output is added (Doge's post_attention_residual); empty: none")
+    # Hyper-connections (HY-V4's, DeepSeek-V4's; scaffold.detect.hyperconn): the residual kept as hyper_streams streams
+    # per token, [tokens, N, hidden]; each sublayer reads a mix of them and its output is written back with weights
+    # (and the streams mixed by a Sinkhorn-normalised matrix where hyper_sinkhorn_iters > 0); a head collapses them.
+    hyper_streams: int = spec_field(
+        0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+        doc="hyper-connections: the residual streams per token (HY-V4's config.hc_mult); 0: one residual, none")
+    hyper_mixers: list[str] = spec_field(
+        [], group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="the decoder layer's stream mixers: before the attention, before the MLP (HY-V4's attn_hc, ffn_hc)")
+    hyper_params: list[str] = spec_field(
+        [], group="norms", probe="layer", identifier=True, omit_when_empty=True,
+        doc="a mixer's matrix [2N (+ N*N), N * hidden], its bias and its scales, as the checkpoint names them "
+            "(HY-V4's fn, base, scale)")
+    hyper_head: str = spec_field(
+        "", group="norms", probe="final_norm", identifier=True, omit_when_empty=True,
+        doc="the model's module collapsing the streams before the final norm (HY-V4's hc_head)")
+    hyper_head_params: list[str] = spec_field(
+        [], group="norms", probe="final_norm", identifier=True, omit_when_empty=True,
+        doc="the head's matrix [N, N * hidden], bias and scale (HY-V4's hc_fn, hc_base, hc_scale)")
+    hyper_renamed: dict[str, str] = spec_field(
+        {}, group="norms", probe="layer", omit_when_empty=True,
+        doc="the mixers' and the head's parameters the checkpoint keeps under other names (transformers' conversion "
+            "table: HY-V4's .hc_pre.hc_attn_layer.hc_fn for the code's .attn_hc.fn): checkpoint suffix -> the port's")
+    hyper_norm_eps: float = spec_field(
+        0.0, group="norms", probe="layer", omit_when_empty=True,
+        doc="eps of the RMS the mixers' logits are divided by (rsqrt(mean(flat^2) + eps))")
+    hyper_pre_eps: float = spec_field(
+        0.0, group="norms", probe="layer", omit_when_empty=True,
+        doc="added to the mixers' input weights, sigmoid(...) + eps")
+    hyper_post_scale: float = spec_field(
+        0.0, group="norms", probe="layer", omit_when_empty=True,
+        doc="the write-back weights' scale p in p * sigmoid(...) + eps (HY-V4's hc_magnitude, DeepSeek-V4's 2)")
+    hyper_post_eps: float = spec_field(
+        0.0, group="norms", probe="layer", omit_when_empty=True,
+        doc="added to the write-back weights (HY-V4's hc_eps, DeepSeek-V4's 0)")
+    hyper_sinkhorn_iters: int = spec_field(
+        0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+        doc="the streams' mixing matrix: softmax + eps, normalised by this many Sinkhorn iterations (DeepSeek-V4's "
+            "hc_sinkhorn_iters); 0: no mixing matrix (HY-V4's), the streams kept as they are")
+    hyper_sinkhorn_eps: float = spec_field(
+        0.0, group="norms", probe="layer", omit_when_empty=True,
+        doc="the eps of the mixing matrix's softmax and Sinkhorn divisions")
+    hyper_head_norm_eps: float = spec_field(
+        0.0, group="norms", probe="final_norm", omit_when_empty=True, doc="the head's rms eps")
+    hyper_head_eps: float = spec_field(
+        0.0, group="norms", probe="final_norm", omit_when_empty=True, doc="added to the head's weights")
     residual_multiplier: float | None = spec_field(None, group="norms", probe="layer",
                                                    doc="sublayer outputs scaled before the residual add; None: not")
 
@@ -1214,9 +1260,16 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         if value is None or value == "" and (name.startswith("parallel_moe_") or name in (
                 "config_class", "v_norm", "layer_scalar", "layer_block", "key_bias_proj", "key_bias_param",
                 "residual_scale_attn", "residual_scale_mlp", "sublayer_mlp", "recurrent_layers", "recurrent_norm",
-                "gated_qkv")):
+                "gated_qkv", "hyper_head")):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block;
             # no experts beside the dense MLP (or no such part of them)
+        if isinstance(value, list):  # a list of names (hyper_mixers, hyper_params): each an identifier
+            bad = [v for v in value if not isinstance(v, str) or len(v) > 200 or not IDENTIFIER.fullmatch(v)
+                   or keyword.iskeyword(v)]
+            if bad:
+                raise SpecError(f"spec field {name!r} holds {str(bad[0])[:80]!r}, not a valid Python identifier.",
+                                origin)
+            continue
         if (not isinstance(value, str) or len(value) > 200 or not IDENTIFIER.fullmatch(value)
                 or keyword.iskeyword(value)):
             raise SpecError(f"spec field {name!r} = {str(value)[:80]!r} is not a valid Python identifier.", origin)
@@ -1537,6 +1590,16 @@ def validate_names(spec: Spec, origin: str) -> None:
                         "with separate q, k, v projections and no layer_num_heads.", origin)
     if spec.v_norm and spec.norm_kind != "rms":
         raise SpecError("v_norm is an RMS norm over each value head: norm_kind must be \"rms\".", origin)
+    if spec.hyper_streams and (len(spec.hyper_mixers) != 2 or len(spec.hyper_params) != 3 or not spec.hyper_head
+                               or len(spec.hyper_head_params) != 3):
+        raise SpecError("hyper_streams needs two hyper_mixers (before the attention, before the MLP), three "
+                        "hyper_params (matrix, bias, scales), a hyper_head and its three hyper_head_params.", origin)
+    if spec.hyper_streams and (spec.block != "pre_norm" or spec.layer_scalar or spec.per_layer_input_size
+                               or spec.sublayer_count or spec.residual_multiplier is not None
+                               or spec.residual_scale_attn or spec.residual_scale_mlp or spec.unnormed_attn_layers):
+        raise SpecError("hyper-connections (hyper_streams) are computed around pre-norm sublayers whose outputs the "
+                        "mixers write back as they are: block must be \"pre_norm\", without layer_scalar, per-layer "
+                        "inputs, sublayers, residual multipliers or scales, or unnormed attention layers.", origin)
     if spec.layer_scalar and spec.block not in ("pre_norm", "sandwich"):
         raise SpecError("layer_scalar multiplies the output of a layer with two residual adds in sequence: block must "
                         "be \"pre_norm\" or \"sandwich\".", origin)
@@ -1701,6 +1764,8 @@ def renamed_suffixes(spec: Spec) -> dict[str, str]:
     if spec.norm_weight_name != "weight":
         modules = sorted({names[role].rsplit(".", 1)[-1] for role in NORM_ROLES if role in names})
         out.update({f".{m}.{spec.norm_weight_name}": f".{m}.weight" for m in modules})
+    # Hyper-connections' parameters under the code's names (HY-V4's checkpoints keep .hc_pre.hc_attn_layer.hc_fn).
+    out.update({old: new for old, new in spec.hyper_renamed.items()})
     if spec.o_bias_param:  # the attention's own output bias parameter is its output projection's bias
         attn = spec.names["self_attn"]
         out[f".{attn}.{spec.o_bias_param}"] = f".{attn}.{spec.names['o_proj']}.bias"

@@ -667,14 +667,16 @@ UNSUPPORTED = {
                                             "hidden_size_per_layer_input": 32},
                            ("alternating updates (AltUp): Gemma3nTextModel.forward stacks self.config.altup_num_inputs "
                             "copies of the residual stream")),
-    # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L), which the port computes): its
-    # hyper-connections keep several residual streams, mixed into each sublayer's input by the layer's attn_hc and
-    # ffn_hc and collapsed by hc_head before the final norm. The model-level reading (scaffold.detect.streams) names
-    # it first; forms.hyper_connections reads the same inside a decoder layer (its unit tests).
-    "hy_v4-hyper-connections": ("hy_v4", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                          "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
-                                ("hyper-connections: HYV4Model.forward expands the hidden states into "
-                                 "self.config.hc_mult residual streams")),
+    # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L)) and its hyper-connections
+    # (scaffold.detect.hyperconn; tests/test_hyper_connections_port.py ports the form at parity): its latent attention
+    # multiplies its output by sigmoid(gate_proj(x)) per head (linear_gate in the checkpoint) and hands sinks to the
+    # softmax, which the port's latent attention (vLLM's MLAAttention) does not compute.
+    "hy_v4-latent-gate": ("hy_v4", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
+                          ("gated attention (transformers/models/hy_v4/modeling_hy_v4.py:479: attn_output = attn_output "
+                           "* torch.sigmoid(gate_states): sigmoid of self.gate_proj(x), self_attn.linear_gate.weight "
+                           "in the checkpoint, scales the attention's output before the output projection) with latent "
+                           "attention (the port's runs vLLM's MLAAttention); besides, attention sinks")),
     # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
     # layers as parallel lists; and Fuyu's causal LM takes image patches.
     "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},

@@ -21,6 +21,7 @@ from scaffold.detect import (
     blocks,
     forms,
     head,
+    hyperconn,
     identity,
     layout,
     mlp,
@@ -37,7 +38,7 @@ from scaffold.detect import (
 from scaffold.errors import ScaffoldError, SpecError
 from scaffold.spec import CONFIG_KEY_FIELDS, Source, Spec, Undetermined, Unknown, validate_identifiers, validate_names
 
-DETECTORS = (identity, sizes, layout, attention, rope, mlp, moe, norms, scaling, head)
+DETECTORS = (identity, sizes, layout, attention, rope, mlp, moe, norms, scaling, head, hyperconn)
 
 # The fields a detector decides, so that those a stopped detector left undecided are named. A mixture of
 # experts and an extra gate bias are features a spec adds with their names; left out, the model has neither.

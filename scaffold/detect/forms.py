@@ -58,6 +58,7 @@ from scaffold.detect import (
     conditions,
     dataflow,
     hashrouting,
+    hyperconn,
     keybias,
     layerinputs,
     parallelmoe,
@@ -793,8 +794,8 @@ def hyper_connections(sources: dict, config: dict) -> str | None:
     which the attention's output is added back to every stream: `post, x = self.attn_hc(streams)`, then
     `post * attention(norm(x)) + streams`. Read from what the forward's values derive from, not from names."""
     found = _attention_calls(sources)
-    if found is None or not found[3]:
-        return None
+    if found is None or not found[3] or hyperconn.ported(sources, config) is not None:
+        return None  # none, or the form the port computes (scaffold.detect.hyperconn)
     file, cls, forward, calls = found
     params = {a.arg for a in forward.args.args[1:]} | {a.arg for a in forward.args.kwonlyargs}
     attention = {id(c) for c, _ in calls}

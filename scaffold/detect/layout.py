@@ -26,12 +26,13 @@ from scaffold.detect import (
     gatednorm,
     headsizes,
     headtransform,
+    hyperconn,
     identitynorm,
     keybias,
     kvshare,
     latent,
-    moa,
     layerinputs,
+    moa,
     moe,
     outbias,
     parallelmoe,
@@ -799,6 +800,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         claimed |= {names[r] for r in PER_LAYER_INPUT_LAYER_ROLES}
     claimed |= {f"{attn}.{m}" for m in (spec.key_bias_proj, spec.key_bias_param) if m}
     claimed |= {m for m in (spec.residual_scale_attn, spec.residual_scale_mlp) if m}
+    # Hyper-connections' stream mixers (scaffold.detect.hyperconn): their matrix, bias and scales.
+    hyper = hyperconn.ported(sources, ckpt.config) if sources else None
+    if hyper is not None:
+        claimed |= {f"{m.attr}.{p}" for m in (hyper.attn, hyper.mlp) for p in m.params}
+        claimed |= {old[1:] for old in hyperconn.renamed(ckpt, hyper, prefix, names["layers"])}
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:
@@ -823,6 +829,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 sources, attn_cls, [r.split(".", 1)[1] for r in stray if r.startswith(f"{attn}.")])):
             raise _unsupported(f"{differential} (layer {layer} holds "
                                f"{', '.join(f'{stack}.{layer}.{s}' for s in stray[:4])})", where, spec.model_type)
+        coded = moe.code_names(ckpt, f"{stack}.{layer}.")
+        if stray and attn_cls and spec.qkv_layout == "latent" and (gated := _latent_output_gate(
+                sources, attn_cls, {coded(r).split(".", 1)[1].rsplit(".", 1)[0]: r for r in stray
+                                    if r.startswith(f"{attn}.") and coded(r).startswith(f"{attn}.")})):
+            sinks = (f"; besides, attention sinks ({attn}.{spec.attention_sinks}: "
+                     f"{spec.source('attention_sinks').detail}), which vLLM's MLAAttention does not take"
+                     if spec.attention_sinks else "")
+            raise _unsupported(f"{gated} with latent attention (the port's runs vLLM's MLAAttention){sinks}", where,
+                               spec.model_type)
         if stray:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
                                f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
@@ -1055,6 +1070,40 @@ def _qkv_clip(spec: Spec, code: dataflow.Attention, latent_attention: bool, wher
     spec.set("qkv_clip", code.qkv_clamp_value,
              Source("code", f"{code.qkv_clamp}: q, k and v clamped to [-c, c], c = {code.qkv_clamp_bound}",
                     code.qkv_clamp_bound or None))
+
+
+def _latent_output_gate(sources: dict, attn_cls: str, modules: dict[str, str]) -> str | None:
+    """A gate on a latent attention's output the dataflow reader did not follow (HY-V4's): in `attn_cls`'s forward,
+    a call of one of `modules` (code name -> the checkpoint's tensor), whose value, activated, multiplies the
+    attention's output before the output projection; named with its file:line, None where there is none."""
+    found = _classes(sources).get(attn_cls)
+    forward = next((n for n in found[1].body if isinstance(n, ast.FunctionDef) and n.name == "forward"),
+                   None) if found else None
+    if forward is None or not modules:
+        return None
+    derived: dict[str, str] = {}  # local -> the gate module its value comes from
+    for node in sorted((n for n in ast.walk(forward) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+        source = next((c.func.attr for c in ast.walk(node.value) if isinstance(c, ast.Call)
+                       and isinstance(c.func, ast.Attribute) and _dotted(c.func.value) == "self"
+                       and c.func.attr in modules), None)
+        source = source or next((derived[n.id] for n in ast.walk(node.value)
+                                 if isinstance(n, ast.Name) and n.id in derived), None)
+        if source is None:
+            continue
+        for product in (n for n in ast.walk(node.value) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
+            for gate, other in ((product.right, product.left), (product.left, product.right)):
+                if not (isinstance(gate, ast.Call) and gate.args and isinstance(gate.args[0], ast.Name)
+                        and gate.args[0].id in derived and isinstance(other, ast.Name) and other.id not in derived):
+                    continue
+                module = derived[gate.args[0].id]
+                act = _dotted(gate.func).rsplit(".", 1)[-1]
+                return (f"gated attention ({found[0]}:{node.lineno}: {ast.unparse(node)[:80]}: {act} of "
+                        f"self.{module}(x), {modules[module]} in the checkpoint, scales the attention's output "
+                        "before the output projection)")
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                derived[target.id] = source
+    return None
 
 
 def _output_gate(spec: Spec, names: dict, code: dataflow.Attention | None, layer0: dict, attn: str, module: str,

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import branches, forms, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
+from scaffold.detect import (
+    branches,
+    forms,
+    headsizes,
+    hyperconn,
+    kvshare,
+    layerinputs,
+    layerwidths,
+    sourcecode,
+    streams,
+)
 from scaffold.detect.common import config_value, unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -52,7 +62,15 @@ def check(ckpt: Checkpoint) -> None:
     # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
     sources = sourcecode.modeling_sources(ckpt)
     several = streams.read(sources)
-    if several is not None:
+    if several is not None and several.expanded:
+        # Hyper-connections: ported where the mixers, the layer and the head compute the port's form
+        # (scaffold.detect.hyperconn), refused naming what differs otherwise.
+        try:
+            hyperconn.read(sources, ckpt.config)
+        except hyperconn.Refused as exc:
+            raise unsupported(str(exc) + _behind_streams(ckpt, sources), ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
+    elif several is not None:
         raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
                           ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where

@@ -64,6 +64,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
         params[f"{top}{n['per_layer_input_model_proj']}.weight"] = (None,)
         for kind in () if spec.norm_weightless else ("weight", "bias") if spec.norm_bias else ("weight",):
             params[f"{top}{n['per_layer_input_model_norm']}.{kind}"] = (None,)
+    if spec.hyper_streams:  # the head collapsing the hyper-connections' streams: its matrix, bias and scale
+        for name in spec.hyper_head_params:
+            params[f"{top}{spec.hyper_head}.{name}"] = (None,)
     norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
              "post_norm": ("attn_post_norm", "mlp_post_norm"), "residual_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
@@ -89,6 +92,9 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{n[role]}.{kind}"] = (None,)
         if spec.layer_scalar:  # the layer's output scale, a parameter of the layer itself
             params[f"{p}{spec.layer_scalar}"] = (None,)
+        for mixer in spec.hyper_mixers:  # the hyper-connections' mixers, whole on every rank
+            for name in spec.hyper_params:
+                params[f"{p}{mixer}.{name}"] = (None,)
         if spec.per_layer_input_size:  # the per-layer gate and projection, and a norm built as the others
             params[f"{p}{n['per_layer_input_gate']}.weight"] = (None,)
             params[f"{p}{n['per_layer_input_proj']}.weight"] = (None,)
