@@ -30,14 +30,18 @@ from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from scaffold.checkpoint import Checkpoint
 from scaffold.detect import dataflow, layerinputs, streams
+from scaffold.detect.common import unsupported
 from scaffold.detect.evaluate import MODULES, VALUE_ERRORS, CannotEvaluate, Func, Interpreter, Limits, Obj, Sentinel
 from scaffold.detect.linears import linear_classes
-from scaffold.detect.sourcecode import _dotted, _parsed, subtree
+from scaffold.detect.sourcecode import _dotted, _parsed, modeling_sources, subtree
+from scaffold.spec import Source, Spec
 
 TOKENS = 5
 TOLERANCE = 1e-8
@@ -774,3 +778,68 @@ def _embedding(model: _Inst, forward: ast.FunctionDef) -> str | None:
                 and isinstance(model.attrs.get(node.func.attr), _Mod):
             return node.func.attr
     return None
+
+
+# ------------------------------------------------------------------ the detectors' view
+def view(ckpt: Checkpoint, spec: Spec) -> Checkpoint:
+    """`ckpt` without AltUp's tensors (the base model's two lists, each layer's AltUp module and low-rank branch),
+    where the code computes vLLM's AltUp (read, above; the policy refused any other form), with spec.altup_* and
+    laurel_* set; `ckpt` itself otherwise. The detectors then read the layer the port runs on the active copy."""
+    sources = modeling_sources(ckpt)
+    form = read(sources, ckpt.config, ckpt.tensors) if sources else None
+    if form is None:
+        spec.set("altup_num_inputs", 0, Source("default", "one residual stream"))
+        return ckpt
+    where, n = form.evidence, form.count
+    lists = re.compile(rf"(?:\A|\.)({re.escape(form.projections)}|{re.escape(form.unembed_projections)})\.(\d+)\."
+                       r"weight\Z")
+    inside = re.compile(rf"\.(\d+)\.({re.escape(form.module)}|{re.escape(form.laurel)})\.(.+)\Z")
+    kept, listed, held = {}, {}, {}
+    for name, info in ckpt.tensors.items():
+        if (m := lists.search(name)) is not None:
+            listed.setdefault(m.group(1), {})[int(m.group(2))] = info.shape
+        elif (m := inside.search(name)) is not None:
+            held.setdefault(int(m.group(1)), {})[f"{m.group(2)}.{m.group(3)}"] = info.shape
+        else:
+            kept[name] = info
+    hidden = spec.hidden_size or ckpt.config.get("hidden_size")
+    square = [hidden, hidden]
+    for attr in (form.projections, form.unembed_projections):
+        if sorted(listed.get(attr, {})) != list(range(n - 1)) or any(list(s) != square
+                                                                    for s in listed[attr].values()):
+            raise unsupported(f"alternating updates whose list {attr} the checkpoint does not hold as {n - 1} "
+                              f"[{hidden}, {hidden}] linears", ckpt.config_file, spec.model_type)
+    rank = None
+    m, lr = form.module, form.laurel
+    for layer in range(spec.num_layers or ckpt.config.get("num_hidden_layers", 0)):
+        shapes = held.get(layer, {})
+        down = shapes.get(f"{lr}.{form.laurel_down}.weight")
+        rank = rank or (down[0] if down else None)
+        want = {f"{m}.{form.router}.weight": [n, hidden], f"{m}.{form.prediction}.weight": [n * n, n],
+                f"{m}.{form.correction}.weight": [n, n], f"{m}.{form.router_norm}.weight": [hidden],
+                f"{m}.{form.output_scale}": [hidden], f"{lr}.{form.laurel_down}.weight": [rank, hidden],
+                f"{lr}.{form.laurel_up}.weight": [hidden, rank], f"{lr}.{form.laurel_norm}.weight": [hidden]}
+        got = {k: list(v) for k, v in shapes.items()}
+        if got != want:
+            extra = sorted(set(got) ^ set(want)) or sorted(k for k in want if got.get(k) != want[k])
+            raise unsupported(f"alternating updates whose tensors in layer {layer} are not the AltUp module's and the "
+                              f"low-rank branch's the code builds (e.g. {extra[0]})", ckpt.config_file,
+                              spec.model_type)
+    code = Source("code", where)
+    spec.set("altup_num_inputs", n, Source("code", where, form.count_expr))
+    spec.set("altup_active_idx", form.active, Source("code", where, form.active_expr))
+    spec.set("altup_correct_scale", form.scale_output,
+             Source("config" if form.scale_expr else "code",
+                    f"config.json {form.scale_expr.split('.', 1)[1]}" if form.scale_expr else where, form.scale_expr))
+    spec.set("altup_eps", form.eps, Source("code", f"{where}: the copies' magnitude floor"))
+    for field_name, value in (("altup_module", m), ("altup_router", form.router),
+                              ("altup_router_norm", form.router_norm), ("altup_prediction", form.prediction),
+                              ("altup_correction", form.correction), ("altup_output_scale", form.output_scale),
+                              ("altup_projections", form.projections),
+                              ("altup_unembed_projections", form.unembed_projections),
+                              ("laurel_module", lr), ("laurel_down", form.laurel_down), ("laurel_up", form.laurel_up),
+                              ("laurel_norm", form.laurel_norm)):
+        spec.set(field_name, value, code)
+    spec.set("laurel_rank", int(rank), Source("tensor", f"{lr}.{form.laurel_down}.weight: {rank} rows",
+                                              form.laurel_rank_expr))
+    return replace(ckpt, tensors=kept)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
-from scaffold.detect import branches, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
+from scaffold.detect import altup, branches, headsizes, kvshare, layerinputs, layerwidths, sourcecode, streams
 from scaffold.detect.common import unsupported
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
@@ -52,13 +52,24 @@ def check(ckpt: Checkpoint) -> None:
     # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
     sources = sourcecode.modeling_sources(ckpt)
     several = streams.read(sources)
-    if several is not None:
+    if several is not None and several.expanded:
         raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
                           ckpt.config.get("model_type"))
+    if several is not None:
+        # Stacked copies: ported where the model and its layers compute vLLM's Gemma-3n AltUp (scaffold.detect.altup).
+        try:
+            form = altup.read(sources, ckpt.config, ckpt.tensors)
+        except altup.Refused as exc:
+            raise unsupported(f"{several}; {exc}" + _behind_streams(ckpt, sources), ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
+        if form is None:
+            raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
+                              ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
     # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
     try:
-        layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors)
+        layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors,
+                         form if several is not None else None)
     except layerinputs.Refused as exc:
         raise unsupported(str(exc), ckpt.config_file, ckpt.config.get("model_type")) from None
 
