@@ -285,6 +285,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     if spec.o_bias_param:
         out.append(f".{spec.o_bias_param}")
     out += [f".{tensor}" for tensor in spec.act_tensors]
+    if spec.altup_num_inputs:  # AltUp's scale of the corrected active copy
+        out.append(f".{spec.altup_output_scale}")
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     return tuple(dict.fromkeys(out))
