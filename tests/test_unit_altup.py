@@ -232,3 +232,14 @@ def test_a_lab_mixer_correcting_from_its_guess_of_another_copy_is_refused():
 
 def test_one_residual_stream_reads_no_altup():
     assert altup.read(transformers_code("llama"), {"hidden_size": 64, "num_hidden_layers": 2}) is None
+
+
+def test_a_step_on_the_copies_the_reader_does_not_run_is_not_skipped_silently():
+    # The model's forward steps the reader does not run are skipped (masks, caches); one changing the copies in place
+    # leaves them unknown, and the reading refuses rather than compare copies the code does not hand its layers.
+    changed = LAB.replace("        for i, block in enumerate(self.blocks):",
+                          "        h[1:] = h[1:] * torch.special.erf(h[1:])\n"
+                          "        for i, block in enumerate(self.blocks):")
+    assert changed != LAB
+    with pytest.raises(altup.Refused, match="LabModel.forward hands its layers NoneType"):
+        altup.read({"modeling_lab.py": changed}, LAB_CONFIG)

@@ -356,9 +356,11 @@ class _Tolerant(_Run):
             try:
                 out = self.stmt(stmt, env)
             except (CannotEvaluate, *VALUE_ERRORS):
+                # What the statement may have changed is unknown from here on: the names it assigns, the values
+                # it assigns into (x[1:] = ..., x.a = ...) or calls a method of (x.mul_(2)).
                 self.skipped.append(stmt.lineno)
-                for target in (n for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)):
-                    env.pop(target.id, None)
+                for name in _touched(stmt):
+                    env.pop(name, None)
                 continue
             if out is not None:
                 return out
@@ -370,6 +372,23 @@ class _Tolerant(_Run):
         if isinstance(stmt, ast.With):
             return self.block(stmt.body, env)
         raise CannotEvaluate(f"line {stmt.lineno}: the layer loop inside another loop")
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _touched(stmt: ast.stmt) -> set[str]:
+    """Names a statement may change: stored, stored into, or receiving a method call (but self)."""
+    out = set()
+    for node in ast.walk(stmt):
+        if isinstance(getattr(node, "ctx", None), ast.Store):
+            out.add(_root(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            out.add(_root(node.func.value))
+    return out - {None, "self"}
 
 
 # ------------------------------------------------------------------ the reading
