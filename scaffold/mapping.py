@@ -220,6 +220,10 @@ def plain_layer_modules(spec: Spec) -> list[str]:
         out.append(f"{n['mlp']}.{n['mlp_sub_norm']}")
     if spec.per_layer_input_size:  # replicated: the per-layer gate, projection and norm
         out += [n[r] for r in PER_LAYER_INPUT_LAYER_ROLES]
+    if spec.altup_num_inputs:  # AltUp's router, its norm and coefficients (replicated); Laurel's linears and norm
+        out += [f"{spec.altup_module}.{m}" for m in (spec.altup_router, spec.altup_router_norm, spec.altup_prediction,
+                                                     spec.altup_correction)]
+        out += [f"{spec.laurel_module}.{m}" for m in (spec.laurel_down, spec.laurel_up, spec.laurel_norm)]
     return out
 
 
@@ -285,6 +289,10 @@ class _Modules:
             top |= {f"{n['model']}.{n[role]}.weight" for role in PER_LAYER_INPUT_MODEL_ROLES}
         if spec.hyper_head:  # the head collapsing the hyper-connections' streams: matrix, bias, scale
             top |= {f"{n['model']}.{spec.hyper_head}.{p}" for p in spec.hyper_head_params}
+        if spec.altup_num_inputs:  # the lists building AltUp's copies 1.. and mapping them back
+            top |= {f"{n['model']}.{attr}.{i}.weight" for attr in (spec.altup_projections,
+                                                                   spec.altup_unembed_projections)
+                    for i in range(spec.altup_num_inputs - 1)}
         if spec.head_act is not None:  # a transform before the head, beside it
             top |= {f"{n['head_transform']}.{n[role]}.{kind}" for role in ("head_dense", "head_norm")
                     for kind in ("weight", "bias")}
@@ -464,6 +472,8 @@ def map_in_layer(spec: Spec, rest: str, modules: _Modules) -> Targets | None:
             return [(rest, None, "the residual's scale")]
         if spec.layer_scalar and rest == spec.layer_scalar:
             return [(rest, None, "the layer's output scale")]
+        if spec.altup_num_inputs and rest == f"{spec.altup_module}.{spec.altup_output_scale}":
+            return [(rest, None, "AltUp's scale of the corrected active copy")]
         if spec.moe_correction_bias and rest == f"{n['mlp']}.{spec.moe_correction_bias}":
             return [(rest, None, "routing correction bias")]
         if spec.hash_table and rest == f"{n['mlp']}.{n['router']}.{spec.hash_table}":

@@ -106,6 +106,14 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                        and "layer_intermediate_sizes" not in overridden
                        else f"{list(spec.layer_intermediate_sizes)!r}[layer_idx]")
                       if spec.layer_intermediate_sizes else None)
+    # Each layer's gate cutoff fraction (Gemma-3n's config.activation_sparsity_pattern[layer_idx]): the code's
+    # expression, else the list.
+    sparsity_source = spec.source("activation_sparsity")
+    sparsity_expr = ((sparsity_source.expr if sparsity_source.kind == "code" and sparsity_source.expr
+                      and re.fullmatch(r"config\.[A-Za-z]\w*\[layer_idx\]", sparsity_source.expr)
+                      and "activation_sparsity" not in overridden
+                      else f"{list(spec.activation_sparsity)!r}[layer_idx]")
+                     if spec.activation_sparsity else None)
     # The code's own condition for the layers whose attention holds the sinks (MiMo-V2's sliding layers), else the
     # listed layers; None where every layer holds them.
     sinks_source = spec.source("attention_sinks_layers")
@@ -197,6 +205,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "o_bias_condition": o_bias_condition,
         "kv_heads_expr": kv_heads_expr,
         "mlp_width_expr": mlp_width_expr,
+        "sparsity_expr": sparsity_expr,
         # Layers reading an earlier layer's keys and values (vLLM's kv_sharing_target_layer_name), by layer.
         "kv_share": dict(zip(spec.kv_share_layers, spec.kv_share_sources)),
         # The modules of such a layer's keys and values, which checkpoints may still hold (Gemma 4's do).
@@ -304,6 +313,8 @@ def float_suffixes(spec: Spec, moe: bool) -> tuple[str, ...]:
     out += [f".{m}.{p}" for m in spec.hyper_mixers for p in spec.hyper_params]
     out += [f".{spec.hyper_head}.{p}" for p in spec.hyper_head_params if spec.hyper_head]
     out += list(spec.hyper_renamed)
+    if spec.altup_num_inputs:  # AltUp's scale of the corrected active copy
+        out.append(f".{spec.altup_output_scale}")
     if moe and spec.experts_layout in ("stacked", "flattened"):
         out += [f".{tensor}" for tensor in stacked_projections(spec) if not tensor.endswith((".weight", ".bias"))]
     if moe and spec.hash_table:  # hash routing's integer table: no quantization method's tensor either
@@ -447,7 +458,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
     # Routed experts beside the dense MLP (Gemma 4's): FusedMoE, a replicated router linear, a weightless RMSNorm.
     beside = bool(spec.parallel_moe_experts)
     stdlib = [
-        *([Import("math")] if alibi or diff else []),
+        *([Import("math")] if alibi or diff or spec.altup_num_inputs else []),
         Import("re"),
         Import("collections.abc", ("Iterable",)),
         *([] if spec.recurrent_stacks else [Import("itertools", ("islice",))]),
@@ -469,7 +480,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
              or routed),
             ("get_tensor_model_parallel_world_size", True),
             ("tensor_model_parallel_all_gather", sharded_norm or diff or bool(spec.key_bias_proj)),
-            ("tensor_model_parallel_all_reduce", routed or clamped),
+            ("tensor_model_parallel_all_reduce", routed or clamped or bool(spec.activation_sparsity)),
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
@@ -486,7 +497,7 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         Import("vllm.model_executor.layers.linear", _present(
             ("ColumnParallelLinear", not flags["gated"] or latent
              or spec.attn_output_gate not in ("none", "in_query") or bool(spec.per_layer_input_size)
-             or bool(spec.kv_share_layers)),
+             or bool(spec.kv_share_layers) or bool(spec.altup_num_inputs)),
             ("MergedColumnParallelLinear", flags["gated"] and mlp_class or low_rank_q or routed),
             ("QKVParallelLinear", not latent and not routed),
             ("ReplicatedLinear", flags["shared_gate"] or latent and not low_rank_q or spec.head_act is not None

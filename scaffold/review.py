@@ -509,6 +509,21 @@ def decisions(spec) -> list[str]:
                    f"each output back with {spec.hyper_post_scale:g} x sigmoid + {spec.hyper_post_eps:g}{comb}; "
                    f"`{spec.hyper_head}` collapses them before the final norm, all in float32 "
                    f"({_md(spec.source('hyper_streams').detail)}).")
+    if spec.altup_num_inputs:
+        a = spec.altup_module
+        out.append(f"- alternating updates (AltUp): {spec.altup_num_inputs} copies of the residual stream, copies 1.. "
+                   f"{spec.altup_projections}[i - 1](h0) rescaled to h0's root mean square (mean square floored at "
+                   f"{spec.altup_eps:g}); each layer runs on copy {spec.altup_active_idx}, predicted by {a}."
+                   f"{spec.altup_prediction} and corrected by {a}.{spec.altup_correction} (router {a}.{spec.altup_router}"
+                   f" over {a}.{spec.altup_router_norm}), beside the low-rank branch {spec.laurel_module} (rank "
+                   f"{spec.laurel_rank}); the copies merged after the layers as the mean of copy 0 and "
+                   f"{spec.altup_unembed_projections}[i - 1](y_i) rescaled "
+                   f"({_md(spec.source('altup_num_inputs').detail)}).")
+    if spec.activation_sparsity:
+        cut = [i for i, f in enumerate(spec.activation_sparsity) if f > 0]
+        out.append(f"- activation sparsity: the gate projection's output cut at mean + std x icdf(f) before the "
+                   f"activation in layers {cut} (f: {[spec.activation_sparsity[i] for i in cut]}), the statistics "
+                   f"over the whole gate width ({_md(spec.source('activation_sparsity').detail)}).")
     scales = []
     if spec.embedding_multiplier is not None:
         scales.append(f"embeddings x {_md(spec.source('embedding_multiplier').expr or spec.embedding_multiplier)}")

@@ -278,6 +278,11 @@ class Spec:
             "its own (Gemma-3n's intermediate_size[layer_idx]), or the code computes it from one width and the "
             "layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the port evaluates the code's "
             "expression per layer; empty: intermediate_size in every layer")
+    activation_sparsity: list[float] = spec_field(
+        [], group="mlp", probe="mlp", omit_when_empty=True,
+        doc="each layer's fraction f of the gate projection's output cut by relu(g - (mean(g) + std(g) * "
+            "icdf(f))) before the activation (Gemma-3n's activation_sparsity_pattern[layer_idx]; 0: no cut in that "
+            "layer); empty: none")
     vocab_size: int = spec_field(0, group="sizes", probe=("embed", "logits"), config_key=True,
                                  doc="embedding rows")
     max_position: int = spec_field(2048, group="sizes", config_key=True, doc="the longest sequence served")
@@ -885,6 +890,49 @@ class Spec:
                                               doc="the sum of the normed projection and the table scaled by it (s)")
     per_layer_input_act: str = spec_field("", group="norms", probe="layer", omit_when_empty=True,
                                           doc="the activation of each layer's per-layer gate (vLLM's name)")
+    # Alternating updates (Gemma-3n's AltUp, scaffold.detect.altup): altup_num_inputs copies of the residual stream
+    # through the layers, copy i > 0 built as altup_projections[i - 1](h0) rescaled to h0's root mean square
+    # (floor altup_eps), predicted and corrected around each layer by the layer's altup module (router, router norm,
+    # prediction and correction coefficients, the active copy's output scale), merged after the layers as the mean
+    # of copy 0 and altup_unembed_projections[i - 1](y_i) rescaled to copy 0's.
+    altup_num_inputs: int = spec_field(0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+                                       doc="copies of the residual stream (AltUp); 0: one stream")
+    altup_active_idx: int = spec_field(0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+                                       doc="the copy each layer's attention and MLP run on")
+    altup_correct_scale: bool = spec_field(False, group="norms", probe="layer", omit_when_empty=True,
+                                           doc="the corrected active copy times the module's output scale before "
+                                               "the per-layer input gate")
+    altup_eps: float = spec_field(0.0, group="norms", probe="layer", omit_when_empty=True,
+                                  doc="the mean-square floor of the copies' magnitude rescale")
+    altup_module: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                   doc="the layer's AltUp module")
+    altup_router: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                   doc="its router linear [copies, hidden]")
+    altup_router_norm: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                        doc="its router's input norm")
+    altup_prediction: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                       doc="its prediction coefficients [copies^2, copies]")
+    altup_correction: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                       doc="its correction coefficients [copies, copies]")
+    altup_output_scale: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                         doc="its parameter [hidden] scaling the corrected active copy")
+    altup_projections: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                        doc="the base model's list building copies 1.. before the layers")
+    altup_unembed_projections: str = spec_field("", group="norms", probe="layer", identifier=True,
+                                                omit_when_empty=True,
+                                                doc="the base model's list mapping copies 1.. back after the layers")
+    # The low-rank residual branch beside the attention (Gemma-3n's Laurel): l = h + norm(up(down(h))) on the normed
+    # active copy h, and (x_a + attn + l) / sqrt(2) the attention's residual sum.
+    laurel_module: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                    doc="the layer's low-rank residual branch (Laurel); empty: none")
+    laurel_down: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                  doc="its linear into the rank")
+    laurel_up: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                doc="its linear back to the hidden width")
+    laurel_norm: str = spec_field("", group="norms", probe="layer", identifier=True, omit_when_empty=True,
+                                  doc="its norm of up(down(h))")
+    laurel_rank: int = spec_field(0, group="norms", probe="layer", config_key=True, omit_when_empty=True,
+                                  doc="its rank")
     residual_scale_attn: str = spec_field(
         "", group="norms", probe="layer", identifier=True, omit_when_empty=True,
         doc="a parameter of each layer (one per channel) the residual is multiplied by before the attention's "
@@ -1260,9 +1308,10 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         if value is None or value == "" and (name.startswith("parallel_moe_") or name in (
                 "config_class", "v_norm", "layer_scalar", "layer_block", "key_bias_proj", "key_bias_param",
                 "residual_scale_attn", "residual_scale_mlp", "sublayer_mlp", "recurrent_layers", "recurrent_norm",
-                "gated_qkv", "hyper_head")):
+                "gated_qkv", "hyper_head")) or (
+                value == "" and name.startswith(("altup_", "laurel_")) and not spec.altup_num_inputs):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block;
-            # no experts beside the dense MLP (or no such part of them)
+            # no experts beside the dense MLP (or no such part of them); one residual stream (no AltUp, no low-rank branch)
         if isinstance(value, list):  # a list of names (hyper_mixers, hyper_params): each an identifier
             bad = [v for v in value if not isinstance(v, str) or len(v) > 200 or not IDENTIFIER.fullmatch(v)
                    or keyword.iskeyword(v)]
@@ -1524,6 +1573,23 @@ def validate_names(spec: Spec, origin: str) -> None:
     if spec.per_layer_input_size and spec.block not in ("pre_norm", "sandwich"):
         raise SpecError("per-layer inputs are added after a layer's two residual adds in sequence: block must be "
                         "\"pre_norm\" or \"sandwich\".", origin)
+    if spec.activation_sparsity and (len(spec.activation_sparsity) != spec.num_layers or spec.is_moe
+                                     or spec.mlp_kind != "gated" or spec.mlp_activation != "act_and_mul"
+                                     or not all(0 <= f < 1 for f in spec.activation_sparsity)):
+        raise SpecError(f"activation_sparsity must give each of the {spec.num_layers} layers a fraction in [0, 1), on "
+                        "a dense gated MLP (act(gate) * up).", origin)
+    if spec.altup_num_inputs:
+        altup_names = (spec.altup_module, spec.altup_router, spec.altup_router_norm, spec.altup_prediction,
+                       spec.altup_correction, spec.altup_output_scale, spec.altup_projections,
+                       spec.altup_unembed_projections, spec.laurel_module, spec.laurel_down, spec.laurel_up,
+                       spec.laurel_norm)
+        if (spec.altup_num_inputs < 2 or not 0 <= spec.altup_active_idx < spec.altup_num_inputs
+                or not all(altup_names) or spec.laurel_rank <= 0 or spec.altup_eps <= 0
+                or not spec.per_layer_input_size or spec.block != "sandwich" or spec.is_moe
+                or spec.sublayer_count or spec.layer_scalar):
+            raise SpecError("altup_num_inputs needs at least two copies, altup_active_idx among them, every altup_* "
+                            "and laurel_* module name, laurel_rank and altup_eps positive, per-layer inputs, the "
+                            "\"sandwich\" block and a dense MLP (the port's AltUp layer is Gemma-3n's).", origin)
     if "embed_norm" in names and not spec.embedding_norm:
         raise SpecError("'names' has a module name for role 'embed_norm' but embedding_norm is false.", origin)
     if spec.qkv_layout == "latent":

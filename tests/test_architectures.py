@@ -344,6 +344,28 @@ ARCHITECTURES = {
                                                                     "full_attention", "sliding_attention",
                                                                     "full_attention"],
                                                     "num_kv_shared_layers": 2, "use_double_wide_mlp": True}),
+    # Gemma-3n (the catalogue's tiny config): AltUp's 4 copies of the residual stream (copies 1..3 projections of
+    # the scaled embeddings rescaled to their root mean square, predicted and corrected around each layer by its
+    # router, merged after the layers as the mean of copy 0 and the unembedded copies), the low-rank Laurel branch
+    # beside the attention ((x + attn + laurel) / sqrt(2)), per-layer input embeddings added to copies 1..3, the
+    # MLP's width per layer, v_norm and unscaled scores (scaling = 1.0).
+    "gemma3n_text-altup": ("gemma3n_text", {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                                            "num_kv_shared_layers": 0, "vocab_size_per_layer_input": 256,
+                                            "hidden_size_per_layer_input": 32}),
+    # Gemma-3n with activation sparsity on layers 0 and 2 (fractions 0.95 and 0.6; Gemma-3n's checkpoints cut their
+    # first layers at 0.95): the gate projection's output cut at mean + std * icdf(fraction) before the activation,
+    # the statistics over the whole gate width.
+    "gemma3n_text-activation-sparsity": ("gemma3n_text", {
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "num_kv_shared_layers": 0,
+        "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 32,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.6]}),
+    # Gemma-3n with KV sharing (as its checkpoints do in their last layers): layers 3 (sliding) and 4 (full) read the
+    # keys and values of layers 1 and 2; prompts longer than the window of 8 run the shared sliding layer.
+    "gemma3n_text-kv-shared": ("gemma3n_text", {
+        "num_hidden_layers": 5, "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                                "sliding_attention", "full_attention"],
+        "num_kv_shared_layers": 2, "sliding_window": 8, "vocab_size_per_layer_input": 256,
+        "hidden_size_per_layer_input": 32, "intermediate_size": [256] * 5, "activation_sparsity_pattern": [0.0] * 5}),
     "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5}}),
@@ -562,6 +584,18 @@ EXPECTED_SPEC = {
                                      "per_layer_input_scale": 2**-0.5, "per_layer_input_act": "gelu_pytorch_tanh",
                                      "layer_head_dim": [32, 32, 512], "layer_scalar": "layer_scalar",
                                      "v_norm": "v_norm", "attention_scale": 1.0},
+    "gemma3n_text-altup": {"altup_num_inputs": 4, "altup_correct_scale": True,
+                           "altup_eps": 1e-5, "altup_module": "altup", "altup_router": "modality_router",
+                           "altup_router_norm": "router_norm", "altup_prediction": "prediction_coefs",
+                           "altup_correction": "correction_coefs", "altup_output_scale": "correct_output_scale",
+                           "altup_projections": "altup_projections",
+                           "altup_unembed_projections": "altup_unembed_projections", "laurel_module": "laurel",
+                           "laurel_down": "linear_left", "laurel_up": "linear_right", "laurel_norm": "post_laurel_norm",
+                           "laurel_rank": 64, "block": "sandwich", "v_norm": "v_norm", "attention_scale": 1.0,
+                           "per_layer_input_size": 32, "layer_intermediate_sizes": [256, 256, 256]},
+    "gemma3n_text-activation-sparsity": {"activation_sparsity": [0.95, 0.0, 0.6], "altup_num_inputs": 4},
+    "gemma3n_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "altup_num_inputs": 4,
+                               "v_norm": "v_norm", "sliding_window_layers": [0, 1, 3]},
     "gemma4_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "v_norm": "v_norm",
                               "sliding_window_layers": [0, 1, 3], "layer_scalar": "layer_scalar"},
     "gemma4_text-k-eq-v": {"k_eq_v_layers": [2], "v_norm": "v_norm", "sliding_window_layers": [0, 1]},
@@ -660,13 +694,6 @@ UNSUPPORTED = {
                                                     "num_experts_per_tok": 2, "moe_intermediate_size": 64},
                                     ("keys and values from a module of the attention: DeepseekV4Attention.forward "
                                      "appends what self.compressor returns (compressed_kv) to kv")),
-    # Several copies of the residual stream through the layers (scaffold.detect.streams): Gemma-3n's AltUp (its MLP
-    # widths per layer port; the catalogue's tiny config).
-    "gemma3n_text-altup": ("gemma3n_text", {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                                            "num_kv_shared_layers": 0, "vocab_size_per_layer_input": 256,
-                                            "hidden_size_per_layer_input": 32},
-                           ("alternating updates (AltUp): Gemma3nTextModel.forward stacks self.config.altup_num_inputs "
-                            "copies of the residual stream")),
     # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L)) and its hyper-connections
     # (scaffold.detect.hyperconn; tests/test_hyper_connections_port.py ports the form at parity): its latent attention
     # multiplies its output by sigmoid(gate_proj(x)) per head (linear_gate in the checkpoint) and hands sinks to the
@@ -965,6 +992,8 @@ OWN_TESTS = ("phi3", "gpt_neox", "starcoder2", "qwen2_moe", "aria_text", "granit
              "gemma4_text-double-wide-mlp",
              # Gemma 4's experts beside the dense MLP: each expert's halves of the 3-D gate_up_proj, its down_proj.
              "gemma4_text-moe-block",
+             # Gemma-3n's AltUp lists, modules and output scale, its Laurel branch (column / row parallel).
+             "gemma3n_text-altup",
              # Latent attention: the query's and the latent's down-projections fused in one parameter (with a
              # low-rank query), or each loaded whole (DeepSeek-V2-Lite's, without one).
              "deepseek_v3", "axk1", "minicpm3", "deepseek_v2-lite",

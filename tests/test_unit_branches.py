@@ -129,3 +129,64 @@ def test_the_streams_refusal_names_the_forms_behind_it(tmp_path):
     with pytest.raises(UnsupportedArchitecture, match=r"alternating updates \(AltUp\): .*; behind it, a low-rank "
                                                       r"residual branch \(Laurel\): the decoder layer's side"):
         detect(read_checkpoint(tmp_path))
+
+
+# The cutoff read to be ported (branches.read_cutoff): interpreted over numbers (the normal quantile, the population
+# std, the relu) and compared with vLLM's relu(g - (mean + std * icdf(f))), applied to the gate projection's output
+# before the activation, each layer's fraction from the code's expression. A lab's cutoff written otherwise: another
+# distribution's spelling, torch.std(correction=0), F.relu of the centred gate in one line, a config list of its own.
+LAB_CUT = LAB.replace('''        self.sparse = config.sparse_layers[layer_idx]
+
+    def cut(self, g):
+        z = torch.special.ndtri(torch.tensor(0.9))
+        centred = g - g.mean(-1, keepdim=True) - g.std(-1, keepdim=True) * z
+        return torch.clamp_min(centred, 0.0)
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        if self.sparse:
+            g = self.cut(g)''', '''        self.keep = config.cut_fractions[layer_idx]
+
+    def thin(self, g):
+        q = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(self.keep))
+        mu = g.mean(dim=-1, keepdim=True)
+        return F.relu(g - mu - torch.std(g, dim=-1, keepdim=True, correction=0) * q)
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        if self.keep > 0:
+            g = self.thin(g)''')
+
+
+def test_gemma3n_activation_sparsity_is_read_with_each_layers_fraction():
+    found = branches.read_cutoff(transformers_code("gemma3n"), {"activation_sparsity_pattern": [0.95, 0.0, 0.6]}, 3,
+                                 "gate_proj")
+    assert (found.module, found.method, found.fraction) == ("mlp", "_gaussian_topk",
+                                                            "config.activation_sparsity_pattern[layer_idx]")
+    assert (found.fractions, found.layers) == ([0.95, 0.0, 0.6], [0, 2])
+    assert found.evidence.startswith("modeling_gemma3n.py:")
+    # Read where no layer takes it (the catalogue's tiny config): fractions all 0.
+    assert branches.read_cutoff(transformers_code("gemma3n"), {"activation_sparsity_pattern": [0.0] * 3}, 3,
+                                "gate_proj").layers == []
+
+
+def test_a_lab_cutoff_written_otherwise_is_read_and_one_computing_otherwise_refused():
+    assert LAB_CUT != LAB
+    found = branches.read_cutoff({"modeling_lab.py": LAB_CUT}, {"cut_fractions": [0.0, 0.8]}, 2, "gate_proj")
+    assert (found.method, found.fraction, found.fractions, found.layers) == (
+        "thin", "config.cut_fractions[layer_idx]", [0.0, 0.8], [1])
+    # The sample std (Bessel's correction), not the population std vLLM computes.
+    with pytest.raises(branches.Refused, match="population std"):
+        branches.read_cutoff({"modeling_lab.py": LAB_CUT.replace("correction=0", "correction=1")},
+                             {"cut_fractions": [0.0, 0.8]}, 2, "gate_proj")
+    with pytest.raises(branches.Refused, match="population std"):
+        code = transformers_code("gemma3n")
+        (name, text), = code.items()
+        branches.read_cutoff({name: text.replace("unbiased=False", "unbiased=True")},
+                             {"activation_sparsity_pattern": [0.95, 0.0, 0.6]}, 3, "gate_proj")
+    # A fixed fraction in the code (the first lab's ndtri(0.9)), not the layer's own.
+    with pytest.raises(branches.Refused, match="not one fraction"):
+        branches.read_cutoff({"modeling_lab.py": LAB}, {"sparse_layers": [False, True]}, 2, "gate_proj")
+    # Applied to the up projection's output: not the gate's.
+    with pytest.raises(branches.Refused, match="not applied to the gate"):
+        branches.read_cutoff({"modeling_lab.py": LAB_CUT}, {"cut_fractions": [0.0, 0.8]}, 2, "up_proj")

@@ -17,6 +17,7 @@ from typing import Any
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import (
+    altup,
     attention,
     blocks,
     forms,
@@ -85,6 +86,7 @@ def understand(ckpt: Checkpoint, overrides: dict[str, Any] | None = None, origin
     # The detectors read norms by their `weight`; a lab's norms may keep it as `scale` (the port maps it back).
     ckpt = normparams.view(ckpt, spec)
     ckpt = blocks.view(ckpt, spec)
+    ckpt = altup.view(ckpt, spec)  # AltUp's copies of the stream: the detectors read the layer on the active copy
     whole, ckpt = ckpt, sublayers.view(ckpt, spec)
     for detector in DETECTORS:
         try:

@@ -1680,9 +1680,10 @@ def attention_layer_branches(sources: dict, config: dict, list_attr: str | None 
     return None
 
 
-def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> Layer | None:
+def analyze_layer(sources: dict, config: dict, list_attr: str | None = None, skip: frozenset = frozenset()) -> Layer | None:
     """Roles inside the decoder layer, as its code computes them; None when the source has no decoder layer
-    class this can find."""
+    class this can find. `skip`: modules of the layer read elsewhere, neither sublayers nor norms (AltUp's module and
+    low-rank branch, scaffold.detect.altup)."""
     found = layer_class(sources, list_attr)
     if found is None:
         return None
@@ -1690,7 +1691,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None) -> 
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     # Every module the layer builds; which is a norm, the forward says (and the tensors confirm).
     # `A(...) if config.x else B(...)`: the branch config.json selects; modules the config switches off go.
-    off = _switched_off(init, config)
+    off = _switched_off(init, config) | set(skip)
     chosen = {a: conditions.selected(v, config) for a, v in _init_assignments(init).items()}
     # A module built as nn.Identity() on some layers only (ModernBERT-decoder's `self.attn_norm = nn.LayerNorm(...)
     # if layer_idx != 0 else nn.Identity()`): the module the other layers build (identitynorm.py reads which).

@@ -726,9 +726,10 @@ def _show(term) -> str:
     return term[1] if len(term) > 1 and isinstance(term[1], str) else term[0]
 
 
-def read(sources: dict, config: dict, tensors) -> PerLayerForm | None:
+def read(sources: dict, config: dict, tensors, stacked=None) -> PerLayerForm | None:
     """The per-layer input embeddings as the port computes them, read from the code; None where the model has none
-    (per_layer_inputs); Refused naming what differs where it computes them otherwise."""
+    (per_layer_inputs); Refused naming what differs where it computes them otherwise. `stacked`: the AltUp form
+    (scaffold.detect.altup.read) where the model stacks copies of the stream for its layers."""
     found = per_layer_inputs(sources, tensors)
     if found is None:
         return None
@@ -747,6 +748,14 @@ def read(sources: dict, config: dict, tensors) -> PerLayerForm | None:
         raise Refused(f"{found.short()}: the reader does not follow the layer call")
     args, keywords = call
     hidden = args[0]
+    if stacked is not None:
+        # Copies of the stream stacked for the layers (AltUp, scaffold.detect.altup: copy 0 is the embeddings): the
+        # projection reads the embeddings the stream starts from.
+        params = [a.arg for a in _method(owner, "forward").args.args if a.arg != "self"]
+        kind = model.kinds.get(found.stream)
+        if kind is None or kind[0] != "embed" or not params:
+            raise Refused(f"{found.short()}: the reader does not find the embedding the stacked copies start from")
+        hidden = model.embedding(found.stream, kind[1], ("param", params[0]))
     handed = [(i, t) for i, t in enumerate(args[1:], 1)] + [(k, t) for k, t in keywords.items()]
     side = [(where, t) for where, t in handed if _mentions(t, ("lookup", found.table))]
     where = found.call_where
@@ -795,8 +804,11 @@ def read(sources: dict, config: dict, tensors) -> PerLayerForm | None:
     if lin_c.value != h_c.value:  # a factor inside the linear map (no bias: it commutes) other than the stream's
         inner_scale = Const(inner_scale.value * lin_c.value / h_c.value, None)
     evidence = f"{where} ({found.model_cls}: {_show(body)})"
-    # The layer's side.
-    layer_form = _layer_use(layer, sources, config, embeds, argument, width)
+    # The layer's side (with stacked copies, the roles the AltUp reading followed by their values).
+    if stacked is not None:
+        layer_form = _altup_use(layer, sources, config, stacked)
+    else:
+        layer_form = _layer_use(layer, sources, config, embeds, argument, width)
     # The port builds both norms as the layers' norms: the code must build them so (class and arguments).
     layer_sym = _Sym(layer[1], layer[0], sources, config, embeds)
     built = {attr: _built(k[1]) for attr, k in layer_sym.kinds.items() if k[0] == "norm"}
@@ -897,6 +909,21 @@ def _layer_use(layer, sources, config, embeds, argument, width):
                 return gate, proj, post, act_name, key, (
                     f"{where}: {post}({proj}({act[1]}({gate}(h)) * {name})) added to h ({cls.name})")
     refuse(f"{name} reaches the output as {_show(out)}, not as norm(linear(act(linear(h)) * {name})) added to h")
+
+
+def _altup_use(layer, sources, config, form):
+    """(gate, projection, post norm, activation, its config key, evidence) of the layer's per-layer input as the AltUp
+    reading followed it: norm(proj(act(gate(y_a)) * x)) added to copies 1..."""
+    roles = form.roles
+    key, act_name = _activation(layer[1], roles["per_layer_input_act"], config)
+    if act_name is None:
+        raise Refused(f"per-layer input embeddings used otherwise than the port uses them ({layer[1].name}): its gate's "
+                      f"activation self.{roles['per_layer_input_act']} is not ACT2FN[...] of a name config.json gives")
+    evidence = (f"{layer[0]}:{layer[1].lineno}: {roles['per_layer_input_norm']}({roles['per_layer_input_proj']}("
+                f"{roles['per_layer_input_act']}({roles['per_layer_input_gate']}(y)) * per_layer_input)) added to the "
+                f"copies but the first ({layer[1].name}, read with AltUp)")
+    return (roles["per_layer_input_gate"], roles["per_layer_input_proj"], roles["per_layer_input_norm"], act_name, key,
+            evidence)
 
 
 def _subterms(term):

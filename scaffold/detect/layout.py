@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import (
+    altup,
     blocks,
     codekeys,
     dataflow,
@@ -138,7 +139,9 @@ def _per_layer_inputs(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, to
     """Per-layer input embeddings as the port computes them (scaffold.detect.layerinputs.read; the policy refused
     any other form): their modules under names.per_layer_input_*, their sizes, scales and activation; their
     top-level tensors taken out of `top`. None where the model has none."""
-    form = layerinputs.read(modeling_sources(ckpt), ckpt.config, ckpt.tensors)
+    sources = modeling_sources(ckpt)
+    stacked = altup.read(sources, ckpt.config, ckpt.tensors) if spec.altup_num_inputs else None
+    form = layerinputs.read(sources, ckpt.config, ckpt.tensors, stacked)
     if form is None:
         spec.set("per_layer_input_size", 0, Source("default", "no per-layer input embeddings"))
         return None
@@ -501,7 +504,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     gated_inner = _gated_norms(ckpt, spec, names, sources, per_layer, f"{prefix}.{names['layers']}", where)
     weightless = weightless_norm_attributes(sources)  # norms no tensor can show: the code alone says they exist
     identities = _identity_norms(sources, ckpt, spec, names["layers"], per_layer, weightless)
-    flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless, identities)
+    streams_modules = frozenset(m for m in (spec.altup_module, spec.laurel_module) if m)  # read by altup.view
+    flow = _layer_flow(sources, ckpt, names["layers"], layer0, weightless, identities, streams_modules)
     if "attn_norm" in identities:
         found = identities["attn_norm"]
         spec.set("unnormed_attn_layers", found.layers, Source("code", found.evidence))
@@ -1397,7 +1401,8 @@ def _code_block(norms: dict, parallel, code_parallel: bool | None = None,
 
 
 def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
-                weightless: set[str], identities: dict | None = None) -> dataflow.Layer | None:
+                weightless: set[str], identities: dict | None = None, skip: frozenset = frozenset()
+                ) -> dataflow.Layer | None:
     """What the decoder layer's code computes, with every role it names confirmed by a tensor of layer 0; None
     without source. Roles the tensors do not confirm are dropped (the name table decides those); a norm the code
     builds as an identity in layer 0 (`identities`, checked against the tensors) is kept."""
@@ -1406,7 +1411,8 @@ def _layer_flow(sources: dict, ckpt: Checkpoint, layers: str, layer0: dict,
         return None
     try:
         config = configured(sources, ckpt.config)
-        flow = dataflow.analyze_layer(sources, config, layers) or dataflow.analyze_layer(sources, config)
+        flow = dataflow.analyze_layer(sources, config, layers, skip) or dataflow.analyze_layer(sources, config,
+                                                                                             skip=skip)
     except RecursionError:
         return None
     if flow is None:

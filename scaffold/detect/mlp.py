@@ -6,7 +6,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import codekeys, dataflow
+from scaffold.detect import branches, codekeys, dataflow
 from scaffold.detect.activations import (
     _package_file,
     gated_forms,
@@ -61,6 +61,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         _check_activation(act, spec, where)
         _check_activation_tensors(act, spec, where)
     n = spec.names
+    _activation_sparsity(ckpt, spec, where)
     if not spec.mlp_on_layer and (altered := altered_projection(
             modeling_sources(ckpt), n.get("mlp", "mlp"),
             {n[r] for r in ("gate_proj", "up_proj", "gate_up_proj") if r in n})) is not None:
@@ -201,6 +202,27 @@ def _unread_activation(sources: dict[str, str], mlp_attr: str, projections: set[
 
 
 CLAMPS = frozenset({"clamp", "clip", "clamp_", "clip_", "clamp_min", "clamp_max", "clamp_min_", "clamp_max_"})
+
+
+def _activation_sparsity(ckpt: Checkpoint, spec: Spec, where) -> None:
+    """A statistical cutoff on the gate projection's output before the activation (Gemma-3n's activation sparsity,
+    scaffold.detect.branches.read_cutoff): each layer's fraction, read by the port per layer with the code's
+    expression; refused by name where the code computes another cutoff."""
+    sources = modeling_sources(ckpt)
+    try:
+        found = branches.read_cutoff(sources, ckpt.config, spec.num_layers, spec.names.get("gate_proj")) \
+            if sources and spec.num_layers else None
+    except branches.Refused as exc:
+        raise unsupported(str(exc), where, spec.model_type) from None
+    if found is None or not found.layers:
+        spec.set("activation_sparsity", [], Source("default", "no cutoff on the gate projection's output")
+                 if found is None else Source("config", f"config.json gives every layer the fraction 0 ({found.evidence})"))
+        return
+    if found.module != spec.names.get("mlp") or spec.is_moe or spec.mlp_kind != "gated":
+        raise unsupported(f"activation sparsity ({found.evidence}) on a module other than a dense gated MLP", where,
+                          spec.model_type)
+    expr = found.fraction if re.fullmatch(r"config\.[A-Za-z]\w*\[layer_idx\]", found.fraction) else None
+    spec.set("activation_sparsity", found.fractions, Source("code", found.evidence, expr))
 
 
 def altered_projection(sources: dict[str, str], mlp_attr: str, projections: set[str]) -> str | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint, TensorInfo
 from scaffold.detect import (
+    altup,
     branches,
     forms,
     headsizes,
@@ -62,6 +63,7 @@ def check(ckpt: Checkpoint) -> None:
     # the port's layers carry one, and the forms a layer computes on one copy are read only where it has one.
     sources = sourcecode.modeling_sources(ckpt)
     several = streams.read(sources)
+    form = None  # Gemma-3n's AltUp, where the stacked copies are read as it (altup.read)
     if several is not None and several.expanded:
         # Hyper-connections: ported where the mixers, the layer and the head compute the port's form
         # (scaffold.detect.hyperconn), refused naming what differs otherwise.
@@ -71,12 +73,20 @@ def check(ckpt: Checkpoint) -> None:
             raise unsupported(str(exc) + _behind_streams(ckpt, sources), ckpt.config_file,
                               ckpt.config.get("model_type")) from None
     elif several is not None:
-        raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
-                          ckpt.config.get("model_type"))
+        # Stacked copies: ported where the model and its layers compute vLLM's Gemma-3n AltUp (scaffold.detect.altup).
+        try:
+            form = altup.read(sources, ckpt.config, ckpt.tensors)
+        except altup.Refused as exc:
+            raise unsupported(f"{several}; {exc}" + _behind_streams(ckpt, sources), ckpt.config_file,
+                              ckpt.config.get("model_type")) from None
+        if form is None:
+            raise unsupported(str(several) + _behind_streams(ckpt, sources), ckpt.config_file,
+                              ckpt.config.get("model_type"))
     # A second embedding of the token ids handed to each decoder layer (Gemma 3n's and Gemma 4's PLE): ported where
     # the code computes vLLM's form of it (scaffold.detect.layerinputs.read), refused naming what differs otherwise.
     try:
-        layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors)
+        layerinputs.read(sourcecode.modeling_sources(ckpt), ckpt.config, ckpt.tensors,
+                         form)
     except layerinputs.Refused as exc:
         raise unsupported(str(exc), ckpt.config_file, ckpt.config.get("model_type")) from None
 

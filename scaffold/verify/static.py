@@ -67,6 +67,10 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
     if spec.hyper_streams:  # the head collapsing the hyper-connections' streams: its matrix, bias and scale
         for name in spec.hyper_head_params:
             params[f"{top}{spec.hyper_head}.{name}"] = (None,)
+    if spec.altup_num_inputs:  # the lists building AltUp's copies and mapping them back
+        for attr in (spec.altup_projections, spec.altup_unembed_projections):
+            for i in range(spec.altup_num_inputs - 1):
+                params[f"{top}{attr}.{i}.weight"] = (None,)
     norms = {"pre_norm": ("attn_norm", "mlp_norm"), "parallel": ("attn_norm", "mlp_norm"),
              "post_norm": ("attn_post_norm", "mlp_post_norm"), "residual_norm": ("attn_post_norm", "mlp_post_norm"),
              "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm")}[spec.block]
@@ -100,6 +104,16 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
             params[f"{p}{n['per_layer_input_proj']}.weight"] = (None,)
             for kind in kinds:
                 params[f"{p}{n['per_layer_input_norm']}.{kind}"] = (None,)
+        if spec.altup_num_inputs:  # AltUp's linears, its router's norm and output scale; Laurel's linears and norm
+            altup, laurel = f"{p}{spec.altup_module}.", f"{p}{spec.laurel_module}."
+            for linear in (spec.altup_router, spec.altup_prediction, spec.altup_correction):
+                params[f"{altup}{linear}.weight"] = (None,)
+            params[f"{altup}{spec.altup_output_scale}"] = (None,)
+            for linear in (spec.laurel_down, spec.laurel_up):
+                params[f"{laurel}{linear}.weight"] = (None,)
+            for kind in kinds:
+                params[f"{altup}{spec.altup_router_norm}.{kind}"] = (None,)
+                params[f"{laurel}{spec.laurel_norm}.{kind}"] = (None,)
         if spec.qkv_layout == "latent":
             # The low-rank query's and the latent's down-projections fused in one parameter (shards 0, 1), or the
             # queries' own projection beside the latent's; the latent's norm and expansion. The latent norms are
