@@ -371,7 +371,7 @@ def per_layer_targets(spec: Spec, layer: int, rest: str, targets: Targets | None
     attn = n["self_attn"]
     if layer in spec.kv_share_layers:
         source = spec.kv_share_sources[spec.kv_share_layers.index(layer)]
-        module, _, kind = rest.rpartition(".")
+        module = rest.rpartition(".")[0]
         if module == f"{attn}.{n['q_proj']}":
             return [(rest, None, f"the queries' own projection; keys and values are layer {source}'s")]
         if module in {f"{attn}.{n[r]}" for r in ("k_proj", "v_proj", "k_norm") if r in n} | (

@@ -22,10 +22,11 @@ PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 80, 11], [2, 100, 17, 4, 4, 250, 31, 66, 12, 
 
 def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype: str = "float32",
              lora: Path | None = None, prompts: list[list[int]] = PROMPTS, pipeline_parallel_size: int = 1,
-             check: bool = True) -> dict | subprocess.CompletedProcess:
+             check: bool = True, trust_remote_code: bool = False) -> dict | subprocess.CompletedProcess:
     """Run the engine on `checkpoint` in a child process: through the port at `port` (staged as
     verify stages it), or through vLLM's own class when port is None. check=False returns the
-    finished process instead of raising when the engine fails."""
+    finished process instead of raising when the engine fails. trust_remote_code: the checkpoint's config class is
+    its own code (a lab checkpoint's auto_map)."""
     from scaffold.verify.parity import engine_env
     from scaffold.verify.port import load_port, stage_install
 
@@ -41,6 +42,8 @@ def logprobs(checkpoint: Path, workdir: Path, *, port: Path | None = None, dtype
         request["lora"] = str(lora)
     if pipeline_parallel_size > 1:
         request["pipeline_parallel_size"] = pipeline_parallel_size
+    if trust_remote_code:
+        request["trust_remote_code"] = True
     (workdir / "request.json").write_text(json.dumps(request))
     proc = subprocess.run([sys.executable, __file__, str(workdir / "request.json")], cwd=workdir,
                           env=engine_env(stage, package, pipeline_parallel_size), capture_output=True, text=True,
@@ -82,6 +85,8 @@ def main(request_file: str) -> None:
     stages = request.get("pipeline_parallel_size", 1)
     if stages > 1:
         kwargs.update(pipeline_parallel_size=stages, distributed_executor_backend="mp")
+    if request.get("trust_remote_code"):
+        kwargs.update(trust_remote_code=True)
     llm = LLM(model=request["checkpoint"], skip_tokenizer_init=True, dtype=request["dtype"], enforce_eager=stages == 1,
               max_model_len=128, seed=0, max_logprobs=20, enable_prefix_caching=False, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20, detokenize=False)

@@ -928,6 +928,27 @@ def test_per_layer_inputs_reach_the_second_pipeline_stage(workdir):
 
 
 @pytest.mark.engine
+def test_a_port_of_stacks_run_in_cycles_refuses_pipeline_stages(workdir):
+    """HRM-Text's stacks run in cycles: every cycle runs every layer, so no split of the layers into consecutive
+    pipeline stages computes the model. The port declares no SupportsPP (as vLLM's own HrmTextForCausalLM), so vLLM
+    refuses pipeline_parallel_size 2 in its config check, before any worker starts, with one short line (cheap: no
+    model is built)."""
+    name = "hrm_text"
+    ckpt = checkpoint_for(name, ARCHITECTURES, workdir)
+    out = workdir / f"port-{name}-pp2"
+    scaffold("new", ckpt, "-o", out, "--force")
+    model = next(out.glob("*/model.py")).read_text(encoding="utf-8")
+    bases = re.search(r"\nclass \w+ForCausalLM\((.*?)\):", model, flags=re.DOTALL)
+    assert bases and "SupportsPP" not in bases.group(1), bases
+    proc = logprobs(ckpt, workdir / "hrm-pp2", port=out, pipeline_parallel_size=2, check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("NotImplementedError: Pipeline parallelism is not supported for this model. Supported models "
+                    "implement the `SupportsPP` interface."), proc.stderr[-3000:]
+    assert "EngineCore" not in proc.stderr and "Worker" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.engine
 @pytest.mark.extended
 def test_doge_port_refuses_a_context_beyond_its_keep_window(workdir):
     """Beyond keep_window_size keys Doge keeps only the top-scoring ones of each query, which the port does not

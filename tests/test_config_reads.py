@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-
 from helpers import EXAMPLES, scaffold
 
 from scaffold.detect.configreads import config_reads

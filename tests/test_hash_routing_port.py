@@ -70,3 +70,15 @@ def test_a_hash_router_without_its_table_is_refused(tmp_path):
     assert proc.returncode == 2, message
     assert ("hash routing (LabTokenHashGate.forward indexes expert_table by token_ids (modeling_hashmoe.py:" in message
             and "in layers [0] whose table the checkpoint does not hold" in message), message
+
+
+@pytest.mark.engine
+@pytest.mark.extended  # the tp1 case above verifies the same port on the checkpoint itself
+def test_hash_routing_port_verified_on_its_twin(tmp_path):
+    """`scaffold verify --twin` on the hash-routed checkpoint: the twin keeps the integer table (rows drawn as
+    distinct experts, scaffold.verify.twin) and the port is at parity on it."""
+    ckpt = build(tmp_path / "hashmoe")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out, "--trust-remote-code")
+    checks = verified_at_parity(out, "--trust-remote-code", "--twin")
+    assert "built from" in checks["twin"]["detail"], checks["twin"]

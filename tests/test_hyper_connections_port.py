@@ -71,3 +71,22 @@ def test_hyper_connections_port_at_parity(style, tp, tmp_path):
         assert f"tensor_parallel_size={tp}" in checks["port loaded by vLLM"]["detail"]
         return
     own_weight_tests_pass(out)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.extended
+def test_the_streams_cross_pipeline_stages(tmp_path):
+    """The port hands the streams to the next pipeline stage as [tokens, N, hidden] in its intermediate tensors
+    (make_empty_intermediate_tensors gives the receiving buffer that shape). Served live at pipeline_parallel_size 2
+    (3 layers, split [2, 1]), the port gives what it gives on one stage, which the tp1 case holds to transformers."""
+    from engine_logprobs import logprobs, max_delta
+
+    ckpt = build(tmp_path / "hyper", style="deepseek_v4")
+    out = tmp_path / "port"
+    scaffold("new", ckpt, "-o", out, "--trust-remote-code")
+    one = logprobs(ckpt, tmp_path / "pp1", port=out, trust_remote_code=True)
+    two = logprobs(ckpt, tmp_path / "pp2", port=out, pipeline_parallel_size=2, trust_remote_code=True)
+    delta = max_delta(one, two)
+    print(f"hyper-connections (deepseek_v4 style) PP=2 vs PP=1: max |dlogp| {delta:.2e}")
+    assert delta <= 1e-4

@@ -106,6 +106,7 @@ def moe_reference(checkpoint, hidden, layer: int = 0):
 @pytest.mark.slow
 def test_moe_port_is_mixture_of_experts_as_vllms_qwen3_moe(workdir):
     import torch
+
     from scaffold.tiny import build_tiny
 
     ref = build_tiny("qwen3_moe", workdir / "ckpt-eplb-ref", architecture="Qwen3MoeForCausalLM", seed=5,
@@ -139,6 +140,7 @@ def test_moe_port_is_mixture_of_experts_as_vllms_qwen3_moe(workdir):
 @pytest.mark.engine
 def test_eagle3_aux_hidden_states_match_vllms_llama(workdir):
     import torch
+
     from scaffold.tiny import build_tiny
 
     ref = build_tiny("llama", workdir / "ckpt-eagle3-ref", architecture="LlamaForCausalLM", seed=7,

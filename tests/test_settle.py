@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import EXAMPLES, scaffold, verified_at_parity
 
 # Each test builds the finch checkpoint in transformers (~10 s) and runs the CLI a few times: the full suite only.

@@ -121,6 +121,36 @@ def test_twin_of_remote_code_checkpoint_keeps_its_code_and_layout(tmp_path):
     assert build_twin(real, tmp_path / "twin", trust_remote_code=True) == twin.path  # a complete twin is reused
 
 
+@pytest.mark.slow  # ~15 s on 2 cores: builds the lab checkpoint and its twin with transformers
+def test_twin_of_a_hash_routed_checkpoint_draws_its_integer_table(tmp_path):
+    """The lab's hash routing (tests/hash_routing_ckpt.py): an int32 table of each token's experts, which the main
+    reader lets through where the code indexes it by token id for experts. The twin is built from the checkpoint's
+    path, keeps the table as integers and draws each row as distinct experts (transformers builds it as zeros: every
+    token would go to expert 0 twice, and a port reading the table wrongly would pass)."""
+    from hash_routing_ckpt import OVERRIDES, build
+
+    from scaffold.detect import detect
+    from scaffold.detect.forms import read_checkpoint
+    from scaffold.verify.twin import build_twin
+
+    real = build(tmp_path / "hashmoe")
+    twin = read_checkpoint(build_twin(real, tmp_path / "twin", trust_remote_code=True))
+    name = "model.layers.0.mlp.gate.expert_table"
+    assert twin.tensors[name].dtype == "I32"
+    assert twin.tensors[name].shape == (twin.config["vocab_size"], OVERRIDES["num_experts_per_tok"])
+    real_spec, spec = detect(read_checkpoint(real)), detect(twin)
+    assert spec.hash_layers == real_spec.hash_layers == [0] and spec.hash_table == real_spec.hash_table
+    from safetensors import safe_open
+
+    shard = twin.path / twin.tensors[name].file
+    with safe_open(str(shard), "pt") as f:
+        table = f.get_tensor(name)
+    experts = twin.config["num_local_experts"]  # transformers 5 names Qwen3-MoE's num_experts so
+    assert int(table.min()) >= 0 and int(table.max()) < experts
+    assert all(len(set(row.tolist())) == table.shape[1] for row in table)  # distinct experts per token
+    assert len({tuple(row.tolist()) for row in table}) > 1  # not one row for every token
+
+
 def test_headers_only_reports_the_tied_data_comparison_as_not_run():
     from types import SimpleNamespace
 

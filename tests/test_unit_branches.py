@@ -158,6 +158,22 @@ LAB_CUT = LAB.replace('''        self.sparse = config.sparse_layers[layer_idx]
             g = self.thin(g)''')
 
 
+def test_the_port_reads_each_layers_fraction_with_the_codes_expression():
+    """What the port's MLP is rendered with (model_context.choices): the code's per-layer expression where the
+    reader kept one, else the list indexed by the layer (the merge of Gemma-3n had dropped `import re` here: every
+    port with activation sparsity failed with a NameError)."""
+    from scaffold.model_context import choices
+    from scaffold.spec import Source, Spec
+
+    spec = Spec()
+    spec.set("activation_sparsity", [0.95, 0.0, 0.6],
+             Source("code", "modeling_gemma3n.py:1: cutoff", "config.activation_sparsity_pattern[layer_idx]"))
+    assert choices(spec, set())["sparsity_expr"] == "config.activation_sparsity_pattern[layer_idx]"
+    assert choices(spec, {"activation_sparsity"})["sparsity_expr"] == "[0.95, 0.0, 0.6][layer_idx]"
+    spec.set("activation_sparsity", [0.95, 0.0, 0.6], Source("code", "lab.py:1: cutoff", "self.fractions[layer_idx]"))
+    assert choices(spec, set())["sparsity_expr"] == "[0.95, 0.0, 0.6][layer_idx]"
+
+
 def test_gemma3n_activation_sparsity_is_read_with_each_layers_fraction():
     found = branches.read_cutoff(transformers_code("gemma3n"), {"activation_sparsity_pattern": [0.95, 0.0, 0.6]}, 3,
                                  "gate_proj")

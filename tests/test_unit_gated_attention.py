@@ -60,7 +60,7 @@ def _lab_checkpoint(tmp_path, gate_rows=None, code=LAB_CODE):
     for i in range(shape.layers):
         tensors[f"model.layers.{i}.self_attn.headwise.weight"] = [gate_rows or shape.heads, shape.hidden]
         tensors[f"model.layers.{i}.self_attn.headwise.bias"] = [gate_rows or shape.heads]
-    ckpt = read(tmp_path, shape, tensors=tensors)
+    read(tmp_path, shape, tensors=tensors)  # writes the checkpoint; read again below, with the code beside it
     (tmp_path / "modeling_lab.py").write_text(code)
     from scaffold.checkpoint import read_checkpoint
 
@@ -68,7 +68,7 @@ def _lab_checkpoint(tmp_path, gate_rows=None, code=LAB_CODE):
 
 
 def test_the_gate_is_per_head_by_its_rows_with_its_activation_and_bias(tmp_path):
-    ckpt, shape = _lab_checkpoint(tmp_path)
+    ckpt, _ = _lab_checkpoint(tmp_path)
     spec = detect_until(ckpt, rope)
     assert spec.names["attn_gate"] == "headwise"
     assert (spec.attn_output_gate, spec.attn_gate_act, spec.attn_gate_bias) == ("per_head", "softplus", True)
@@ -79,7 +79,7 @@ def test_the_gate_is_per_head_by_its_rows_with_its_activation_and_bias(tmp_path)
 
 
 def test_a_gate_with_one_row_per_output_element_is_elementwise(tmp_path):
-    ckpt, shape = _lab_checkpoint(tmp_path, gate_rows=4 * 16)
+    ckpt, _ = _lab_checkpoint(tmp_path, gate_rows=4 * 16)
     assert detect_until(ckpt, layout).attn_output_gate == "elementwise"
 
 

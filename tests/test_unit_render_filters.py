@@ -16,10 +16,10 @@ from scaffold.errors import ScaffoldError
 from scaffold.model_context import IMPORT_LINE_LENGTH, Import, choices, imports, logits_processor_arguments
 from scaffold.render import MAX_LITERAL_DEPTH, checked_expr, environment, is_partial, py_literal, templates_dir
 from scaffold.spec import Source, Spec, omitted
+from scaffold.text import markdown_text
 from scaffold.tomlio import comment_text as toml_comment
 from scaffold.tomlio import spec_toml as to_toml
 from scaffold.tomlio import string as toml_string
-from scaffold.text import markdown_text
 
 NASTY = "a'b\"c\\d\ne\tf\x00g\u2028h</script>`|"
 

@@ -7,7 +7,7 @@ import ast
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import codekeys, dataflow, latentnorm
 from scaffold.detect.common import set_from_config, unsupported
-from scaffold.detect.sourcecode import _classes, module_class, modeling_sources, subtree
+from scaffold.detect.sourcecode import _classes, modeling_sources, module_class, subtree
 from scaffold.spec import Source, Spec
 
 KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon", "norm_epsilon")

@@ -24,8 +24,19 @@ from pathlib import Path
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.errors import CheckpointError
-from scaffold.quantized import (AWQ, AWQ_PACK, FP8, FP8_BLOCK, GPTQ, INT8, KV_CACHE_SCALES, PACKED, Layout, layout,
-                                quantization_method)
+from scaffold.quantized import (
+    AWQ,
+    AWQ_PACK,
+    FP8,
+    FP8_BLOCK,
+    GPTQ,
+    INT8,
+    KV_CACHE_SCALES,
+    PACKED,
+    Layout,
+    layout,
+    quantization_method,
+)
 
 # The dtype the port runs in: float32 where vLLM's CPU build runs the scheme in it (W8A8 int8), else
 # bfloat16 (its AWQ and GPTQ kernels take half precision only, its W4A16 kernel no float32).

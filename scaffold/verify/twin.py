@@ -33,14 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaffold.checkpoint import Checkpoint, read_checkpoint
+from scaffold.checkpoint import INTEGER_DTYPES, Checkpoint
+from scaffold.detect.forms import read_checkpoint  # reads a hash routing's integer table, as verify does
 from scaffold.detect.identity import transformers_model_types
 from scaffold.errors import ScaffoldError
 from scaffold.mapping import natural, weight_table
 from scaffold.spec import FIELDS
 from scaffold.tiny import randomize
 
-FORMAT = 1  # bump when the twin a config gives changes (it keys the cache)
+FORMAT = 2  # bump when the twin a config gives changes (it keys the cache)
 SEED = 0
 STD = 0.08
 MIN_LAYERS = 3
@@ -360,7 +361,7 @@ def build_twin(ckpt_path: str | Path | Checkpoint, out_dir: str | Path, *, trust
                 if source.is_file() and source.stat().st_size <= 64 * 2**20:
                     shutil.copyfile(source, tmp / Path(name).name)
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n", encoding="utf-8")
-        _random_weights(tmp, trust_remote_code and needs_code(ckpt), seed)
+        _random_weights(tmp, trust_remote_code and needs_code(ckpt), seed, _integer_tables(ckpt, plan.config))
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n", encoding="utf-8")
         info = {"key": _cache_key(ckpt), "built_from": str(ckpt.config_file), "changes": plan.changes,
                 "layers": plan.layers, "summary": plan.summary(ckpt.config_file)}
@@ -385,8 +386,24 @@ def _complete(out: Path, ckpt: Checkpoint) -> bool:
         return False
 
 
-def _random_weights(folder: Path, trust_remote_code: bool, seed: int) -> None:
-    """Random weights for folder/config.json, saved by transformers as safetensors into `folder`."""
+def _integer_tables(ckpt: Checkpoint, config: dict) -> dict[str, int]:
+    """The last components of the integer tables the real checkpoint holds (a hash routing's experts per token id,
+    which scaffold.detect.forms.read_checkpoint let through), each with the twin's expert count its rows draw from."""
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, t in ckpt.tensors.items() if t.dtype in INTEGER_DTYPES})
+    if not leaves:
+        return {}
+    key, experts = _positive(config, "experts")
+    if key is None:
+        raise ScaffoldError(f"--twin cannot draw the integer table{'s' if len(leaves) > 1 else ''} "
+                            f"{', '.join(leaves)} of the checkpoint: config.json names no expert count "
+                            f"({' / '.join(KEYS['experts'])}) whose experts its rows pick.", ckpt.config_file)
+    return {leaf: experts for leaf in leaves}
+
+
+def _random_weights(folder: Path, trust_remote_code: bool, seed: int, tables: dict[str, int] | None = None) -> None:
+    """Random weights for folder/config.json, saved by transformers as safetensors into `folder`. `tables`: integer
+    tables by last name component, each row drawn as distinct experts of the given count (transformers builds them
+    as zeros: every token would go to expert 0)."""
     # Deferred on purpose: torch and transformers take seconds to import, and only building a twin needs them.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -401,6 +418,7 @@ def _random_weights(folder: Path, trust_remote_code: bool, seed: int) -> None:
         raise ScaffoldError(f"transformers cannot build the twin from the shrunk config.json "
                             f"({type(exc).__name__}: {exc}).", folder / "config.json") from None
     randomize(model, STD)
+    _random_tables(model, tables or {})
     saved = Path(tempfile.mkdtemp(prefix=".weights-", dir=folder))
     try:
         model.save_pretrained(saved, safe_serialization=True)
@@ -409,6 +427,23 @@ def _random_weights(folder: Path, trust_remote_code: bool, seed: int) -> None:
                 os.replace(path, folder / path.name)
     finally:
         shutil.rmtree(saved, ignore_errors=True)
+
+
+def _random_tables(model, tables: dict[str, int]) -> None:
+    """Each row of an integer table: distinct experts drawn at random, so that the port's lookup of it matters."""
+    import torch  # deferred on purpose: only building a twin needs torch
+
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    with torch.no_grad():
+        for name, tensor in tensors:
+            experts = tables.get(name.rsplit(".", 1)[-1])
+            if experts is None or tensor.is_floating_point() or tensor.dim() != 2:
+                continue
+            if tensor.shape[1] > experts:
+                raise ScaffoldError(f"--twin cannot draw {name}: rows of {tensor.shape[1]} distinct experts "
+                                    f"out of the twin's {experts}.")
+            rows = torch.argsort(torch.rand(tensor.shape[0], experts), dim=1)[:, :tensor.shape[1]]
+            tensor.copy_(rows.to(tensor.dtype))
 
 
 def info(twin: Path) -> dict:
