@@ -732,7 +732,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
         try:
-            _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+            # The MLP's tensors as the code names them where transformers renames them on load (HY-V4's
+            # mlp.linear_gate for the code's mlp.gate_proj); the port then keeps the checkpoint's names.
+            coded = moe.code_names(ckpt, f"{prefix}.{names['layers']}.{ref_layer}.")
+            as_code = {coded(r) if r.startswith(f"{mlp}.") else r: info for r, info in ref.items()}
+            _dense_mlp(spec, names, mlp, as_code if len(as_code) == len(ref) else ref, ref_layer, ref_name, first,
+                       src, where, code_mlp)
+            for role in ("gate_proj", "up_proj", "down_proj"):
+                if role in names:
+                    names[role] = moe.stored_projection(ref, mlp, names[role], coded)
         except Undetermined:
             # Experts stored flattened (DBRX's w1, v1, w2: one 2-D parameter per projection holding every expert's
             # rows): no MLP and no expert layout the port has; named rather than left unknown.
