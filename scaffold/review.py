@@ -276,6 +276,21 @@ def decisions(spec) -> list[str]:
                    f"(`{spec.names['self_attn']}.{spec.names['attn_gate']}`(x)), {per}, before "
                    f"`{spec.names['o_proj']}`; the gate is a ColumnParallelLinear whose rows each tensor-parallel rank "
                    "takes by its heads.")
+    if spec.latent_out_gate:
+        out.append(f"- gated latent attention ({_md(spec.source('latent_out_gate').detail)}): the attention output is "
+                   f"multiplied element by element by {spec.latent_out_gate_act}(`{spec.names['self_attn']}."
+                   f"{spec.latent_out_gate}`(x)), {spec.num_heads} heads x v_head_dim {spec.v_head_dim}, before "
+                   f"`{spec.names['o_proj']}`; the gate is a ColumnParallelLinear whose rows each tensor-parallel rank "
+                   "takes by its heads.")
+    if spec.latent_sink_decompressed:
+        out.append("- latent attention with sinks: vLLM's MLAAttention takes no sinks, so the port expands the latent "
+                   f"into each head's key ({spec.qk_nope_head_dim} unrotated columns from `{spec.names['kv_b_proj']}`"
+                   f" and the shared {spec.qk_rope_head_dim}-wide rotated key) and value ({spec.v_head_dim} columns) "
+                   "and runs vLLM's `Attention` with the sinks, keys and values zero-padded to the wider of the two "
+                   "(vLLM's CPU attention takes one head size). **Its KV cache holds full keys and values per head, "
+                   "not the compressed latent**: far more memory per token than the checkpoint's MLA cache. vLLM sizes the cache "
+                   "for MLA for this model type unless **VLLM_MLA_DISABLE=1** is set; the port refuses to load "
+                   "without it.")
     if spec.attention_sinks:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "
