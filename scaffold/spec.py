@@ -1625,6 +1625,9 @@ def validate_names(spec: Spec, origin: str) -> None:
                             "query's rows (\"in_query\") or absent.", origin)
         if spec.latent_out_gate and spec.attn_output_gate != "none":
             raise SpecError("latent_out_gate and attn_output_gate both gate the latent attention's output.", origin)
+        if (spec.latent_out_gate or spec.latent_sink_decompressed) and not spec.q_lora_rank:
+            raise SpecError("latent_out_gate and latent_sink_decompressed need the low-rank query (q_lora_rank): the "
+                            "port computes that query itself.", origin)
         if spec.latent_sink_decompressed != bool(spec.attention_sinks):
             raise SpecError("latent attention with sinks runs decompressed (latent_sink_decompressed), and only "
                             "with them.", origin)

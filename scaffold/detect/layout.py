@@ -1089,6 +1089,8 @@ def _latent_gate_problem(spec: Spec, gate: LatentGate, layer: dict, attn: str) -
     """Why the port does not compute the gate `gate` on a latent attention's output; "" where it does."""
     weight = layer.get(f"{attn}.{gate.stored.rsplit('.', 2)[-2]}.weight")
     rows = spec.num_heads * spec.v_head_dim
+    if not spec.q_lora_rank:
+        return "the latent attention has no low-rank query (the port computes the query itself only from one)"
     if gate.act not in GATE_ACTIVATIONS:
         return f"its activation {gate.act} is none of {', '.join(GATE_ACTIVATIONS)}"
     if not gate.flows:
@@ -1107,6 +1109,10 @@ def _latent_gate_and_sinks(ckpt: Checkpoint, spec: Spec, names: dict, sources: d
     as linear_gate), read from the attention's forward (_latent_output_gate) and the gate's shape; and its sinks,
     which vLLM's MLAAttention does not take: the port then runs each head's decompressed key and value through a
     plain Attention with them (latent_sink_decompressed)."""
+    if spec.attention_sinks and not spec.q_lora_rank:
+        raise _unsupported(f"attention sinks ({attn}.{spec.attention_sinks}: {spec.source('attention_sinks').detail}) "
+                           "with latent attention without a low-rank query (the port computes the query itself only "
+                           "from q_lora_rank's)", where, spec.model_type)
     if spec.attention_sinks:
         spec.set("latent_sink_decompressed", True,
                  Source("code", f"{attn}.{spec.attention_sinks} with latent attention "
