@@ -156,9 +156,14 @@ def _latent(spec) -> str:
              else f"the queries come from `{attn}.{n['q_proj']}`")
     scale = ("(qk_nope_head_dim + qk_rope_head_dim) ** -0.5" if spec.attention_scale is None
              else _md(spec.source("attention_scale").detail))
-    return (f"- attention: multi-head latent attention (vLLM's `MultiHeadLatentAttentionWrapper`): {query}; "
+    layer, cached = (("vLLM's `Attention` over the decompressed keys and values", "the port expands per head")
+                     if spec.latent_sink_decompressed else
+                     ("vLLM's `MLAAttention`" if spec.latent_query_input != "normed" or spec.latent_out_gate
+                      or spec.attn_output_gate == "in_query" else "vLLM's `MultiHeadLatentAttentionWrapper`",
+                      "which vLLM caches"))
+    return (f"- attention: multi-head latent attention ({layer}): {query}; "
             f"`{n['kv_a_proj']}` makes the {spec.kv_lora_rank}-wide latent (normed by `{n['kv_a_norm']}`) and one "
-            f"{spec.qk_rope_head_dim}-wide rotated key shared by the heads, which vLLM caches; `{n['kv_b_proj']}` "
+            f"{spec.qk_rope_head_dim}-wide rotated key shared by the heads, {cached}; `{n['kv_b_proj']}` "
             f"expands the latent into each head's {spec.qk_nope_head_dim}-wide unrotated key and "
             f"{spec.v_head_dim}-wide value; scale {scale}, times YaRN's mscale squared where the rotary embedding "
             "is YaRN-scaled.")

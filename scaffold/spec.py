@@ -1323,10 +1323,11 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         if value is None or value == "" and (name.startswith("parallel_moe_") or name in (
                 "config_class", "v_norm", "layer_scalar", "layer_block", "key_bias_proj", "key_bias_param",
                 "residual_scale_attn", "residual_scale_mlp", "sublayer_mlp", "recurrent_layers", "recurrent_norm",
-                "gated_qkv", "hyper_head")) or (
+                "gated_qkv", "hyper_head", "latent_out_gate")) or (
                 value == "" and name.startswith(("altup_", "laurel_")) and not spec.altup_num_inputs):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block;
-            # no experts beside the dense MLP (or no such part of them); one residual stream (no AltUp, no low-rank branch)
+            # no experts beside the dense MLP (or no such part of them); one residual stream (no AltUp, no low-rank branch);
+            # no gate of its own on a latent attention
         if isinstance(value, list):  # a list of names (hyper_mixers, hyper_params): each an identifier
             bad = [v for v in value if not isinstance(v, str) or len(v) > 200 or not IDENTIFIER.fullmatch(v)
                    or keyword.iskeyword(v)]
