@@ -194,6 +194,8 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     if spec.qkv_layout == "latent":
         latent = ("q_a_norm", "q_b_proj") if spec.q_lora_rank else ("q_proj", "kv_a_proj")
         out += [f"{n['self_attn']}.{n[r]}" for r in (*latent, "kv_a_norm", "kv_b_proj")]
+        if spec.latent_out_gate:  # a ColumnParallelLinear: each rank loads its heads' rows
+            out.append(f"{n['self_attn']}.{spec.latent_out_gate}")
     port = port_names(n)  # an nn.Sequential MLP's numbered children load under the port's names (renamed_substrings)
     if spec.has_dense_mlp:
         out.append(f"{n['mlp']}.{port['down_proj']}")

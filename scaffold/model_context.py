@@ -182,7 +182,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # Its query computed by the port, not by vLLM's MLA wrapper: a query up-projection over more than the normed
         # low-rank query, or an output gate in its rows (A.X-K2's).
         "latent_own_query": spec.qkv_layout == "latent" and (spec.latent_query_input != "normed"
-                                                             or spec.attn_output_gate == "in_query"),
+                                                             or spec.attn_output_gate == "in_query"
+                                                             or bool(spec.latent_out_gate)
+                                                             or spec.latent_sink_decompressed),
+        # Latent attention with sinks (HY-V4's): each head's key and value decompressed, a plain Attention.
+        "latent_decompressed": spec.qkv_layout == "latent" and spec.latent_sink_decompressed,
+        "latent_out_gate_fn": GATE_FUNCTIONS[spec.latent_out_gate_act] if spec.latent_out_gate else None,
         "latent_gate": spec.qkv_layout == "latent" and spec.attn_output_gate == "in_query",
         "latent_query_words": {"normed": "the normed low-rank query",
                                "normed+unnormed": "the normed low-rank query and the unnormed one, concatenated",
@@ -216,7 +221,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "sinks_condition": sinks_condition,
         # Value heads of their own width (v_head_dim, with separate q, k, v): the port pads the heads for vLLM's
         # attention, which takes one head size.
-        "own_value_dim": spec.qkv_layout != "latent" and spec.value_dim != spec.head_dim,
+        "own_value_dim": spec.qkv_layout != "latent" and spec.value_dim != spec.head_dim
+                         or spec.qkv_layout == "latent" and spec.latent_sink_decompressed,
         "literal_no_rope": literal_no_rope,
         "literal_chunks": literal_chunks,
         # The code's own condition for a chunked layer (Llama 4's layer type), read by the port at run time.
@@ -485,7 +491,8 @@ def imports(spec: Spec, flags: dict[str, object], act_and_mul: bool) -> tuple[li
         ), one_per_line=True),
         *([Import("vllm.distributed.utils", ("split_tensor_along_last_dim",))] if sharded_norm else []),
         *([Import("vllm.model_executor.layers.activation", tuple(sorted(activations)))] if activations else []),
-        *([Import("vllm.model_executor.layers.attention", ("MLAAttention",))] if flags["latent_own_query"] else []),
+        *([Import("vllm.model_executor.layers.attention", ("MLAAttention",))]
+          if flags["latent_own_query"] and not flags["latent_decompressed"] else []),
         *([Import("vllm.model_executor.layers.fused_moe", ("GateLinear", "fused_moe_make_expert_params_mapping"))]
           if moe else []),
         *([Import("vllm.model_executor.layers.fused_moe.router.router_factory", ("create_fused_moe_router",))]

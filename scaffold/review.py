@@ -156,9 +156,14 @@ def _latent(spec) -> str:
              else f"the queries come from `{attn}.{n['q_proj']}`")
     scale = ("(qk_nope_head_dim + qk_rope_head_dim) ** -0.5" if spec.attention_scale is None
              else _md(spec.source("attention_scale").detail))
-    return (f"- attention: multi-head latent attention (vLLM's `MultiHeadLatentAttentionWrapper`): {query}; "
+    layer, cached = (("vLLM's `Attention` over the decompressed keys and values", "the port expands per head")
+                     if spec.latent_sink_decompressed else
+                     ("vLLM's `MLAAttention`" if spec.latent_query_input != "normed" or spec.latent_out_gate
+                      or spec.attn_output_gate == "in_query" else "vLLM's `MultiHeadLatentAttentionWrapper`",
+                      "which vLLM caches"))
+    return (f"- attention: multi-head latent attention ({layer}): {query}; "
             f"`{n['kv_a_proj']}` makes the {spec.kv_lora_rank}-wide latent (normed by `{n['kv_a_norm']}`) and one "
-            f"{spec.qk_rope_head_dim}-wide rotated key shared by the heads, which vLLM caches; `{n['kv_b_proj']}` "
+            f"{spec.qk_rope_head_dim}-wide rotated key shared by the heads, {cached}; `{n['kv_b_proj']}` "
             f"expands the latent into each head's {spec.qk_nope_head_dim}-wide unrotated key and "
             f"{spec.v_head_dim}-wide value; scale {scale}, times YaRN's mscale squared where the rotary embedding "
             "is YaRN-scaled.")
@@ -276,6 +281,21 @@ def decisions(spec) -> list[str]:
                    f"(`{spec.names['self_attn']}.{spec.names['attn_gate']}`(x)), {per}, before "
                    f"`{spec.names['o_proj']}`; the gate is a ColumnParallelLinear whose rows each tensor-parallel rank "
                    "takes by its heads.")
+    if spec.latent_out_gate:
+        out.append(f"- gated latent attention ({_md(spec.source('latent_out_gate').detail)}): the attention output is "
+                   f"multiplied element by element by {spec.latent_out_gate_act}(`{spec.names['self_attn']}."
+                   f"{spec.latent_out_gate}`(x)), {spec.num_heads} heads x v_head_dim {spec.v_head_dim}, before "
+                   f"`{spec.names['o_proj']}`; the gate is a ColumnParallelLinear whose rows each tensor-parallel rank "
+                   "takes by its heads.")
+    if spec.latent_sink_decompressed:
+        out.append("- latent attention with sinks: vLLM's MLAAttention takes no sinks, so the port expands the latent "
+                   f"into each head's key ({spec.qk_nope_head_dim} unrotated columns from `{spec.names['kv_b_proj']}`"
+                   f" and the shared {spec.qk_rope_head_dim}-wide rotated key) and value ({spec.v_head_dim} columns) "
+                   "and runs vLLM's `Attention` with the sinks, keys and values zero-padded to the wider of the two "
+                   "(vLLM's CPU attention takes one head size). **Its KV cache holds full keys and values per head, "
+                   "not the compressed latent**: far more memory per token than the checkpoint's MLA cache. vLLM sizes the cache "
+                   "for MLA for this model type unless **VLLM_MLA_DISABLE=1** is set; the port refuses to load "
+                   "without it.")
     if spec.attention_sinks:
         out.append(f"- attention sinks: `{spec.names['self_attn']}.{spec.attention_sinks}` holds a learned logit per "
                    "head that vLLM's `Attention(sinks=...)` adds to each softmax's denominator; each tensor-parallel "

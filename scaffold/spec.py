@@ -458,6 +458,21 @@ class Spec:
         False, group="attention", probe="self_attn", omit_when_empty=True,
         doc="with an output gate in the latent query's rows (attn_output_gate \"in_query\"): each head's rows hold "
             "the gate (v_head_dim) before the query (qk_nope + qk_rope); false: the query first")
+    # A latent attention's output gated by a projection of its own (HY-V4's gate_proj, linear_gate in its checkpoints;
+    # layout._latent_output_gate), and sinks beside latent attention (HY-V4's learnable_sink_param): vLLM's
+    # MLAAttention takes no sinks, so the port decompresses each head's key and value and calls a plain Attention.
+    latent_out_gate: str = spec_field(
+        "", group="attention", probe="self_attn", identifier=True, omit_when_empty=True,
+        doc="with latent attention: the attention's projection of its input (the checkpoint's name) whose "
+            "activation multiplies the attention output element by element (num_heads x v_head_dim) before the "
+            "output projection; empty: no such gate")
+    latent_out_gate_act: str = spec_field("sigmoid", group="attention", probe="self_attn", choices=GATE_ACTIVATIONS,
+                                          omit_when_empty=True, doc="the activation of that gate")
+    latent_sink_decompressed: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="latent attention with sinks (attention_sinks): the port expands the latent into each head's key and "
+            "value (kv_b_proj, as MLA's prefill does) and runs vLLM's Attention with the sinks; its KV cache holds "
+            "full keys and values, not the latent")
     # A top-k key selection (DeepSeek-V3.2's lightning indexer; scaffold.detect.keyselect): each query attends to
     # the index_topk keys a module of the attention scores best. Up to that many keys the top-k keeps them all.
     index_topk: int | None = spec_field(
@@ -1308,10 +1323,11 @@ def validate_identifiers(spec: Spec, origin: str, *, free: bool = True) -> None:
         if value is None or value == "" and (name.startswith("parallel_moe_") or name in (
                 "config_class", "v_norm", "layer_scalar", "layer_block", "key_bias_proj", "key_bias_param",
                 "residual_scale_attn", "residual_scale_mlp", "sublayer_mlp", "recurrent_layers", "recurrent_norm",
-                "gated_qkv", "hyper_head")) or (
+                "gated_qkv", "hyper_head", "latent_out_gate")) or (
                 value == "" and name.startswith(("altup_", "laurel_")) and not spec.altup_num_inputs):
             continue  # no extra bias; no config class of its own; no value norm; no layer output scale; no block;
-            # no experts beside the dense MLP (or no such part of them); one residual stream (no AltUp, no low-rank branch)
+            # no experts beside the dense MLP (or no such part of them); one residual stream (no AltUp, no low-rank branch);
+            # no gate of its own on a latent attention
         if isinstance(value, list):  # a list of names (hyper_mixers, hyper_params): each an identifier
             bad = [v for v in value if not isinstance(v, str) or len(v) > 200 or not IDENTIFIER.fullmatch(v)
                    or keyword.iskeyword(v)]
@@ -1608,9 +1624,20 @@ def validate_names(spec: Spec, origin: str) -> None:
         if spec.attn_output_gate not in ("none", "in_query"):
             raise SpecError(f"attn_output_gate {spec.attn_output_gate!r} with latent attention: its gate is in the "
                             "query's rows (\"in_query\") or absent.", origin)
+        if spec.latent_out_gate and spec.attn_output_gate != "none":
+            raise SpecError("latent_out_gate and attn_output_gate both gate the latent attention's output.", origin)
+        if (spec.latent_out_gate or spec.latent_sink_decompressed) and not spec.q_lora_rank:
+            raise SpecError("latent_out_gate and latent_sink_decompressed need the low-rank query (q_lora_rank): the "
+                            "port computes that query itself.", origin)
+        if spec.latent_sink_decompressed != bool(spec.attention_sinks):
+            raise SpecError("latent attention with sinks runs decompressed (latent_sink_decompressed), and only "
+                            "with them.", origin)
         if spec.attn_output_gate == "in_query" and not spec.q_lora_rank:
             raise SpecError("an output gate in the latent query's rows needs the low-rank query (q_lora_rank).",
                             origin)
+    elif spec.latent_out_gate or spec.latent_sink_decompressed:
+        raise SpecError("latent_out_gate and latent_sink_decompressed describe latent attention (qkv_layout "
+                        "\"latent\").", origin)
     elif spec.latent_query_input != "normed" or spec.latent_gate_first:
         raise SpecError("latent_query_input and latent_gate_first describe latent attention (qkv_layout "
                         "\"latent\") only.", origin)

@@ -121,6 +121,14 @@ ARCHITECTURES = {
                                     "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
                                     "first_k_dense_replace": 1, "index_topk": 256, "index_n_heads": 4,
                                     "indexer_types": ["full", "shared", "full"]}),
+    # HY-V4: clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L)), hyper-connections (scaffold.detect.hyperconn)
+    # and a latent attention whose output is multiplied by sigmoid(gate_proj(x)) element by element (linear_gate in
+    # the checkpoint, as its MLPs' gate_proj) and whose softmax takes sinks: the port decompresses each head's key
+    # and value (padded from v_head_dim 32 to the 96 of q and k) into a plain Attention with the sinks; its indexer
+    # (layers of their own or the previous one's selection) keeps every key up to index_topk.
+    "hy_v4-latent-gate": ("hy_v4", {**TOKENS, **LATENT, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+                                    "index_topk": 256, "index_n_heads": 4, "learnable_sink_init": 1.0}),
     # LongCat-Flash: two pre-norm sublayers per layer (their own latent attention, norms and dense MLP) and a
     # mixture of experts beside them reading the first sublayer's normed states, added to the layer's output; as
     # many identity (zero) experts as routed ones, softmax routing with a correction bias, scaled, not renormalized;
@@ -694,16 +702,6 @@ UNSUPPORTED = {
                                                     "num_experts_per_tok": 2, "moe_intermediate_size": 64},
                                     ("keys and values from a module of the attention: DeepseekV4Attention.forward "
                                      "appends what self.compressor returns (compressed_kv) to kv")),
-    # HY-V4 past its clamped experts (silu(gate.clamp(max=L)) * up.clamp(-L, L)) and its hyper-connections
-    # (scaffold.detect.hyperconn; tests/test_hyper_connections_port.py ports the form at parity): its latent attention
-    # multiplies its output by sigmoid(gate_proj(x)) per head (linear_gate in the checkpoint) and hands sinks to the
-    # softmax, which the port's latent attention (vLLM's MLAAttention) does not compute.
-    "hy_v4-latent-gate": ("hy_v4", {**TOKENS, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                    "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1},
-                          ("gated attention (transformers/models/hy_v4/modeling_hy_v4.py:479: attn_output = attn_output "
-                           "* torch.sigmoid(gate_states): sigmoid of self.gate_proj(x), self_attn.linear_gate.weight "
-                           "in the checkpoint, scales the attention's output before the output projection) with latent "
-                           "attention (the port's runs vLLM's MLAAttention); besides, attention sinks")),
     # The same families configured as decoders: XLNet's relative attention sums its score terms, XLM keeps its
     # layers as parallel lists; and Fuyu's causal LM takes image patches.
     "xlnet-uni-relative": ("xlnet", {"max_position_embeddings": None, "d_head": 32, "attn_type": "uni"},

@@ -102,3 +102,31 @@ def test_the_installed_table_cuts_hrm_texts_fused_projections(tmp_path):
     assert renamings.chunks(ckpt) == renamings._chunk_table()["hrm_text"]
     ckpt.sources.update({"modeling_own.py": "class Own: pass\n"})
     assert renamings.chunks(ckpt) == ()
+
+
+def test_hy_v4s_mlp_gates_are_read_under_the_names_its_checkpoint_stores(tmp_path):
+    """HY-V4's checkpoints keep `linear_gate` for its dense MLP's and shared experts' gate_proj (transformers renames
+    `.linear_gate` -> `.gate_proj` on load): read through the table, the projections keep the stored names."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import moe
+    from scaffold.tiny import build_tiny
+
+    ckpt = read_checkpoint(build_tiny("hy_v4", tmp_path / "ckpt", overrides={
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_group": 1,
+        "topk_group": 1}))
+
+    def layer(i: int) -> dict:
+        return {k[len(f"model.layers.{i}."):]: v for k, v in ckpt.tensors.items() if k.startswith(f"model.layers.{i}.")}
+    dense, sparse = layer(0), layer(1)
+    assert "mlp.linear_gate.weight" in dense and "mlp.gate_proj.weight" not in dense
+    code = moe.code_names(ckpt, "model.layers.0.")
+    assert [moe.stored_projection(dense, "mlp", p, code) for p in ("gate_proj", "up_proj", "down_proj")] == [
+        "linear_gate", "up_proj", "down_proj"]
+    # Not through the table: no stored name for the code's gate_proj.
+    assert moe.stored_projection(dense, "mlp", "gate_proj") == "gate_proj"
+    # The attention's own linear_gate is renamed too, but it is not the MLP's.
+    assert moe.stored_projection(dense, "self_attn", "gate_proj", code) == "linear_gate"
+    assert moe.stored_projection(dense, "mlp", "q_a_proj", code) == "q_a_proj"
+    code = moe.code_names(ckpt, "model.layers.1.")
+    assert moe._shared_expert(sparse, "mlp", "gate", code) == "shared_experts"
+    assert moe._shared_expert(sparse, "mlp", "gate") is None

@@ -732,7 +732,15 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("mlp_bias", False, Source("default", "no dense MLP"))
     else:
         try:
-            _dense_mlp(spec, names, mlp, ref, ref_layer, ref_name, first, src, where, code_mlp)
+            # The MLP's tensors as the code names them where transformers renames them on load (HY-V4's
+            # mlp.linear_gate for the code's mlp.gate_proj); the port then keeps the checkpoint's names.
+            coded = moe.code_names(ckpt, f"{prefix}.{names['layers']}.{ref_layer}.")
+            as_code = {coded(r) if r.startswith(f"{mlp}.") else r: info for r, info in ref.items()}
+            _dense_mlp(spec, names, mlp, as_code if len(as_code) == len(ref) else ref, ref_layer, ref_name, first,
+                       src, where, code_mlp)
+            for role in ("gate_proj", "up_proj", "down_proj"):
+                if role in names:
+                    names[role] = moe.stored_projection(ref, mlp, names[role], coded)
         except Undetermined:
             # Experts stored flattened (DBRX's w1, v1, w2: one 2-D parameter per projection holding every expert's
             # rows): no MLP and no expert layout the port has; named rather than left unknown.
@@ -809,6 +817,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if hyper is not None:
         claimed |= {f"{m.attr}.{p}" for m in (hyper.attn, hyper.mlp) for p in m.params}
         claimed |= {old[1:] for old in hyperconn.renamed(ckpt, hyper, prefix, names["layers"])}
+    if spec.qkv_layout == "latent":
+        _latent_gate_and_sinks(ckpt, spec, names, sources, code_attn, layer0, attn, claimed, prefix, where)
+        if spec.latent_out_gate:
+            claimed.add(f"{attn}.{spec.latent_out_gate}")
     dense = {f"{mlp}.{names[r]}" for r in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if r in names}
     dense |= {f"{mlp}.{e}" for e in extra}
     if act_module is not None:
@@ -837,11 +849,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if stray and attn_cls and spec.qkv_layout == "latent" and (gated := _latent_output_gate(
                 sources, attn_cls, {coded(r).split(".", 1)[1].rsplit(".", 1)[0]: r for r in stray
                                     if r.startswith(f"{attn}.") and coded(r).startswith(f"{attn}.")})):
-            sinks = (f"; besides, attention sinks ({attn}.{spec.attention_sinks}: "
-                     f"{spec.source('attention_sinks').detail}), which vLLM's MLAAttention does not take"
-                     if spec.attention_sinks else "")
-            raise _unsupported(f"{gated} with latent attention (the port's runs vLLM's MLAAttention){sinks}", where,
-                               spec.model_type)
+            raise _unsupported(f"{gated.what} with latent attention, in a form the port does not compute: "
+                               f"{_latent_gate_problem(spec, gated, per_layer[layer], attn)}", where, spec.model_type)
         if stray:
             raise _unsupported(f"layer {layer} holds tensor(s) that no part of the port computes with "
                                f"({', '.join(f'{stack}.{layer}.{s}' for s in stray[:3])})", where,
@@ -1076,34 +1085,126 @@ def _qkv_clip(spec: Spec, code: dataflow.Attention, latent_attention: bool, wher
                     code.qkv_clamp_bound or None))
 
 
-def _latent_output_gate(sources: dict, attn_cls: str, modules: dict[str, str]) -> str | None:
+def _latent_gate_problem(spec: Spec, gate: LatentGate, layer: dict, attn: str) -> str:
+    """Why the port does not compute the gate `gate` on a latent attention's output; "" where it does."""
+    weight = layer.get(f"{attn}.{gate.stored.rsplit('.', 2)[-2]}.weight")
+    rows = spec.num_heads * spec.v_head_dim
+    if not spec.q_lora_rank:
+        return "the latent attention has no low-rank query (the port computes the query itself only from one)"
+    if gate.act not in GATE_ACTIVATIONS:
+        return f"its activation {gate.act} is none of {', '.join(GATE_ACTIVATIONS)}"
+    if not gate.flows:
+        return "the reader does not follow its product from the attention call's output to the output projection"
+    if weight is None or list(weight.shape) != [rows, spec.hidden_size]:
+        return (f"{gate.stored} has shape {list(weight.shape) if weight is not None else None}, not [{rows}, "
+                f"{spec.hidden_size}] (one gate per head and value column: {spec.num_heads} x {spec.v_head_dim})")
+    if f"{attn}.{gate.stored.rsplit('.', 2)[-2]}.bias" in layer:
+        return f"{gate.stored.rsplit('.', 1)[0]} has a bias"
+    return ""
+
+
+def _latent_gate_and_sinks(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, code_attn, layer0: dict,
+                           attn: str, claimed: set[str], prefix: str, where) -> None:
+    """A latent attention's output gated element by element by a projection of its input (HY-V4's gate_proj, stored
+    as linear_gate), read from the attention's forward (_latent_output_gate) and the gate's shape; and its sinks,
+    which vLLM's MLAAttention does not take: the port then runs each head's decompressed key and value through a
+    plain Attention with them (latent_sink_decompressed)."""
+    if spec.attention_sinks and not spec.q_lora_rank:
+        raise _unsupported(f"attention sinks ({attn}.{spec.attention_sinks}: {spec.source('attention_sinks').detail}) "
+                           "with latent attention without a low-rank query (the port computes the query itself only "
+                           "from q_lora_rank's)", where, spec.model_type)
+    if spec.attention_sinks:
+        spec.set("latent_sink_decompressed", True,
+                 Source("code", f"{attn}.{spec.attention_sinks} with latent attention "
+                                f"({spec.source('attention_sinks').detail}): vLLM's MLAAttention takes no sinks"))
+    attn_cls = code_attn.cls if code_attn is not None else \
+        blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources else None
+    if not attn_cls:
+        return
+    coded = moe.code_names(ckpt, f"{prefix}.{names['layers']}.0.")
+    free = {coded(r).split(".", 1)[1].rsplit(".", 1)[0]: r for r in layer0
+            if r.startswith(f"{attn}.") and coded(r).startswith(f"{attn}.") and r.endswith(".weight")
+            and r.rsplit(".", 1)[0] not in claimed and r.count(".") == attn.count(".") + 2}
+    gate = _latent_output_gate(sources, attn_cls, free, names.get("o_proj", "o_proj"))
+    if gate is None or _latent_gate_problem(spec, gate, layer0, attn):
+        return  # refused by name where the layer's tensors are checked
+    stored = gate.stored.rsplit(".", 2)[-2]
+    spec.set("latent_out_gate", stored, Source("code", f"{gate.what}: {spec.num_heads} heads x v_head_dim "
+                                                       f"{spec.v_head_dim} rows"))
+    spec.set("latent_out_gate_act", gate.act, Source("code", gate.what))
+
+
+@dataclass(frozen=True)
+class LatentGate:
+    """A gate on a latent attention's output read by _latent_output_gate."""
+    what: str  # the gated attention, named with its file:line
+    code: str  # the gate module's name in the code (gate_proj)
+    stored: str  # the checkpoint's tensor (self_attn.linear_gate.weight)
+    act: str  # the activation's last name (sigmoid)
+    flows: bool  # the product is of the attention call's output and reaches the output projection
+
+
+def _latent_output_gate(sources: dict, attn_cls: str, modules: dict[str, str], o_proj: str = "o_proj"
+                        ) -> LatentGate | None:
     """A gate on a latent attention's output the dataflow reader did not follow (HY-V4's): in `attn_cls`'s forward,
     a call of one of `modules` (code name -> the checkpoint's tensor), whose value, activated, multiplies the
-    attention's output before the output projection; named with its file:line, None where there is none."""
+    attention's output before the output projection; None where there is none. `flows`: the other factor is what an
+    attention call (a call of q, k, v and more, not a module of the class) returns, and the product reaches
+    self.`o_proj`'s call."""
     found = _classes(sources).get(attn_cls)
     forward = next((n for n in found[1].body if isinstance(n, ast.FunctionDef) and n.name == "forward"),
                    None) if found else None
     if forward is None or not modules:
         return None
     derived: dict[str, str] = {}  # local -> the gate module its value comes from
-    for node in sorted((n for n in ast.walk(forward) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
-        source = next((c.func.attr for c in ast.walk(node.value) if isinstance(c, ast.Call)
+    attended: set[str] = set()  # locals an attention call returns
+    statements = sorted((n for n in ast.walk(forward) if isinstance(n, (ast.Assign, ast.Return))),
+                        key=lambda n: n.lineno)
+    for index, node in enumerate(statements):
+        if isinstance(node, ast.Return):
+            continue
+        value = node.value
+        if (isinstance(value, ast.Call) and not (isinstance(value.func, ast.Attribute)
+                                                 and _dotted(value.func.value) == "self")
+                and len([a for a in value.args if not (isinstance(a, ast.Name) and a.id == "self")]) >= 3):
+            for target in node.targets:
+                first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
+                if isinstance(first, ast.Name):
+                    attended.add(first.id)
+        source = next((c.func.attr for c in ast.walk(value) if isinstance(c, ast.Call)
                        and isinstance(c.func, ast.Attribute) and _dotted(c.func.value) == "self"
                        and c.func.attr in modules), None)
-        source = source or next((derived[n.id] for n in ast.walk(node.value)
+        source = source or next((derived[n.id] for n in ast.walk(value)
                                  if isinstance(n, ast.Name) and n.id in derived), None)
         if source is None:
             continue
-        for product in (n for n in ast.walk(node.value) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
+        for product in (n for n in ast.walk(value) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
             for gate, other in ((product.right, product.left), (product.left, product.right)):
                 if not (isinstance(gate, ast.Call) and gate.args and isinstance(gate.args[0], ast.Name)
                         and gate.args[0].id in derived and isinstance(other, ast.Name) and other.id not in derived):
                     continue
                 module = derived[gate.args[0].id]
                 act = _dotted(gate.func).rsplit(".", 1)[-1]
-                return (f"gated attention ({found[0]}:{node.lineno}: {ast.unparse(node)[:80]}: {act} of "
+                what = (f"gated attention ({found[0]}:{node.lineno}: {ast.unparse(node)[:80]}: {act} of "
                         f"self.{module}(x), {modules[module]} in the checkpoint, scales the attention's output "
                         "before the output projection)")
+                # Where the product goes: the locals assigned from it, up to a call of the output projection.
+                carried = {t.id for t in node.targets if isinstance(t, ast.Name)}
+                reaches = False
+                for later in statements[index + 1:]:
+                    names_in = {n.id for n in ast.walk(later.value) if isinstance(n, ast.Name)} \
+                        if later.value is not None else set()
+                    if not names_in & carried:
+                        continue
+                    if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == o_proj
+                           and _dotted(c.func.value) == "self"
+                           and {n.id for a in c.args for n in ast.walk(a) if isinstance(n, ast.Name)} & carried
+                           for c in ast.walk(later.value)):
+                        reaches = True
+                        break
+                    if isinstance(later, ast.Assign):
+                        carried |= {t.id for t in later.targets if isinstance(t, ast.Name)}
+                return LatentGate(what, module, modules[module], act, other.id in attended and reaches)
         for target in node.targets:
             if isinstance(target, ast.Name):
                 derived[target.id] = source

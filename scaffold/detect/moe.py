@@ -112,10 +112,12 @@ def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensor
                   first: int, claimed: set[str], dense: list[int], dense_why: str) -> set[str]:
     """What a MoE block holds besides its router and experts, whatever their layout: the shared expert (and its
     gate), the routing correction bias, and the layers that keep a dense MLP. Returns `claimed` with them."""
-    shared = _shared_expert(tensors, mlp, router)
+    code = code_names(ckpt, f"{prefix}.layers.{first}.")
+    shared = _shared_expert(tensors, mlp, router, code)
     if shared is not None:
         names.update(shared_expert=shared)
-        claimed |= {f"{mlp}.{shared}.{p}" for p in SHARED_PROJECTIONS}
+        claimed |= {f"{mlp}.{shared}.{stored_projection(tensors, f'{mlp}.{shared}', p, code)}"
+                    for p in SHARED_PROJECTIONS}
         # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; DeepSeek-V3's form adds it as it is.
         if f"{mlp}.{shared}_gate.weight" in tensors:
             names.update(shared_expert_gate=f"{shared}_gate")
@@ -579,11 +581,27 @@ def _deeper_router(tensors: dict, mlp: str, count: int, layer: int, where) -> st
                                   f"{', '.join(looked)}{seen}).", where)
 
 
-def _shared_expert(tensors: dict, mlp: str, router: str) -> str | None:
-    """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts)."""
+def stored_projection(tensors: dict, module: str, projection: str, code: Callable[[str], str] = str) -> str:
+    """The checkpoint's name of `module`'s projection the code calls `projection`: the same, or the stored name
+    transformers renames to it on load (HY-V4's checkpoints keep `linear_gate` for its MLPs' gate_proj, renamed by
+    `.linear_gate -> .gate_proj` in its conversion table); `projection` where neither is stored."""
+    if f"{module}.{projection}.weight" in tensors:
+        return projection
+    head = f"{module}."
+    stored = sorted(rest[len(head):].rsplit(".", 1)[0] for rest in tensors
+                    if rest.startswith(head) and rest.endswith(".weight") and rest.count(".") == module.count(".") + 2
+                    and code(rest) == f"{module}.{projection}.weight")
+    return stored[0] if len(stored) == 1 else projection
+
+
+def _shared_expert(tensors: dict, mlp: str, router: str, code: Callable[[str], str] = str) -> str | None:
+    """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts);
+    its projections read under the code's names (`code`: transformers' renames on load)."""
     inside = re.compile(rf"^{re.escape(mlp)}\.(\w+)\.({'|'.join(SHARED_PROJECTIONS)})\.weight$")
-    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router.split(".")[0]}
-    found = sorted(n for n in found if all(f"{mlp}.{n}.{p}.weight" in tensors for p in SHARED_PROJECTIONS))
+    found = {m.group(1) for rest in tensors if (m := inside.match(code(rest)))} - {"experts", router.split(".")[0]}
+    found = sorted(n for n in found
+                   if all(f"{mlp}.{n}.{stored_projection(tensors, f'{mlp}.{n}', p, code)}.weight" in tensors
+                          for p in SHARED_PROJECTIONS))
     return found[0] if len(found) == 1 else None
 
 

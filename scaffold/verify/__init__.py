@@ -257,7 +257,9 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                          "points": [(p.label, p.port_module, p.port_output) for p in probes]},
                                      sharding=sharding.request if sharding else None,
                                      dtype=dequantize.engine_dtype(quantized) if quantized else "float32",
-                                     block_size=block_size_for(port.spec.attention_chunk_size))
+                                     block_size=block_size_for(port.spec.attention_chunk_size),
+                                     engine_vars={"VLLM_MLA_DISABLE": "1"}
+                                     if port.spec.latent_sink_decompressed else None)
             except ScaffoldError as exc:
                 if together:
                     hf_job.result()  # a failing reference is reported first, as when run one after the other

@@ -149,8 +149,9 @@ def hf_reference(checkpoint: Path, prompts, trust_remote_code: bool, workdir: Pa
 def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None, max_model_len: int, workdir: Path,
              tensor_parallel_size: int = 1, new_tokens=NEW_TOKENS, probe: dict | None = None, *,
              model_impl: str | None = None, trust_remote_code: bool = False, sharding: dict | None = None,
-             dtype: str = "float32", block_size: int | None = None) -> dict:
-    """Run the port inside vLLM; model_impl="transformers" (no stage, no package) runs vLLM's transformers
+             dtype: str = "float32", block_size: int | None = None, engine_vars: dict | None = None) -> dict:
+    """Run the port inside vLLM (`engine_vars`: environment variables the port needs, VLLM_MLA_DISABLE for a latent
+    attention run decompressed); model_impl="transformers" (no stage, no package) runs vLLM's transformers
     backend instead. The result carries the engine's log as "engine_log" (the backend's `Fused:` lines).
 
     sharding: a request for scaffold.verify.tp, run in the engine's process after the engine, which saves
@@ -171,7 +172,8 @@ def vllm_run(checkpoint: Path, prompts, stage: Path | None, package: str | None,
     if block_size is not None:
         request["block_size"] = block_size
     what = "the vLLM engine with the port" if model_impl is None else f"the vLLM engine (model_impl={model_impl})"
-    proc = _run("scaffold.verify.vllm_worker", request, engine_env(stage, package, tensor_parallel_size), what)
+    proc = _run("scaffold.verify.vllm_worker", request,
+                {**engine_env(stage, package, tensor_parallel_size), **(engine_vars or {})}, what)
     result = json.loads(out.read_text())
     result["engine_log"] = (proc.stdout or "") + (proc.stderr or "")
     probes = Path(str(out) + ".probes.pt")

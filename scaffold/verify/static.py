@@ -127,6 +127,8 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{attn}.{n['kv_a_proj']}.weight"] = (None,)
                 latent_norms = ("kv_a_norm",)
             params[f"{p}{attn}.{n['kv_b_proj']}.weight"] = (None,)
+            if spec.latent_out_gate:  # the output's gate, a projection of its own
+                params[f"{p}{attn}.{spec.latent_out_gate}.weight"] = (None,)
             for role in latent_norms:
                 for kind in kinds:
                     params[f"{p}{attn}.{n[role]}.{kind}"] = (None,)
