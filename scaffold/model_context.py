@@ -10,6 +10,7 @@ pieces a port carries (`choices`), which names it imports (`imports`), how a nor
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
