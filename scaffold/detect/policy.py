@@ -440,8 +440,12 @@ def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
             if not all(PER_LAYER_CONFIG.match(r) for r in reads):
                 return None
 
+            # transformers writes the layer indices zero-padded to the widest ("05" beside "11" in a 30-layer
+            # config), and reads them as numbers.
+            by_layer = {int(k): v for k, v in overrides.items()}
+
             def value(layer: int, key: str) -> object:
-                return overrides.get(str(layer), {}).get(key, config[key])
+                return by_layer.get(layer, {}).get(key, config[key])
 
             dims = [value(i, "head_dim") for i in range(layers)]
             kv = [value(i, "num_key_value_heads") for i in range(layers)]
