@@ -424,6 +424,9 @@ def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
     if not all(isinstance(k, str) and k.isdigit() and int(k) < layers and isinstance(v, dict)
                for k, v in overrides.items()):
         return None
+    # transformers writes the layer indices zero-padded to the widest ("05" beside "11" in a 30-layer config), and
+    # reads them as numbers.
+    by_layer = {int(k): v for k, v in overrides.items()}
     for file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
         for cls in sourcecode.subtree(tree):
             if not isinstance(cls, ast.ClassDef):
@@ -439,10 +442,6 @@ def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
             reads = set().union(*found["own"].values())
             if not all(PER_LAYER_CONFIG.match(r) for r in reads):
                 return None
-
-            # transformers writes the layer indices zero-padded to the widest ("05" beside "11" in a 30-layer
-            # config), and reads them as numbers.
-            by_layer = {int(k): v for k, v in overrides.items()}
 
             def value(layer: int, key: str) -> object:
                 return by_layer.get(layer, {}).get(key, config[key])
