@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -189,3 +190,27 @@ def test_a_kv_shared_port_refuses_a_sibling_that_shares_other_layers(workdir):
     assert not report["passed"]
     assert checks["port loads in vLLM"]["status"] == "FAIL"
     assert "config.num_kv_shared_layers = 2; this checkpoint's config has 1" in checks["port loads in vLLM"]["detail"]
+
+
+# HRM-Text's loops are config keys (H_cycles, L_cycles) and so is each stack's depth (num_layers_per_stack, from which
+# num_hidden_layers counts the attention calls): the port reads them at run time, each (step, layer) call its own
+# Attention, so a checkpoint with other cycle counts and depth is served through the port of the row's checkpoint.
+HRM_BASE = {"embedding_scale": 1.0}  # tests/test_architectures.py's hrm_text row: 3 layers a stack, H 2, L 3
+HRM_SIBLING = {"embedding_scale": 1.0, "num_hidden_layers": 2, "H_cycles": 3, "L_cycles": 2}
+
+
+@pytest.mark.engine
+@pytest.mark.extended
+def test_a_recurrent_port_serves_a_sibling_with_other_cycles_and_depth(workdir):
+    arch = "FamilyHrmTextForCausalLM"
+    ckpt = family_member(workdir, "hrm_text", arch, "hrm-base", HRM_BASE)
+    other = family_member(workdir, "hrm_text", arch, "hrm-sibling", HRM_SIBLING)
+    config = json.loads((other / "config.json").read_text())
+    assert (config["H_cycles"], config["L_cycles"], config["num_layers_per_stack"]) == (3, 2, 2)
+    out = workdir / "port-family-hrm"
+    scaffold("new", ckpt, "-o", out, "--force")
+    text = next(out.glob("*/model.py")).read_text()
+    assert "config.H_cycles" in text and re.search(r"CYCLE_INNER = \[.L_cycles., ..\]", text)
+    report = json.loads(scaffold("verify", out, "--checkpoint", other, "--json").stdout)
+    checks = parity_checks(report)
+    print("hrm sibling max |dlogp|", checks["parity: log-probabilities"]["max_delta"])

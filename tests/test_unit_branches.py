@@ -13,6 +13,8 @@ from test_unit_streams import LAB_STACKED
 from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import branches, detect
 from scaffold.errors import UnsupportedArchitecture
+from scaffold.model_context import choices
+from scaffold.spec import Source, Spec
 
 # A lab's layer written unlike Gemma-3n's: the branch's linears a and b through config.branch_rank, applied in one
 # expression, normed, the input added on the right; the cutoff a method `cut` (torch.special.ndtri, clamp_min of the
@@ -206,3 +208,13 @@ def test_a_lab_cutoff_written_otherwise_is_read_and_one_computing_otherwise_refu
     # Applied to the up projection's output: not the gate's.
     with pytest.raises(branches.Refused, match="not applied to the gate"):
         branches.read_cutoff({"modeling_lab.py": LAB_CUT}, {"cut_fractions": [0.0, 0.8]}, 2, "up_proj")
+
+
+def test_a_cutoff_read_from_the_code_is_the_ports_per_layer_expression():
+    """Every Gemma-3n checkpoint cuts its first layers (0.95): the fraction the code reads, config.K[layer_idx], is
+    what the port's decoder layer evaluates; a fraction the code does not read so (an override) is the list."""
+    spec = Spec()
+    spec.set("activation_sparsity", [0.95, 0.0], Source("code", "modeling_gemma3n.py:1",
+                                                        "config.activation_sparsity_pattern[layer_idx]"))
+    assert choices(spec, set())["sparsity_expr"] == "config.activation_sparsity_pattern[layer_idx]"
+    assert choices(spec, {"activation_sparsity"})["sparsity_expr"] == "[0.95, 0.0][layer_idx]"

@@ -345,3 +345,14 @@ def test_a_lab_reading_its_layer_config_gets_each_layer_its_sizes_and_another_ke
     assert policy.layer_sizes(ckpt) is None
     with pytest.raises(UnsupportedArchitecture, match=r"per-layer attention sizes: LabAttention"):
         policy.check(ckpt)
+
+
+def test_gemma4_per_layer_config_keys_written_zero_padded_are_layer_indices(tmp_path):
+    # transformers writes per_layer_config's indices padded to the widest one: a 12-layer config (26B-A4B's five
+    # sliding layers to one full) holds "05" and "11", read as layers 5 and 11.
+    cols = [4 * 64 if i in (5, 11) else 4 * 16 for i in range(12)]
+    ckpt = _odd_o_proj(tmp_path, "gemma4_text", {"per_layer_config": {"05": {"head_dim": 64}, "11": {"head_dim": 64}}},
+                       cols, layers=12)
+    sizes = policy.layer_sizes(ckpt)
+    assert sizes is not None and sizes.head_dim == [64 if i in (5, 11) else 16 for i in range(12)]
+    policy.check(ckpt)

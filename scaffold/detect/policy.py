@@ -424,6 +424,9 @@ def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
     if not all(isinstance(k, str) and k.isdigit() and int(k) < layers and isinstance(v, dict)
                for k, v in overrides.items()):
         return None
+    # transformers writes the layer indices zero-padded to the widest ("05" beside "11" in a 30-layer config), and
+    # reads them as numbers.
+    by_layer = {int(k): v for k, v in overrides.items()}
     for file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
         for cls in sourcecode.subtree(tree):
             if not isinstance(cls, ast.ClassDef):
@@ -441,7 +444,7 @@ def per_layer_config_sizes(ckpt: Checkpoint) -> LayerSizes | None:
                 return None
 
             def value(layer: int, key: str) -> object:
-                return overrides.get(str(layer), {}).get(key, config[key])
+                return by_layer.get(layer, {}).get(key, config[key])
 
             dims = [value(i, "head_dim") for i in range(layers)]
             kv = [value(i, "num_key_value_heads") for i in range(layers)]
