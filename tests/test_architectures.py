@@ -926,6 +926,7 @@ def test_per_layer_inputs_reach_the_second_pipeline_stage(workdir):
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # vLLM's own config check refuses it: no model is built (24-60 s of engine start-up)
 def test_a_port_of_stacks_run_in_cycles_refuses_pipeline_stages(workdir):
     """HRM-Text's stacks run in cycles: every cycle runs every layer, so no split of the layers into consecutive
     pipeline stages computes the model. The port declares no SupportsPP (as vLLM's own HrmTextForCausalLM), so vLLM
