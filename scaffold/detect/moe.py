@@ -598,6 +598,12 @@ def _shared_expert(tensors: dict, mlp: str, router: str, code: Callable[[str], s
     """The module of the block that holds a dense gated MLP beside the experts (shared_expert, shared_experts);
     its projections read under the code's names (`code`: transformers' renames on load)."""
     inside = re.compile(rf"^{re.escape(mlp)}\.(\w+)\.({'|'.join(SHARED_PROJECTIONS)})\.weight$")
+    # Under the checkpoint's own names first (Hunyuan-V3 stores shared_mlp, which transformers renames as a module:
+    # its code name is not the stored one); then under the code's projection names (HY-V4's linear_gate).
+    found = {m.group(1) for rest in tensors if (m := inside.match(rest))} - {"experts", router.split(".")[0]}
+    found = sorted(n for n in found if all(f"{mlp}.{n}.{p}.weight" in tensors for p in SHARED_PROJECTIONS))
+    if found:
+        return found[0] if len(found) == 1 else None
     found = {m.group(1) for rest in tensors if (m := inside.match(code(rest)))} - {"experts", router.split(".")[0]}
     found = sorted(n for n in found
                    if all(f"{mlp}.{n}.{stored_projection(tensors, f'{mlp}.{n}', p, code)}.weight" in tensors
