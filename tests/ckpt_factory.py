@@ -190,3 +190,43 @@ def shard_of(root: Path, tensor: str) -> Path:
     if index.exists():
         return root / json.loads(index.read_text())["weight_map"][tensor]
     return root / "model.safetensors"
+
+
+def tiny_base(model_type: str, out: Path, *, overrides: dict, seed: int) -> tuple[dict, dict]:
+    """A lab checkpoint's starting point: transformers' tiny `model_type` built beside `out` (random weights, `seed`),
+    its tensors and config.json read back and the build removed; `out` made empty (replaced if there)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from scaffold.tiny import build_tiny
+
+    tiny = build_tiny(model_type, out.parent / f".{out.name}-{model_type}", overrides=overrides, seed=seed)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tensors = {}
+    for file in sorted(tiny.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    config = json.loads((tiny / "config.json").read_text())
+    shutil.rmtree(tiny)
+    return tensors, config
+
+
+def stack_experts(tensors: dict) -> None:
+    """Experts transformers saves one tensor per expert and projection, held 3-D as a lab's class holds them:
+    [gate; up] rows of every expert in gate_up_proj, and down_proj (in place)."""
+    import re
+
+    import torch
+
+    per_expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for name in [n for n in tensors if per_expert.fullmatch(n)]:
+        prefix, e, proj = per_expert.fullmatch(name).groups()
+        experts.setdefault(prefix, {})[(int(e), proj)] = tensors.pop(name)
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]).contiguous()
+        tensors[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)]).contiguous()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 from pathlib import Path
+
+from ckpt_factory import stack_experts, tiny_base
 
 NAME = "clampmoe"
 ARCHITECTURE = "ClampmoeForCausalLM"
@@ -94,34 +95,13 @@ class ClampmoeConfig({config_class}):
 
 def build(out: Path, *, base: str = "qwen3_moe", clip: float = 0.25, seed: int = 0) -> Path:
     """Write the checkpoint into `out` (created; replaced if there) and return it."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from scaffold.tiny import build_tiny
 
     out = Path(out)
-    tiny = build_tiny(base, out.parent / f".{out.name}-{base}", overrides=BASES[base][3], seed=seed)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    tensors = {}
-    for file in sorted(tiny.glob("*.safetensors")):
-        tensors.update(load_file(file))
-    # transformers saves these experts one tensor per expert and projection; the lab's class holds them
-    # 3-D: [gate; up] rows of every expert in gate_up_proj, and down_proj.
-    per_expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
-    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
-    for name in [n for n in tensors if per_expert.fullmatch(n)]:
-        prefix, e, proj = per_expert.fullmatch(name).groups()
-        experts.setdefault(prefix, {})[(int(e), proj)] = tensors.pop(name)
-    for prefix, parts in experts.items():
-        count = 1 + max(e for e, _ in parts)
-        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]).contiguous()
-        tensors[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)]).contiguous()
+    tensors, config = tiny_base(base, out, overrides=BASES[base][3], seed=seed)
+    stack_experts(tensors)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((tiny / "config.json").read_text())
-    shutil.rmtree(tiny)
     config.update(model_type=NAME, architectures=[ARCHITECTURE], expert_clip=clip,
                   auto_map={"AutoConfig": f"configuration_{NAME}.ClampmoeConfig",
                             "AutoModelForCausalLM": f"modeling_{NAME}.{ARCHITECTURE}"})

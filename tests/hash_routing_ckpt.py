@@ -18,8 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 from pathlib import Path
+
+from ckpt_factory import stack_experts, tiny_base
 
 NAME = "hashmoe"
 ARCHITECTURE = "HashmoeForCausalLM"
@@ -117,32 +118,12 @@ class HashmoeConfig(Qwen3MoeConfig):
 def build(out: Path, *, hashed_layers: int = 1, seed: int = 0) -> Path:
     """Write the checkpoint into `out` (created; replaced if there) and return it."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from scaffold.tiny import build_tiny
 
     out = Path(out)
-    tiny = build_tiny("qwen3_moe", out.parent / f".{out.name}-qwen3_moe", overrides=OVERRIDES, seed=seed)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    tensors = {}
-    for file in sorted(tiny.glob("*.safetensors")):
-        tensors.update(load_file(file))
-    config = json.loads((tiny / "config.json").read_text())
-    shutil.rmtree(tiny)
-    # transformers saves the experts one tensor per expert and projection; the lab's model (no conversion mapping
-    # for its model type) holds them 3-D: [gate; up] rows of every expert in gate_up_proj, and down_proj.
-    per_expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
-    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
-    for name in [n for n in tensors if per_expert.fullmatch(n)]:
-        prefix, e, proj = per_expert.fullmatch(name).groups()
-        experts.setdefault(prefix, {})[(int(e), proj)] = tensors.pop(name)
-    for prefix, parts in experts.items():
-        count = 1 + max(e for e, _ in parts)
-        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]).contiguous()
-        tensors[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)]).contiguous()
+    tensors, config = tiny_base("qwen3_moe", out, overrides=OVERRIDES, seed=seed)
+    stack_experts(tensors)
     # Each token's experts in the hashed layers: distinct experts per token, drawn at random.
     generator = torch.Generator().manual_seed(seed + 1)
     vocab, experts_n, top_k = config["vocab_size"], OVERRIDES["num_experts"], OVERRIDES["num_experts_per_tok"]

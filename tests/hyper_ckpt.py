@@ -20,8 +20,9 @@ import ast
 import importlib.util
 import json
 import re
-import shutil
 from pathlib import Path
+
+from ckpt_factory import tiny_base
 
 NAME = "hyperllama"
 ARCHITECTURE = "HyperllamaForCausalLM"
@@ -237,20 +238,11 @@ def hyper_tensors(style: str, config: dict, seed: int) -> dict:
 
 def build(out: Path, *, style: str = "hy_v4", seed: int = 0, overrides: dict | None = None) -> Path:
     """Write the checkpoint into `out` (created; replaced if there) and return it."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from scaffold.tiny import build_tiny
 
     out = Path(out)
-    tiny = build_tiny("llama", out.parent / f".{out.name}-llama", overrides=overrides, seed=seed)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    tensors = {}
-    for file in sorted(tiny.glob("*.safetensors")):
-        tensors.update(load_file(file))
-    config = json.loads((tiny / "config.json").read_text())
-    shutil.rmtree(tiny)
+    tensors, config = tiny_base("llama", out, overrides=overrides, seed=seed)
     tensors.update(hyper_tensors(style, config, seed))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.update(model_type=NAME, architectures=[ARCHITECTURE], **CONFIG_KEYS[style],
