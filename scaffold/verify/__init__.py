@@ -30,7 +30,7 @@ from scaffold.verify import (  # backend: packages served by vLLM's transformers
 from scaffold.verify import twin as twins
 from scaffold.verify.parity import engine_env
 from scaffold.verify.port import Port, load_port, stage_install
-from scaffold.verify.probes import FEEDS, first_nonfinite, localize, probes_for
+from scaffold.verify.probes import FEEDS, NOISE_FACTOR, first_nonfinite, localize, probes_for
 from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
 from scaffold.verify.static import run_static
 
@@ -274,6 +274,10 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
             result.tolerance = dequantize.TOLERANCES[quantized]
             result.reference = (f"transformers in float32 on the dequantized {quantized} weights, the port in "
                                 f"{dequantize.engine_dtype(quantized)} on the quantized checkpoint")
+        floor = None
+        if not quantized and not (result.logprob_check()[0] and result.greedy_ok):
+            say("transformers reference in float64 (how far float32 rounding alone moves it)")
+            floor = _noise_floor(reference, prompts, trusted, workdir, hf_probe, reference_attention, hf, vl)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     expected_class = f"{port.spec.package}.model.{port.spec.architecture}"
@@ -292,11 +296,33 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                                         "may flip a near tie")
     else:
         report.add("parity: greedy continuation", result.greedy_ok, greedy)
+    noise = {}
+    if floor is not None:
+        if isinstance(floor, str):
+            report.note("float32 noise floor", f"not measured: {floor}")
+        else:
+            floor, probes64 = floor
+            report.note("float32 noise floor", floor.detail(), within=floor.within,
+                        reference_delta=floor.reference.max_delta, port_delta=floor.port.max_delta)
+            # transformers' float32 module outputs against its float64 ones: the rounding each module carries
+            noise = dict(localize(probes64, hf.get("probes", {}), probes)[0])
     report.tables.append(result.table())
     report.parity = result
     if not (ok and (result.greedy_ok or quantized)):
-        _localize(report, hf.get("probes", {}), vl.get("probes", {}), probes, drift)
+        _localize(report, hf.get("probes", {}), vl.get("probes", {}), probes, drift, noise)
     return report
+
+
+def _noise_floor(reference: Path, prompts, trusted: bool, workdir: Path, hf_probe: dict,
+                 reference_attention: str | None, hf: dict, vl: dict):
+    """(NoiseFloor, the float64 run's module outputs), or why the float64 reference did not run (remote code that
+    casts to float32 inside, say)."""
+    try:
+        hf64 = parity.hf_reference(reference, prompts, trusted, workdir, probe=hf_probe,
+                                   attn_implementation=reference_attention, dtype="float64")
+    except ScaffoldError as exc:
+        return _error_line(exc.message)
+    return parity.noise_floor(hf, hf64, vl, prompts), hf64.get("probes", {})
 
 
 def _fits_twice(ckpt) -> bool:
@@ -399,7 +425,9 @@ class _Sharding:
             sharding.record(json.loads(Path(request["out"]).read_text()))
 
 
-def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) -> None:
+def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str], noise: dict | None = None) -> None:
+    """`noise`: per probe, transformers' own float32 error (against float64); a module within NOISE_FACTOR of it
+    has not diverged."""
     if not hf or not port:
         report.add("divergence", None, "not localized: module outputs were not captured (tensor parallel run)")
         return
@@ -410,10 +438,13 @@ def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) ->
                                         f"{sides}; spec fields feeding it: {', '.join(FEEDS[probe.kind])}",
                    module=probe.label, nonfinite=sides, fields=FEEDS[probe.kind])
         return
-    errors, first = localize(hf, port, probes)
+    errors, first = localize(hf, port, probes, noise)
     if first is None:
-        report.add("divergence", False, "every module output agrees to 1e-3; the difference is in sampling or "
-                                        "in positions past the probed prompt")
+        report.add("divergence", False, "every module output agrees to 1e-3"
+                   + (f" or within {NOISE_FACTOR:g}x transformers' own float32 error there (against float64)"
+                      if noise else "") + "; the difference is in sampling or in positions past the probed prompt")
+        if noise:
+            report.tables.append(_module_table(errors, None, noise))
         return
     rel = dict(errors)[first.label]
     feeds = FEEDS[first.kind]
@@ -423,7 +454,14 @@ def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str]) ->
                f"first diverging module: {first.label} (relative error {rel:.2e}); spec fields feeding it: "
                f"{', '.join(feeds)}{cause}", module=first.label, relative_error=rel, fields=feeds,
                suspects=suspects)
+    report.tables.append(_module_table(errors, first.label, noise))
+
+
+def _module_table(errors: list[tuple[str, float]], first: str | None, noise: dict) -> str:
     width = max(len(label) for label, _ in errors)
-    report.tables.append("\n".join(["  module outputs, port vs transformers (relative error, longest prompt)"] + [
-        f"  {label:<{width}}  {err:9.2e}{'  <- first divergence' if label == first.label else ''}"
-        for label, err in errors]))
+    head = "  module outputs, port vs transformers (relative error, longest prompt)"
+    if noise:
+        head += "; beside it transformers float32 vs float64"
+    return "\n".join([head] + [
+        f"  {label:<{width}}  {err:9.2e}" + (f"  {noise[label]:9.2e}" if label in noise else "")
+        + ("  <- first divergence" if label == first else "") for label, err in errors])

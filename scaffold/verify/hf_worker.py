@@ -2,7 +2,8 @@
 
 Usage: python -m scaffold.verify.hf_worker REQUEST.json
 
-Loads the original model in float32 with eager attention (or the request's
+Loads the original model in float32 (or the request's "dtype": float64 measures float32's own rounding
+error) with eager attention (or the request's
 "attn_implementation": transformers 5.19's eager Falcon adds its ALiBi bias twice), decodes greedily from
 each prompt without a KV cache, then saves the log-probabilities of every
 position of prompt + continuation. Kept apart from vLLM: building vLLM's
@@ -24,11 +25,16 @@ def main(request_file: str) -> None:
 
     request = json.loads(open(request_file).read())
     torch.manual_seed(0)
-    kwargs = dict(dtype=torch.float32, trust_remote_code=request["trust_remote_code"])
+    dtype = getattr(torch, request.get("dtype") or "float32")
+    kwargs = dict(dtype=dtype, trust_remote_code=request["trust_remote_code"])
+    if dtype == torch.float64:  # transformers' grouped-matmul experts take no float64
+        kwargs["experts_implementation"] = "eager"
+    wide = torch.float64 if dtype == torch.float64 else torch.float32  # the log-softmax's precision
     try:
         model = AutoModelForCausalLM.from_pretrained(
             request["checkpoint"], attn_implementation=request.get("attn_implementation") or "eager", **kwargs)
     except (ValueError, TypeError):  # remote code that does not take attn_implementation
+        kwargs.pop("experts_implementation", None)
         model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], **kwargs)
     model.eval()
     results = []
@@ -38,8 +44,8 @@ def main(request_file: str) -> None:
             for _ in range(request["new_tokens"]):
                 logits = model(torch.tensor([tokens])).logits[0, -1]
                 tokens.append(int(logits.argmax()))
-            logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
-            results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1)})
+            logits = model(torch.tensor([tokens[:-1]])).logits[0].to(wide)
+            results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1).float()})
     captured: dict = {}
     probe = request.get("probe")
     if probe:
