@@ -149,6 +149,9 @@ def new(checkpoint: Path, out: Path | None, force: bool, spec_file: Path | None,
         target = generate(analysis, out or Path(analysis.spec.package), force=force,
                           trust_remote_code=trust_remote_code)
         echo(f"wrote {target} ({analysis.spec.architecture}, {len(analysis.rows)} tensors mapped)")
+        if analysis.spec.recurrent_stacks:
+            echo("note: no pipeline parallelism: the layer stacks run in cycles, every cycle through every stack, "
+                 "so vLLM refuses --pipeline-parallel-size above 1 for this port (README.md)")
     else:
         target = generate_backend(choice.backend, out, force=force, reason=choice.reason)
         comp = choice.backend.compliance

@@ -396,7 +396,9 @@ def decisions(spec) -> list[str]:
                    "The attention is causal: transformers' HrmText attends bidirectionally within a prefix only when "
                    "token_type_ids are passed (with config.prefix_lm), which neither vLLM's engine nor the verifier "
                    "passes; vLLM's own hrm_text.py (PrefillPrefixLMAttention) attends bidirectionally over every "
-                   "prompt instead. Pipeline parallelism is refused at load (every cycle runs every stack).")
+                   "prompt instead. No pipeline parallelism: every cycle runs every stack, so no split of the layers "
+                   "into consecutive stages computes the model; the class declares no SupportsPP (as vLLM's own "
+                   "hrm_text.py), so vLLM refuses pipeline_parallel_size above 1 when the engine starts.")
     if spec.gated_qkv:
         n = spec.names
         out.append(f"- `{n['self_attn']}.{spec.gated_qkv}` holds four equal row blocks [gate | q | k | v] "

@@ -374,6 +374,19 @@ ARCHITECTURES = {
                                                 "sliding_attention", "full_attention"],
         "num_kv_shared_layers": 2, "sliding_window": 8, "vocab_size_per_layer_input": 256,
         "hidden_size_per_layer_input": 32, "intermediate_size": [256] * 5, "activation_sparsity_pattern": [0.0] * 5}),
+    # Gemma-3n at its checkpoints' patterns (Gemma3nTextConfig's defaults, E4B's: 35 layers; E2B has 30): 4 sliding
+    # layers then a full one (full where (i + 1) % 5 == 0), the last layers sharing keys and values (a multiple of that
+    # pattern: here the last 5 read layers 3 and 4, the last sliding and the last full before them, as the defaults'
+    # last 15 of 35 read layers 18 and 19), activation sparsity 0.95 on the first layers (the defaults' first 10: here
+    # the first 3, the KV sources dense as there), AltUp and Laurel at the defaults (4 inputs, active 0, coefficient
+    # clip 120, correct_output_scale; rank 64), per-layer inputs 256 wide, a window of 8 under the prompts (512
+    # there). 10 layers, not 30: transformers in float32 against float64 on this checkpoint differs by 3.48e-05 max
+    # |dlogp| (scripts/reference_drift.py: the verifier's prompts, top-20 tokens; the same thirds at 15 layers
+    # 7.38e-05, at 30 1.12e-03, where parity's 1e-4 would measure depth, not the port).
+    "gemma3n_text-e2b-patterns": ("gemma3n_text", {
+        "num_hidden_layers": 10, "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 2,
+        "num_kv_shared_layers": 5, "activation_sparsity_pattern": [0.95] * 3 + [0.0] * 7, "sliding_window": 8,
+        "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 256, "intermediate_size": [256] * 10}),
     "gpt_neox_japanese": ("gpt_neox_japanese", {"intermediate_multiple_size": 3,
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5}}),
@@ -604,6 +617,10 @@ EXPECTED_SPEC = {
     "gemma3n_text-activation-sparsity": {"activation_sparsity": [0.95, 0.0, 0.6], "altup_num_inputs": 4},
     "gemma3n_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "altup_num_inputs": 4,
                                "v_norm": "v_norm", "sliding_window_layers": [0, 1, 3]},
+    "gemma3n_text-e2b-patterns": {"kv_share_layers": [5, 6, 7, 8, 9], "kv_share_sources": [3, 3, 3, 3, 4],
+                                  "sliding_window_layers": [0, 1, 2, 3, 5, 6, 7, 8],
+                                  "activation_sparsity": [0.95] * 3 + [0.0] * 7, "altup_num_inputs": 4,
+                                  "altup_correct_scale": True, "laurel_rank": 64, "per_layer_input_size": 256},
     "gemma4_text-kv-shared": {"kv_share_layers": [3, 4], "kv_share_sources": [1, 2], "v_norm": "v_norm",
                               "sliding_window_layers": [0, 1, 3], "layer_scalar": "layer_scalar"},
     "gemma4_text-k-eq-v": {"k_eq_v_layers": [2], "v_norm": "v_norm", "sliding_window_layers": [0, 1]},

@@ -5,6 +5,8 @@ config alias, a third term in one input); and the refusal forms.repeated_stack w
 
 from __future__ import annotations
 
+import re
+
 from helpers import LAB_PRELUDE, transformers_code
 
 from scaffold.detect import forms, recurrence
@@ -283,3 +285,39 @@ def test_a_spec_file_cycles_must_name_the_stacks_consistently(tmp_path):
             assert said in str(exc), str(exc)
         else:
             raise AssertionError(f"{field} = {value!r} was accepted")
+
+
+def test_the_port_of_stacks_run_in_cycles_tells_its_user_pipeline_stages_are_refused(tmp_path):
+    """No split of layers run in cycles into consecutive pipeline stages computes the model: the port declares no
+    SupportsPP (vLLM refuses PP > 1 when the engine starts, with its own generic line), and `scaffold new`, the
+    package's README and REVIEW.md say why; a port of consecutive layers (Llama's) declares SupportsPP and its README
+    says nothing of it."""
+    from ckpt_factory import Shape, write_checkpoint
+    from click.testing import CliRunner
+
+    from scaffold.analysis import complete
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.cli import main
+    from scaffold.detect import detect
+    from scaffold.render import render
+    from scaffold.review import review_markdown
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "hrm", Shape(), tensors=hrm_tensors(), config=HRM_CONFIG))
+    spec = detect(ckpt)
+    files = render(spec, ckpt).files
+    model = next(text for name, text in files.items() if name.endswith("model.py"))
+    bases = re.search(r"\nclass \w+ForCausalLM\((.*?)\):", model, flags=re.DOTALL)
+    assert bases and "SupportsPP" not in bases.group(1), bases
+    readme = " ".join(files["README.md"].split())
+    assert ("Pipeline parallelism is not supported: the model runs its layer stacks in cycles, every cycle through "
+            "every stack") in readme, readme
+    assert "refuses `--pipeline-parallel-size` above 1 when the engine starts" in readme, readme
+    review = review_markdown(complete(ckpt, spec))
+    assert "No pipeline parallelism: every cycle runs every stack" in review
+    said = CliRunner().invoke(main, ["new", str(ckpt.path), "-o", str(tmp_path / "port")])
+    assert said.exit_code == 0 and "note: no pipeline parallelism: the layer stacks run in cycles" in said.output, \
+        said.output
+    llama = read_checkpoint(write_checkpoint(tmp_path / "llama", Shape()))
+    plain = render(detect(llama), llama).files
+    assert "SupportsPP" in next(text for name, text in plain.items() if name.endswith("model.py"))
+    assert "pipeline" not in plain["README.md"].lower()
