@@ -4,9 +4,9 @@
 Usage: python scripts/reference_drift.py ROW [ROW ...] [--set JSON]
 
 Builds the checkpoint of each row of tests/test_architectures.py's ARCHITECTURES (as the suite builds it), runs
-transformers on it in float32 and in float64 (eager attention, as the verifier's reference) over the verifier's
-prompts and 16 greedy tokens of float64's, and prints the largest |log-probability difference| over float64's
-top-20 tokens at every position: the same measure as parity's. A row whose figure nears parity's tolerance (1e-4)
+transformers on it in float32 and in float64 (the verifier's reference, its prompts and greedy continuations) and
+prints the largest |log-probability difference| over the top-20 tokens at every position: parity's measure, the
+float32 noise floor `scaffold verify` reports where parity fails. A row whose figure nears parity's tolerance (1e-4)
 measures its depth, not the port. --set merges a JSON object over the row's overrides (another depth, with the
 per-layer lists of that length).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -23,30 +22,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from scaffold.verify.parity import NEW_TOKENS, PROMPT_LENGTHS, TOP_K
-
 
 def drift(model_type: str, overrides: dict, workdir: Path) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    from scaffold.checkpoint import read_checkpoint
     from scaffold.tiny import build_tiny
+    from scaffold.verify import parity
 
     ckpt = build_tiny(model_type, workdir / "checkpoint", architecture="DriftForCausalLM", overrides=overrides)
     vocab = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    rng = random.Random(1234)
-    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
-    wide, narrow = (AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation="eager").eval()
-                    for dtype in (torch.float64, torch.float32))
-    worst = 0.0
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = wide.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-            a = torch.log_softmax(wide(ids).logits[0].double(), -1)
-            b = torch.log_softmax(narrow(ids).logits[0].double(), -1)
-            top = a.topk(TOP_K, -1).indices
-            worst = max(worst, (a.gather(-1, top) - b.gather(-1, top)).abs().max().item())
-    return worst
+    prompts = parity.prompts_for(read_checkpoint(ckpt), vocab)
+    narrow = parity.hf_reference(ckpt, prompts, False, workdir)
+    wide = parity.hf_reference(ckpt, prompts, False, workdir, dtype="float64")
+    return parity.compare(wide, parity.as_candidate(narrow, prompts), prompts).max_delta
 
 
 def main(argv: list[str]) -> int:
