@@ -107,7 +107,8 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
                 port_dir = generate(analysis, workdir / "port", trust_remote_code=trust_remote_code)
                 stage = stage_install(load_port(port_dir), under=workdir)
                 say("native port inside vLLM")
-                vl = parity.vllm_run(view, prompts, stage, analysis.spec.package, max_len, workdir)
+                vl = parity.vllm_run(view, prompts, stage, analysis.spec.package, max_len, workdir,
+                                     engine_vars=parity.port_engine_vars(analysis.spec))
                 _fill(native, parity.compare(hf, vl, prompts), vl["model_class"], float(vl.get("load_seconds", 0)))
                 expected = f"{analysis.spec.package}.model.{analysis.spec.architecture}"
                 if vl["model_class"] != expected:

@@ -29,7 +29,7 @@ from scaffold.bench.report import plot, render_table
 from scaffold.bench.settings import IMPLS, Settings, metric_names
 from scaffold.bench.stats import PAIRS, ratios, summarize
 from scaffold.errors import ScaffoldError
-from scaffold.verify.parity import engine_env
+from scaffold.verify.parity import engine_env, port_engine_vars
 from scaffold.verify.port import load_port, stage_install
 
 ALIAS_PLUGIN = "scaffold_bench_alias"
@@ -123,7 +123,7 @@ def run_bench(port_path: Path, settings: Settings, out_dir: Path, checkpoint: Pa
         write_alias_plugin(stage, spec.architecture, f"{spec.package}.model:{spec.architecture}")
         plans["port"] = ({**base, "model": str(port.checkpoint), "model_impl": "vllm", "expect": "port",
                           "package": spec.package},
-                         env_for(stage, f"{spec.package},{ALIAS_PLUGIN}"))
+                         {**env_for(stage, f"{spec.package},{ALIAS_PLUGIN}"), **port_engine_vars(spec)})
     view = checkpoint_view(port.checkpoint, native_arch, work) if native_arch else None
     if "native" in impls:
         if view is None:

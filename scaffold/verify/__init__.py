@@ -258,8 +258,7 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                                      sharding=sharding.request if sharding else None,
                                      dtype=dequantize.engine_dtype(quantized) if quantized else "float32",
                                      block_size=block_size_for(port.spec.attention_chunk_size),
-                                     engine_vars={"VLLM_MLA_DISABLE": "1"}
-                                     if port.spec.latent_sink_decompressed else None)
+                                     engine_vars=parity.port_engine_vars(port.spec))
             except ScaffoldError as exc:
                 if together:
                     hf_job.result()  # a failing reference is reported first, as when run one after the other

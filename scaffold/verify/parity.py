@@ -109,6 +109,14 @@ def engine_env(stage: Path | None, package: str | None, tensor_parallel_size: in
     return env
 
 
+def port_engine_vars(spec) -> dict[str, str]:
+    """Environment variables an engine serving a port of `spec` needs beside engine_env's (verify, compare and
+    bench take them from here): VLLM_MLA_DISABLE=1 for a latent attention with sinks run decompressed through
+    vLLM's Attention (latent_sink_decompressed), whose KV cache holds full keys and values; without it vLLM sizes
+    an MLA cache for the model type and the port refuses to load."""
+    return {"VLLM_MLA_DISABLE": "1"} if spec.latent_sink_decompressed else {}
+
+
 def _reference_cache(request: dict, checkpoint: Path) -> Path | None:
     """Where a transformers reference for exactly this request and checkpoint state is kept.
 
