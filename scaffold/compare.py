@@ -25,6 +25,7 @@ import click
 from scaffold.analysis import analyze
 from scaffold.backend.plan import plan
 from scaffold.detect import policy
+from scaffold.detect.chunks import block_size_for
 from scaffold.detect.forms import read_checkpoint  # names an integer table by what the code does with it
 from scaffold.errors import ScaffoldError
 from scaffold.pipeline import generate
@@ -108,7 +109,8 @@ def compare(checkpoint: str | Path, *, trust_remote_code: bool = False, progress
                 stage = stage_install(load_port(port_dir), under=workdir)
                 say("native port inside vLLM")
                 vl = parity.vllm_run(view, prompts, stage, analysis.spec.package, max_len, workdir,
-                                     engine_vars=parity.port_engine_vars(analysis.spec))
+                                     engine_vars=parity.port_engine_vars(analysis.spec),
+                                     block_size=block_size_for(analysis.spec.attention_chunk_size))
                 _fill(native, parity.compare(hf, vl, prompts), vl["model_class"], float(vl.get("load_seconds", 0)))
                 expected = f"{analysis.spec.package}.model.{analysis.spec.architecture}"
                 if vl["model_class"] != expected:

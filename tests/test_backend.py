@@ -347,16 +347,19 @@ def test_compare_native_and_backend_side_by_side(tiny, tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.extended
-def test_compare_serves_a_port_with_the_engine_settings_verify_gives_it(tiny):
-    """HY-V4's latent attention with sinks runs decompressed through vLLM's Attention, which the port serves only with
-    VLLM_MLA_DISABLE=1 (it refuses to load otherwise): compare's native engine gets it from the same place verify's
-    does. The architecture is no transformers class, so the backend side is refused and only the port runs."""
+@pytest.mark.parametrize("row", ["hy_v4-latent-gate", "llama4_text"])
+def test_compare_serves_a_port_with_the_engine_settings_verify_gives_it(tiny, row):
+    """compare's native engine gets what verify's gets, from the same places: HY-V4's latent attention with sinks
+    runs decompressed through vLLM's Attention, which the port serves only with VLLM_MLA_DISABLE=1 (it refuses to
+    load otherwise); Llama 4's attention chunked in 32 positions needs KV-cache blocks that divide the chunk (vLLM
+    asserted `attn_chunk_size 32 is not divisible by block_size 128` before). The architecture is no transformers
+    class, so the backend side is refused and only the port runs."""
     from test_architectures import ARCHITECTURES
 
-    model_type, overrides = ARCHITECTURES["hy_v4-latent-gate"][:2]
-    ckpt = tiny(model_type, "HyV4CompareForCausalLM", **overrides)
+    model_type, overrides = ARCHITECTURES[row][:2]
+    ckpt = tiny(model_type, "EngineSettingsCompareForCausalLM", **overrides)
     proc = scaffold("compare", ckpt, "--json", env={k: v for k, v in os.environ.items() if k != "VLLM_MLA_DISABLE"})
     native = {s["impl"]: s for s in json.loads(proc.stdout)["implementations"]}["native"]
     assert native["available"] and native["parity_ok"] and not native["reason"], native
-    assert native["vllm_class"].endswith(".model.ScaffoldHyV4CompareForCausalLM"), native
+    assert native["vllm_class"].endswith(".model.ScaffoldEngineSettingsCompareForCausalLM"), native
     assert native["max_delta"] <= TOLERANCE
