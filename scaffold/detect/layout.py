@@ -444,8 +444,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                            "decoder half of an encoder-decoder", where, spec.model_type)
     # Top level: the embedding, the final norm and the head, wherever the tree holds them.
     vocab = spec.vocab_size
-    buffers = codekeys.registered_buffers(code)
-    skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
+    skipped = sorted(codekeys.stored_buffers(code, [n for n in ckpt.tensors if n not in matches]))
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
     # GPT-2 layouts: the learned position table is an embedding too, but not the token embedding.
     positions_table = _position_table(ckpt, spec, prefix, top)
