@@ -191,3 +191,31 @@ def test_falcons_multi_query_branch_is_fused_and_its_activation_key_is_read():
                            {"new_decoder_architecture": True, "multi_query": True}).value == "grouped"
     assert interleaved_qkv(falcon, "query_key_value",
                            {"new_decoder_architecture": False, "multi_query": False}).value == "interleaved"
+
+
+# MiniCPM's form (its remote code, the labs' report): head_dim from the module's own attributes, and a width ratio
+# `config.hidden_size / config.dim_model_base` dividing the hidden states before the head. The ratio is a logits
+# scale, not hidden_size // heads: config.dim_model_base read as the head count gave 32 heads of 8 for 8 of 32.
+MUP_HEAD = '''
+class LabAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_heads
+
+
+class LabForCausalLM(nn.Module):
+    def forward(self, hidden_states):
+        return self.lm_head(hidden_states / (self.config.hidden_size / self.config.dim_model_base))
+'''
+
+
+def test_a_width_ratio_that_scales_the_hidden_states_is_not_the_head_count():
+    config = {"hidden_size": 256, "num_attention_heads": 8, "dim_model_base": 32}
+    assert _divisor({"modeling_lab.py": MUP_HEAD}, config, "config.hidden_size") is None
+    # The same division as a size (assigned, or as a module's width) still names the head count.
+    sized = MUP_HEAD.replace("self.head_dim = self.hidden_size // self.num_heads",
+                             "self.head_dim = config.hidden_size // config.num_attention_heads")
+    found = _divisor({"modeling_lab.py": sized}, config, "config.hidden_size")
+    assert found is not None and found[0].expr == "config.num_attention_heads" and found[1] == 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import chunks, dataflow, headsizes, window
+from scaffold.detect import chunks, conditions, dataflow, headsizes, kvshare, window
 from scaffold.detect.common import config_value, stored_shape, unsupported
 from scaffold.detect.sourcecode import modeling_sources
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -48,6 +48,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
+                if layer and (left_out := _not_built(ckpt, spec, n[role], layer)):
+                    raise unsupported(left_out, where, spec.model_type)
                 raise CheckpointError(f"tensor {name} is missing.", where)
             o_cols = spec.heads_of(layer) * spec.value_dim_of(layer) if spec.qkv_layout == "separate" else q
             shape = stored_shape(spec, role, (rows, o_cols if role == "o_proj" else spec.hidden_size))
@@ -70,6 +72,55 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise UnsupportedArchitecture(f"head_dim {spec.head_dim} is odd; rotary embeddings need an even size.", where)
     _sliding_window(ckpt, spec)
     _chunks(ckpt, spec)
+
+
+def _not_built(ckpt: Checkpoint, spec: Spec, proj: str, layer: int) -> str | None:
+    """Why a projection layer 0 holds is absent in `layer`, where the code says so: the attention's __init__, run
+    over numbers for each layer's index (kvshare.layer_self), builds it in layer 0 and not in `layer`. Hunyuan-Large's
+    cross-layer attention (config use_cla, cla_share_factor 2) builds no k_proj/v_proj in its odd layers, which take
+    the previous layer's projected keys and values through the model's loop; that is not a broken checkpoint but a
+    form the port does not compute. None where the code does not say (the tensor is then missing)."""
+    sources = modeling_sources(ckpt) if ckpt.sources else {}
+    found = dataflow.layer_class(sources, spec.names["layers"].rsplit(".", 1)[-1]) if sources else None
+    if found is None:
+        return None
+    init = next((f for f in found[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    value = dataflow._init_assignments(init).get(spec.names["self_attn"]) if init is not None else None
+    sub = dataflow._submodule_class(sources, conditions.selected(value, ckpt.config) or value) if value else None
+    attn_init = next((f for f in sub[1].body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None) \
+        if sub is not None else None
+    if attn_init is None:
+        return None
+    functions = {f.name: f for _file, tree in dataflow._parsed(sources) for f in tree.body
+                 if isinstance(f, ast.FunctionDef)}
+    config = kvshare._Reads(ckpt.config)
+    try:
+        built = [isinstance(kvshare.layer_self(functions, attn_init, config, i)[0].attrs.get(proj), kvshare._Module)
+                 for i in (0, layer)]
+    except Exception:  # noqa: BLE001 - code the reader cannot run says nothing here
+        return None
+    if built != [True, False]:
+        return None
+    keys = [k for k in sorted(config.asked) if k in ckpt.config and _decides(functions, attn_init, ckpt.config, k,
+                                                                            proj, layer)]
+    return (f"layer {layer}'s attention builds no {proj}: {sub[1].name}.__init__ ({sub[0]}:{attn_init.lineno}) "
+            f"builds it in layer 0 but not for layer_idx {layer}"
+            + (f", as config.json {', '.join(f'{k} = {ckpt.config[k]!r}' for k in keys)} decide" if keys else "")
+            + "; that layer takes its keys and values from elsewhere (another layer's, through the model's loop), "
+              "a form the port does not compute")
+
+
+def _decides(functions: dict, init: ast.FunctionDef, config: dict, key: str, proj: str, layer: int) -> bool:
+    """Whether another value of config.json's `key` (a flag flipped, a count set to 1) builds `proj` in `layer`."""
+    value = config[key]
+    other = (not value) if isinstance(value, bool) else 1 if isinstance(value, int) and value != 1 else None
+    if other is None:
+        return False
+    try:
+        me = kvshare.layer_self(functions, init, kvshare._Reads({**config, key: other}), layer)[0]
+    except Exception:  # noqa: BLE001 - code the reader cannot run says nothing here
+        return False
+    return isinstance(me.attrs.get(proj), kvshare._Module)
 
 
 def _routed_shapes(ckpt: Checkpoint, spec: Spec) -> None:

@@ -309,16 +309,44 @@ def code_sources(ckpt: Checkpoint) -> dict[str, str]:
 
 
 
-def registered_buffers(sources: dict[str, str]) -> set[str]:
-    """Names the code registers as buffers: `self.register_buffer("inv_freq", ...)`, any dtype, persistent
-    or not. A checkpoint that stores one (chatglm's rotary inv_freq) holds something the port recomputes."""
-    out = set()
-    for _name, _cls, func in methods(sources):
+def buffer_owners(sources: dict[str, str]) -> dict[str, set[str]]:
+    """buffer name -> the classes that hold it: those whose methods call `self.register_buffer("<name>", ...)`, and
+    their subclasses in the sources (a rotary subclass inherits its parent's inv_freq)."""
+    owners: dict[str, set[str]] = {}
+    for _file, cls, func in methods(sources):
         for node in subtree(func):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "register_buffer" and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-                out.add(node.args[0].value)
+                owners.setdefault(node.args[0].value, set()).add(cls.name)
+    bases: dict[str, set[str]] = {}
+    for text in sources.values():
+        tree = parse(text)
+        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)) if tree is not None else ():
+            bases.setdefault(cls.name, set()).update(callee(b) for b in cls.bases)
+    for held in owners.values():
+        grown = True
+        while grown:
+            more = {name for name, parents in bases.items() if parents & held} - held
+            held |= more
+            grown = bool(more)
+    return owners
+
+
+def stored_buffers(sources: dict[str, str], tensors) -> list[str]:
+    """The tensors among `tensors` that are buffers the code registers, not parameters: the last component names a
+    registered buffer and the module holding it is built from a class that holds that buffer. Where the code does
+    not say which class builds that module, the name alone decides. CodeShell's base model registers its causal
+    mask as `bias`; its final norm `ln_f` is an nn.LayerNorm, whose `ln_f.bias` is a parameter."""
+    owners, kinds = buffer_owners(sources), module_kinds(sources)
+    out = []
+    for name in tensors:
+        parts = name.split(".")
+        if parts[-1] not in owners:
+            continue
+        built = kinds.get(parts[-2], set()) if len(parts) > 1 else set()
+        if not built or built & owners[parts[-1]]:
+            out.append(name)
     return out
 
 

@@ -403,6 +403,12 @@ class Interpreter:
             self.events.inputs.setdefault(short, []).append(
                 (line, _flat(args[0]) if args else _flat(_join_all(list(kwargs.values())))))
             return frozenset({Origin(short, line=line)})
+        if (name.startswith("self.") and name.count(".") == 1 and ROTARY_CALL.search(short) and derived
+                and _input_for_metadata_only(self.classes, self.methods, short)):
+            # Llama's older `cos, sin = self.rotary_emb(value_states, seq_len=...)`: a rotary module that reads its
+            # tensor argument only for its dtype, device or shape. Its table derives from positions, not from that
+            # projection (which would make the rotated q and k seem to come from v too: Hunyuan-Large).
+            return frozenset()
         if name.startswith("self.") and name.count(".") == 1 and short in self.attr_values and len(derived) == 1:
             self.events.modules.append((short, line, derived[0]))
         if len(derived) >= 2:
@@ -855,6 +861,37 @@ def _init_locals(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
     return {stmt.targets[0].id: stmt.value for stmt in init.body
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
             and counts.get(stmt.targets[0].id) == 1 and stmt.targets[0].id not in params}
+
+
+METADATA = frozenset({"dtype", "device", "shape", "size", "dim", "ndim"})
+
+
+def _input_for_metadata_only(classes: dict, methods: dict, attr: str) -> bool:
+    """Whether every class the module's methods assign to `self.<attr>` (its branches: a rotary embedding per
+    scaling type, built in a helper such as _init_rope) has a forward, its own or inherited from a class of the
+    sources, that reads its first tensor argument only as x.dtype, x.device, x.shape, x.size(...) or x.dim()."""
+    built = [node.value for method in methods.values() for node in subtree(method)
+             if isinstance(node, ast.Assign) and len(node.targets) == 1 and _dotted(node.targets[0]) == f"self.{attr}"]
+    if not built:
+        return False
+    for value in built:
+        name = _dotted(value.func) if isinstance(value, ast.Call) else ""
+        found = classes.get(name.rsplit(".", 1)[-1]) if name else None
+        forward, seen = None, set()
+        while found is not None and forward is None and found[1].name not in seen:
+            seen.add(found[1].name)
+            forward = next((f for f in found[1].body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            bases = [_dotted(b).rsplit(".", 1)[-1] for b in found[1].bases]
+            found = next((classes[b] for b in bases if b in classes), None)
+        if forward is None or len(forward.args.args) < 2:
+            return False
+        first = forward.args.args[1].arg
+        parents = {id(child): node for node in ast.walk(forward) for child in ast.iter_child_nodes(node)}
+        for use in (n for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == first):
+            parent = parents.get(id(use))
+            if not (isinstance(parent, ast.Attribute) and parent.value is use and parent.attr in METADATA):
+                return False
+    return True
 
 
 def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:

@@ -444,8 +444,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                            "decoder half of an encoder-decoder", where, spec.model_type)
     # Top level: the embedding, the final norm and the head, wherever the tree holds them.
     vocab = spec.vocab_size
-    buffers = codekeys.registered_buffers(code)
-    skipped = sorted(n for n in ckpt.tensors if n not in matches and n.rsplit(".", 1)[-1] in buffers)
+    skipped = sorted(codekeys.stored_buffers(code, [n for n in ckpt.tensors if n not in matches]))
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
     # GPT-2 layouts: the learned position table is an embedding too, but not the token embedding.
     positions_table = _position_table(ckpt, spec, prefix, top)
@@ -619,6 +618,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             _fused_kv_heads(ckpt, spec, f"{prefix}.{names['layers']}.0.{attn}.{fused}.weight")
         spec.set("qkv_bias", has(f"{attn}.{fused}.bias"), src(f"{attn}.{fused}.bias"))
     else:
+        attn_cls = blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources else None
+        if attn_cls and (kv := _fused_kv_only(spec, layer0, attn, first("o_proj", attn), sources, attn_cls)):
+            raise _unsupported(kv, where, spec.model_type)
         raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
                                    f"weight{_undecided(flow)}", (("q_proj, k_proj, v_proj", "not all present"),
                                                                  *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
@@ -1721,6 +1723,42 @@ def weightless_norm_attributes(sources: dict) -> set[str]:
     classes = weightless_norms(sources)
     return {attr for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
             if isinstance(value, ast.Call) and codekeys.callee(value) in classes}
+
+
+def _fused_kv_only(spec: Spec, layer0: dict, attn: str, o_proj: str | None, sources: dict,
+                   attn_cls: str) -> str | None:
+    """Keys and values fused in one projection, the queries in another (TeleChat's `query` beside `key_value`): the
+    attention holds no q/k/v-sized tensor but one [2 x KV heads x head_dim, hidden] tensor, the KV heads dividing
+    the query heads, beside one [heads x head_dim, hidden] tensor other than the output projection; and the
+    attention's class builds no other nn.Linear (a Llama attention whose v_proj tensor is missing is a broken
+    checkpoint, not this form). No qkv_layout says how to fill the port's QKVParallelLinear from that pair, so it
+    is refused by what the tensors and the code show, not left as an unknown field that no spec file could set
+    either."""
+    hidden, dim, heads = spec.hidden_size, spec.head_dim, spec.num_heads
+    if not dim:
+        return None
+    mats = {rest[len(attn) + 1:-len(".weight")]: info.shape[0] for rest, info in layer0.items()
+            if rest.startswith(attn + ".") and rest.endswith(".weight") and rest.count(".") == attn.count(".") + 2
+            and len(info.shape) == 2 and info.shape[1] == hidden and rest != f"{attn}.{o_proj}.weight"}
+    kv = [(name, rows // (2 * dim)) for name, rows in mats.items()
+          if rows != heads * dim and rows % (2 * dim) == 0 and rows and heads % (rows // (2 * dim)) == 0]
+    queries = sorted(name for name, rows in mats.items() if rows == heads * dim)
+    linears = {attr for _f, cls, _fn, attr, value in codekeys.self_assignments(sources)
+               if cls.name == attn_cls and isinstance(value, ast.Call) and codekeys.callee(value) == "Linear"}
+    if linears - {o_proj} != set(mats):
+        return None
+    said = "; the port fills its fused q/k/v projection from q, k and v tensors or one tensor holding all three"
+    if not kv and len(queries) == 2 and 2 * spec.num_kv_heads == heads:
+        # As tall as each other (KV heads half the query heads): the shapes cannot say which is which.
+        return (f"keys and values fused in one projection without the queries: layer 0's {attn}.{queries[0]} and "
+                f"{attn}.{queries[1]} both hold {heads * dim} rows, the {heads} query heads of {dim} in one, keys "
+                f"and values for {spec.num_kv_heads} KV heads in the other{said}")
+    if len(kv) != 1 or len(queries) != 1 or any(rows == (heads + 2 * kv[0][1]) * dim for rows in mats.values()):
+        return None
+    name, kv_heads = kv[0]
+    return (f"keys and values fused in one projection without the queries: layer 0's {attn}.{name} holds "
+            f"{2 * kv_heads * dim} rows, keys and values for {kv_heads} KV head(s) of {dim}, beside "
+            f"{attn}.{queries[0]} with the {heads * dim} rows of the {heads} query heads{said}")
 
 
 def _undecided(flow: dataflow.Layer | None) -> str:

@@ -715,7 +715,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                                  .split(".")[1]})
     # A hash router the block builds in some layers (hashrouting reads it): the scoring router is the routing path.
     hashed = frozenset(found.cls.name for found in hashrouting.lookups(sources)) if sources else frozenset()
-    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code, hashed)
+    path = routing.routing(sources, _routing_attribute(ckpt, spec), shared_code, hashed, ckpt.config)
     if path is not None and (problem := path.problem(spec.num_experts_per_tok)):
         if path.weighted_input or "topk" in path.calls:
             raise unsupported(problem, where, spec.model_type)

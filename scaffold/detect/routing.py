@@ -19,8 +19,10 @@ own class, and the module-level functions they call (followed a few calls deep),
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass, field
 
+from scaffold.detect import conditions
 from scaffold.detect.codekeys import _is_config
 from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 
@@ -205,7 +207,8 @@ class _Uses:
                 for stmt in node.body:
                     guard_of.update((id(sub), guard) for sub in subtree(stmt))
         for node in subtree(body):
-            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div):
+            if (isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div)
+                    and not _by_a_size(node.right if isinstance(node, ast.BinOp) else node.value)):
                 self.divides = True
                 divisor = node.right if isinstance(node, ast.BinOp) else node.value
                 if self.norm_division is None and (_calls_norm(divisor) or any(
@@ -376,6 +379,24 @@ def holds(value: float, op: str, constant: float) -> bool:
             "==": value == constant, "!=": value != constant}[op]
 
 
+SIZES = frozenset({"shape", "size", "numel"})
+
+
+def _by_a_size(divisor: ast.AST) -> bool:
+    """A divisor made only of tensor sizes and constants (`logits.shape[0]`, `x.size(0) * topk`, len(...)): an
+    average over tokens (Hunyuan-Large's capacity statistic `exp_counts_capacity / logits.shape[0]`), never a
+    renormalization of the routing weights, which divides by their sum or a norm."""
+    sized = False
+    for n in subtree(divisor):
+        if isinstance(n, ast.Attribute) and n.attr in SIZES or isinstance(n, ast.Call) and _dotted(n.func) == "len":
+            sized = True
+        elif isinstance(n, ast.Name) and not any(
+                isinstance(p, (ast.Attribute, ast.Call)) and (getattr(p, "attr", None) in SIZES or _dotted(
+                    getattr(p, "func", ast.Name(id=""))) == "len") and n in subtree(p) for p in subtree(divisor)):
+            return False  # a value of its own (a sum, a norm, a scale): not a size
+    return sized
+
+
 def _divides(body: list[ast.stmt]) -> bool:
     """Whether a branch divides (the renormalization `weights /= weights.sum(...)`); a switch that guards
     something else, HY-V3's `if self.enable_moe_fp32_combine:` around the shared expert's sum, is no
@@ -470,14 +491,38 @@ def _assigned_skipping(init: ast.FunctionDef | None, skip: frozenset[str]) -> di
     return out
 
 
+def _not_taken(body: ast.AST, owner: ast.ClassDef | None, config: dict | None) -> set[int]:
+    """ids of the nodes in branches of `body` that config.json rules out: `if self.A == 1:` with `self.A =
+    config.KEY` in the owner's __init__ (Hunyuan-Large's `if self.moe_topk == 1: top1gating(...) else:
+    topkgating(...)`), or a test on config itself. Nothing where no config is given or a test reads anything else."""
+    if config is None:
+        return set()
+    attrs = dict(_config_attrs(owner)) if owner is not None else {}
+
+    class _AsConfig(ast.NodeTransformer):
+        def visit_Attribute(self, node):
+            if (attr := _self_attr(node)) is not None and attr in attrs:
+                return ast.Attribute(value=ast.Name(id="config", ctx=ast.Load()), attr=attrs[attr], ctx=ast.Load())
+            return self.generic_visit(node)
+
+    out: set[int] = set()
+    for node in subtree(body):
+        if isinstance(node, ast.If):
+            truth = conditions.evaluate(_AsConfig().visit(copy.deepcopy(node.test)), config)
+            if truth is not None:
+                out |= {id(n) for branch in (node.orelse if truth else node.body) for n in subtree(branch)}
+    return out
+
+
 def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = frozenset(),
-            skip: frozenset[str] = frozenset()) -> Routing | None:
+            skip: frozenset[str] = frozenset(), config: dict | None = None) -> Routing | None:
     """The routing path of the class whose __init__ builds `self.<experts>`: its forward and the forwards of the
     other modules it builds from classes of the source (the router, whatever the code calls it: checkpoints saved
     in a legacy layout name it differently), except those in `beside` (the shared expert, whose forward is no
     part of the routing: MiniMax-M3's multiplies by its config's swiglu_alpha) and classes in `skip` (a hash router
     built in some layers instead of the scoring one, read by scaffold.detect.hashrouting). None when the code has no
-    such class."""
+    such class. With `config`, module-level helper functions called only in branches config.json rules out are not
+    followed (_not_taken)."""
     classes = _classes(sources)
     functions = {node.name: (file, node) for file, tree in _parsed(sources) for node in tree.body
                  if isinstance(node, ast.FunctionDef)}
@@ -508,6 +553,7 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
             for body, owner in frontier:
                 uses.read(body, tuple(m.name for m in (owner.body if owner is not None else ())
                                       if isinstance(m, ast.FunctionDef) and m is not body and _calls(m, "topk")))
+                ruled_out = _not_taken(body, owner, config)
                 for node in subtree(body):
                     if not isinstance(node, ast.Call):
                         continue
@@ -517,6 +563,8 @@ def routing(sources: dict[str, str], experts: str, beside: frozenset[str] = froz
                         router_calls.add(short)
                     target = None
                     if isinstance(node.func, ast.Name) and short in functions:
+                        if id(node) in ruled_out:
+                            continue  # a helper function called only in a branch config.json rules out
                         f_file, target = functions[short]
                         helpers.append(f"{short} ({f_file}:{target.lineno})")
                     elif owner is not None and _dotted(node.func) == f"self.{short}":

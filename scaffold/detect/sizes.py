@@ -279,14 +279,26 @@ def _layer_sizes(spec: Spec, found: policy.LayerSizes | None) -> None:
 
 
 def _divisions(sources: dict, numerator: str | None):
-    """(key, file, line) of each `config.<numerator> // config.<key>` (or `/`) in the code."""
+    """(key, file, line) of each `config.<numerator> // config.<key>` (or `/`) in the code that is a size: not one
+    that scales the hidden states (MiniCPM's logits `lm_head(hidden_states / (config.hidden_size /
+    config.dim_model_base))`: a width ratio, not hidden_size // heads)."""
     if not numerator or not numerator.startswith("config.") or not sources:
         return
     for file, _cls, func in codekeys.methods(sources):
+        scales = {id(side) for node in subtree(func)
+                  if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult))
+                  for side, other in ((node.left, node.right), (node.right, node.left)) if _states(other)}
         for node in subtree(func):
-            if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div)) and id(node) not in scales
                     and f"config.{_config_key(node.left)}" == numerator and (key := _config_key(node.right))):
                 yield key, file, node.lineno
+
+
+def _states(node: ast.AST) -> bool:
+    """An operand that is a value computed at run time (a tensor: hidden_states, x, self.proj(x)), not a number from
+    the config, a constant or the module's attributes set from them."""
+    return not any(isinstance(n, ast.Constant) or _config_key(n) or (isinstance(n, ast.Attribute) and isinstance(
+        n.value, ast.Name) and n.value.id == "self") for n in subtree(node)) and not isinstance(node, ast.Constant)
 
 
 def _divisor(sources: dict, config: dict, numerator: str | None) -> tuple[codekeys.CodeExpr, int] | None:
