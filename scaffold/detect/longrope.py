@@ -14,7 +14,7 @@ So the module is not matched as text: the class constructed with short_factor= a
 built: a decoder stack's __init__, an attention's _init_rope) is run over numbers (scaffold.detect.evaluate), its
 constructor's arguments evaluated on config.json's values and on what the building module's __init__ assigns to
 self; base classes of the sources run through super(). Its forward is run at positions 0..P-1 and at every
-position of max_position_embeddings, and each table is compared with cos/sin(p * base ** (-2k / d) / f[k]) * m for
+position of max_position_embeddings (a longer range: one position past the original length), and each table is compared with cos/sin(p * base ** (-2k / d) / f[k]) * m for
 f the short and the long factors: the factors the code applies at every position and the scale m are what the port
 hands vLLM (both factor sets, both mscales), so vLLM computes the same whatever max_model_len it serves. A table
 that changes factors with the sequence length is the run-time choice vLLM's own form makes (None: the config's
@@ -34,9 +34,9 @@ from scaffold.detect.sourcecode import _classes, _dotted, _parsed, subtree
 POSITIONS = 40
 KEYWORDS = ("short_factor", "long_factor")
 # The whole served range (max_position_embeddings positions) is compared where its table is at most this many
-# numbers (MiniCPM4's 32768 positions of 128 dims: 2 ** 22).
+# numbers (MiniCPM4's 32768 positions of 128 dims: 2 ** 22); a longer one at one position past the original length.
 WHOLE_RANGE = 1 << 22
-LIMITS = Limits(elements=1 << 23)
+LIMITS = Limits(elements=1 << 24)  # a table built at construction: 131072 positions of 128 dims
 TOLERANCE = 1e-6
 
 
@@ -185,8 +185,13 @@ def read(sources: dict[str, str], config: dict, head_dim: int, params: dict) -> 
     if not all(isinstance(v, list) and len(v) == head_dim // 2 for v in sets.values()):
         return f"{site}: rope_scaling's short_factor and long_factor are not {head_dim // 2} numbers each"
     longest = config.get("max_position_embeddings")
-    lengths = [POSITIONS] + ([int(longest)] if isinstance(longest, int) and not isinstance(longest, bool)
-                             and POSITIONS < longest and longest * head_dim <= WHOLE_RANGE else [])
+    original = params.get("original_max_position_embeddings")
+    lengths = [POSITIONS]
+    if isinstance(longest, int) and not isinstance(longest, bool) and POSITIONS < longest:
+        if longest * head_dim <= WHOLE_RANGE:
+            lengths.append(longest)
+        elif isinstance(original, int) and POSITIONS <= original < longest:
+            lengths.append(original + 1)  # just past the original length: where a choice by length would turn
     matched = []
     for length in lengths:
         table = _table(interp, merged, args, kwargs, head_dim, length)
