@@ -124,6 +124,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                        if spec.attention_sinks and spec.attention_sinks_layers else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor")
+    # LongRoPE factors the modeling code applies at every position (scaffold.detect.longrope): written out, since
+    # vLLM would choose between the config's two sets by max_model_len.
+    code_rope = not literal_rope and "both of vLLM's LongRoPE factor sets" in spec.source("rope_parameters").detail
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
     return {
         "P": spec.class_prefix,
@@ -203,8 +206,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # Sliding-window layers with rotary parameters of their own (Gemma 3).
         "local_rope": bool(spec.sliding_rope_parameters and spec.sliding_window),
         "literal_rope": literal_rope,
+        "code_rope": code_rope,
         # No rotary parameters in config.json or the code (GPT-J's): the port falls back on those it assumed.
-        "assumed_rope": not literal_rope and spec.source("rope_parameters").kind == "default",
+        "assumed_rope": not literal_rope and not code_rope and spec.source("rope_parameters").kind == "default",
         "rotated_dims": rotated_dims(spec) if "partial_rotary_factor" not in overridden else None,
         "literal_layers": literal_layers,
         "window_condition": window_condition,

@@ -612,6 +612,8 @@ class Interpreter:
         if name in ("zeros", "ones", "empty"):
             shape = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
             return (np.ones if name == "ones" else np.zeros)(self.shape_sized(shape, node))
+        if name in ("mul", "multiply"):
+            return np.multiply(args[0], args[1])
         if name in ("outer", "ger"):
             self.sized(int(np.size(args[0])) * int(np.size(args[1])), node)
             return np.outer(args[0], args[1])
@@ -820,4 +822,4 @@ LIBRARY = frozenset({"arange", "cat", "concat", "concatenate", "stack", "empty_l
                      "zeros", "ones", "empty", "outer", "ger", "einsum", "exp", "log", "log2", "sin", "cos", "pow",
                      "power", "tensor", "as_tensor", "Buffer", "Parameter", "no_grad", "sqrt", "floor",
                      "repeat_interleave", "full", "flip", "get_default_dtype", "float", "int", "chunk", "split",
-                     "softmax", "rsqrt", "sigmoid", "sum", "mean", "matmul", "bmm", "dropout"})
+                     "softmax", "rsqrt", "sigmoid", "sum", "mean", "matmul", "bmm", "dropout", "mul", "multiply"})

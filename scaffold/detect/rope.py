@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import blocks, codekeys, conditions, dataflow, rotaryfreq, sourcecode
+from scaffold.detect import blocks, codekeys, conditions, dataflow, longrope, rotaryfreq, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import (
     alibi_code,
@@ -117,6 +117,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitecture(f"rope type {params['rope_type']!r} is not supported.", where)
     _proportional_unscaled(params, where)
+    if params["rope_type"] == "longrope":
+        source = _longrope_applied(ckpt, spec, params, source)
     factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", params.get("partial_rotary_factor")))
     # The spec field partial_rotary_factor is the one source of truth; the template adds it back.
     params.pop("partial_rotary_factor", None)
@@ -195,6 +197,26 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                               where)
     spec.set("no_rope_layers", [i for i, use in enumerate(flags) if not use],
              Source("config", "config.json no_rope_layers (0: the layer skips rotary)"))
+
+
+def _longrope_applied(ckpt: Checkpoint, spec: Spec, params: dict, source: Source) -> Source:
+    """LongRoPE as the modeling code applies it (scaffold.detect.longrope): where its module uses one set of factors
+    at every position it serves (MiniCPM4's: chosen once by max_position_embeddings > original), both of vLLM's
+    sets become that one and both mscales the code's scale, so vLLM computes the same whatever its max_model_len;
+    a module that computes neither set is refused naming what it computes. A class built with no short and long
+    factors (transformers' Phi-3, whose choice by sequence length is vLLM's own form) leaves the parameters as they
+    are."""
+    found = longrope.read(modeling_sources(ckpt), ckpt.config, spec.head_dim, params)
+    if found is None:
+        return source
+    if isinstance(found, str):
+        raise unsupported(f"a LongRoPE rotary embedding vLLM's Phi3LongRoPEScaledRotaryEmbedding does not compute "
+                          f"({found})", ckpt.config_file, spec.model_type)
+    factors = list(found.factors)
+    params.update(short_factor=factors, long_factor=list(factors), short_mscale=found.mscale,
+                  long_mscale=found.mscale)
+    return Source(source.kind, f"{source.detail}; {found.describe()}: both of vLLM's LongRoPE factor sets are "
+                               f"rope_scaling.{found.which}, both mscales {found.mscale:.9g}")
 
 
 def _null_rope_check(sources: dict[str, str]) -> str | None:
