@@ -303,12 +303,12 @@ def read(sources: dict, config: dict, list_attr: str, weighted) -> kvshare.Layer
     `weighted(layer, module)`: whether the checkpoint holds tensors of that attention module in that layer. None
     where no loop hands anything or no layer takes what it is handed."""
     loop = model_loop(sources, config, list_attr)
+    # Anything not followed up to the attention's keys and values is no reading of this form: None (a layer
+    # building no k_proj is then refused by attention.py, naming the config that decides it).
     if loop is None or isinstance(loop, str):
-        return loop
+        return None
     passes = _decoder_passes(sources, loop.keyword, loop.index, list_attr)
-    if isinstance(passes, str):
-        return f"{loop.where}: {passes}"
-    if all(j is None for j in loop.given):
+    if isinstance(passes, str) or all(j is None for j in loop.given):
         return None
     attr, param, position = passes
     found = dataflow.layer_class(sources, list_attr)
@@ -317,38 +317,45 @@ def read(sources: dict, config: dict, list_attr: str, weighted) -> kvshare.Layer
     sub = dataflow._submodule_class(sources, conditions.selected(value, config) or value) if value is not None \
         else None
     if sub is None:
-        return f"{loop.where}: the decoder layer's {attr} is no class of the code"
+        return None
     file, cls = sub
     producers = set(dataflow.linears(file, cls, set(linear_classes(sources))))
     a_init, a_forward = _method(cls, "__init__"), _method(cls, "forward")
     if a_init is None or a_forward is None:
-        return f"{file}:{cls.lineno}: {cls.name} has no __init__ or forward to read"
+        return None
     params = [a.arg for a in a_forward.args.args[1:]]
     if isinstance(param, int):
         param = params[param] if param < len(params) else None
     if param not in params:
-        return _where(file, a_forward.lineno, f"{cls.name}.forward takes `{param}` by no named parameter")
+        return None
     functions = {n.name: n for _f, t in dataflow._parsed(sources) for n in t.body if isinstance(n, ast.FunctionDef)}
     reads = kvshare._Reads(config, set())
     runs, returned = [], []
     for i, j in enumerate(loop.given):
         try:
             me, reader = kvshare.layer_self(functions, a_init, reads, i)
-        except _ERRORS as exc:
-            return f"{file}:{a_init.lineno}: {cls.name}.__init__ is not followed in layer {i} ({exc})"
+        except _ERRORS:
+            return None
         run = _HandedRun(sources, file, cls, producers, reads, i, me, reader, {}, set(), set(),
                          param=param, handed=j)
         args = [Tup((frozenset({Origin(f"@{j}.0")}), frozenset({Origin(f"@{j}.1")}))) if p == param and j is not None
                 else EMPTY for p in params]
         try:
             out = run.run_method("forward", args)
-        except Undecided as exc:
-            return f"{file}:{a_forward.lineno}: {cls.name}.forward is not followed in layer {i} ({exc})"
+        except Undecided:
+            return None
         runs.append(run)
         item = out.items[position] if isinstance(out, Tup) and len(out.items) > position else None
         returned.append(item.items if isinstance(item, Tup) and len(item.items) == 2 else None)
-    q_src = next((p for p in producers if any(p in {o.src for o in a} for r in runs
-                                              for _l, args in r.events.calls for a in args[:1])), None)
+    # The queries' projection: the one projection whose output the attention takes in every layer handed keys and
+    # values (a layer that takes them calls no keys' or values' projection; the output's takes the result).
+    seen = None
+    for i, run in enumerate(runs):
+        if loop.given[i] is not None:
+            taken = {o.src for _l, args in run.events.calls for a in args for o in a} | {
+                o.src for _l, left, right in run.events.matmuls for o in left | right}
+            seen = taken & producers if seen is None else seen & taken
+    q_src = next(iter(seen)) if seen and len(seen) == 1 else None
     where = _where(file, a_forward.lineno, f"{cls.name}.forward")
     kinds, notes = [], []
     for i, run in enumerate(runs):
@@ -357,7 +364,7 @@ def read(sources: dict, config: dict, list_attr: str, weighted) -> kvshare.Layer
             continue
         calls = _qkv(run.events, q_src) if q_src else []
         if len(calls) != 1:
-            return f"{where} (layer {i}): {len(calls)} attention calls take the queries, not one"
+            return None  # no one attention read
         _line, _q, k, v = calls[0]
         src_k = {o.src for o in k if o.src.startswith("@")}
         src_v = {o.src for o in v if o.src.startswith("@")}
