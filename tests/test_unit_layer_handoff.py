@@ -152,7 +152,8 @@ def test_a_key_norm_of_the_sharing_layers_own_over_the_handed_keys_is_refused_na
     # Hunyuan-Large's: each layer's own key norm after the rotary, over the projections layer 0 hands layer 1.
     message = _refused(_lab(tmp_path, MODELING.replace("KEY_NORM", "k = self.key_norm(k)"), key_norm=True))
     assert "layer 1 takes the keys layer 0 hands it" in message
-    assert "applies its own key_norm (weights of layer 1's)" in message
+    assert "applies layer 1's own key_norm and rotary to them" in message
+    assert "takes them through layer 0's own key_norm and rotary" in message
     assert "kv_sharing_target_layer_name" in message
 
 

@@ -394,13 +394,17 @@ def read(sources: dict, config: dict, list_attr: str, weighted) -> kvshare.Layer
                         f"the {what} its attention takes ({sorted(o.src for o in theirs)})")
             own_weights = sorted(m[1:] for m in after_mine if m.startswith("#") and m != "#rotary" and weighted(i, m[1:]))
             if own_weights:
-                steps = lambda path: ", ".join(sorted(s[1:] for s in path if s.startswith("#"))) or "none"
+                def steps(path):
+                    return " and ".join(sorted(f"layer {i if m[1:] in own_weights else j}'s own {m[1:]}"
+                                               if m != "#rotary" and weighted(i, m[1:]) else m[1:]
+                                               for m in path if m.startswith("#"))) or "nothing"
+                made = sorted(p for p in handed_path if not p.startswith(("#", "@")))
                 return (f"{where} (layer {i}): layer {i} takes the {what} layer {j} hands it ({loop.where}) as "
-                        f"{sorted(p for p in handed_path if not p.startswith('#'))[0] if handed_path else 'they are'} "
-                        f"gave them (steps before the handoff: {steps(handed_path)}) and applies its own "
-                        f"{', '.join(own_weights)} (weights of layer {i}'s) with {steps(after_mine)} to them, while "
-                        f"layer {j}'s attention takes them through layer {j}'s {steps(after_source)}: vLLM's shared KV "
-                        f"cache (kv_sharing_target_layer_name) gives layer {i} the {what} layer {j} stored, not these")
+                        f"{' and '.join(made) or 'layer ' + str(j)} gave them (before the handoff: "
+                        f"{steps(handed_path)}) and applies {steps(after_mine)} "
+                        f"to them, while layer {j}'s attention, whose KV cache a shared layer reads, takes them "
+                        f"through {steps(after_source).replace(f'layer {i}', f'layer {j}')}: vLLM's shared KV cache "
+                        f"(kv_sharing_target_layer_name) would give layer {i} layer {j}'s {what}, not these")
             if after_mine != after_source:
                 return (f"{where} (layer {i}): layer {i} applies {sorted(after_mine)} to the {what} layer {j} hands it "
                         f"({loop.where}), layer {j}'s attention {sorted(after_source)} after handing them: they do not "
