@@ -107,9 +107,23 @@ def _lab(tmp_path, modeling: str = MODELING):
     return read_checkpoint(root)
 
 
+def test_the_lab_hands_its_keys_and_values_through_the_loop_as_kv_sharing(tmp_path):
+    # Positional handoff, a tuple returned and unpacked, the factor through self.config (handoff.py reads it): layer 1
+    # attends over what layer 0's attention takes, layer 0's KV cache.
+    spec = detect_until(_lab(tmp_path), attention)
+    assert (spec.kv_share_layers, spec.kv_share_sources) == ([1], [0])
+
+
+# The handoff through a list the loop appends to is not read (handoff.py follows one local): refused by name.
+LISTED = MODELING.replace("        prev = None\n", "        kept = []\n").replace(
+    "layer(hidden_states, prev)", "layer(hidden_states, kept[-1] if kept else None)").replace(
+    "                prev = kv\n", "                kept.append(kv)\n")
+
+
 def test_a_layer_whose_attention_the_code_builds_without_keys_and_values_is_refused_naming_why(tmp_path):
+    assert LISTED.count("kept") == 4
     with pytest.raises(UnsupportedArchitecture) as caught:
-        detect_until(_lab(tmp_path), attention)  # before: "tensor model.layers.1.self_attn.k_proj.weight is missing."
+        detect_until(_lab(tmp_path, LISTED), attention)  # before: "tensor model.layers.1.self_attn.k_proj.weight is missing."
     message = str(caught.value)
     assert "layer 1's attention builds no k_proj: LabAttention.__init__ (modeling_clalab.py:" in message
     assert "builds it in layer 0 but not for layer_idx 1, as config.json cla_share_factor = 2, use_cla = True decide" \
@@ -117,7 +131,7 @@ def test_a_layer_whose_attention_the_code_builds_without_keys_and_values_is_refu
 
 
 def test_a_projection_the_code_builds_in_every_layer_is_still_a_missing_tensor(tmp_path):
-    every = MODELING.replace('"cross" if config.use_cla and layer_idx % config.cla_share_factor != 0 else "self"',
+    every = LISTED.replace('"cross" if config.use_cla and layer_idx % config.cla_share_factor != 0 else "self"',
                              '"self"')
     with pytest.raises(CheckpointError, match=r"tensor model\.layers\.1\.self_attn\.k_proj\.weight is missing\."):
         detect_until(_lab(tmp_path, every), attention)

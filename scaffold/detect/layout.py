@@ -25,6 +25,7 @@ from scaffold.detect import (
     formcode,
     forms,
     gatednorm,
+    handoff,
     headsizes,
     headtransform,
     hyperconn,
@@ -520,16 +521,19 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             raise _unsupported(f"attention that computes differently from layer to layer: {branches}"
                                f"{f' ({found})' if found else ''}; the port builds every layer's attention alike",
                                where, spec.model_type)
-        if found.shared:
-            spec.set("kv_share_layers", sorted(found.shared), Source("code", found.evidence))
-            spec.set("kv_share_sources", [found.shared[i] for i in sorted(found.shared)],
-                     Source("code", found.store_line or found.evidence))
-        if found.k_eq_v:
-            spec.set("k_eq_v_layers", found.k_eq_v, Source("code", found.evidence))
-        if found.shared or found.k_eq_v:
-            read = {key: ckpt.config[key] for key in found.config_keys if _plain_value(ckpt.config.get(key))}
-            spec.set("kv_share_config", read, Source("config", f"config.json {', '.join(read)}: what the reading of "
-                                                               f"the layers' keys and values followed"))
+        _layer_sources(ckpt, spec, found)
+    if sources and not spec.kv_share_layers:
+        # Cross-layer attention (Hunyuan-Large's CLA): keys and values a layer hands later layers through the
+        # model's loop, read layer by layer (handoff.py).
+        attn_path = flow.attention_path if flow is not None else None
+        found = handoff.read(sources, ckpt.config, names["layers"].rsplit(".", 1)[-1],
+                             lambda i, module: any(module in n.split(".")[:-1] and (
+                                 attn_path is None or n.startswith(f"{attn_path}.")) for n in per_layer.get(i, {})))
+        if isinstance(found, str):
+            raise _unsupported(f"keys and values handed from layer to layer: {found}", where, spec.model_type)
+        if found is not None:
+            _layer_sources(ckpt, spec, found)
+
     # `attn`: the module holding the projections, as the checkpoint names it (attn.attention behind GPT-Neo's
     # wrapper, whose projections the port keeps on the wrapper's own module: names.attn_inner).
     attn = flow.attention_path if code_attn is not None else first("self_attn")
@@ -2099,6 +2103,20 @@ def _own_output_bias(ckpt: Checkpoint, spec: Spec, sources: dict, per_layer: dic
     spec.set("o_bias_param", param, Source("code", found.evidence))
     spec.set("o_bias_layers", found.layers, Source("code", f"{found.evidence}: the layers where {found.expr}",
                                                    found.expr))
+
+
+def _layer_sources(ckpt: Checkpoint, spec: Spec, found) -> None:
+    """The spec's KV-shared layers (their source layers) and keys-as-values layers, as kvshare or handoff read them."""
+    if found.shared:
+        spec.set("kv_share_layers", sorted(found.shared), Source("code", found.evidence))
+        spec.set("kv_share_sources", [found.shared[i] for i in sorted(found.shared)],
+                 Source("code", found.store_line or found.evidence))
+    if found.k_eq_v:
+        spec.set("k_eq_v_layers", found.k_eq_v, Source("code", found.evidence))
+    if found.shared or found.k_eq_v:
+        read = {key: ckpt.config[key] for key in found.config_keys if _plain_value(ckpt.config.get(key))}
+        spec.set("kv_share_config", read, Source("config", f"config.json {', '.join(read)}: what the reading of "
+                                                           f"the layers' keys and values followed"))
 
 
 def _plain_value(value) -> bool:
