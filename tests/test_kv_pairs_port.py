@@ -32,5 +32,6 @@ def test_kv_pairs_port_matches_transformers_over_two_ranks(tmp_path):
     assert "tensor_parallel_size=2" in checks["port loaded by vLLM"]["detail"]
     assert checks["parity: log-probabilities"]["max_delta"] <= PARITY_TOLERANCE
     assert checks["parity: greedy continuation"]["status"] == "pass"
+    print(f"kv_pairs lab TP=2 vs transformers: max |dlogp| {checks['parity: log-probabilities']['max_delta']:.2e}")
     # The port's own weight-mapping tests: each KV head's key rows land in the k shard, its value rows in v.
     own_weight_tests_pass(out)
