@@ -47,7 +47,6 @@ DECIDES = {
     sizes: ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
             "max_position"),
     layout: ("names", "skipped_tensors", "qkv_layout", "qkv_bias", "o_bias", "qk_norm", "mlp_kind", "gate_up_layout", "mlp_bias",
-             "mlp_down_bias_only",
              "block", "norm_kind", "norm_offset", "norm_bias", "tie_word_embeddings", "lm_head_bias"),
 }
 
