@@ -15,6 +15,8 @@ load under their own name. Three kinds of tensor load into part of a parameter:
 - grouped: one tensor holding, per KV head, that group's query heads, then its key,
   then its value ([kv_heads, heads / kv_heads + 2, head_dim] rows, InternLM2's wqkv);
   interleaved is its special case kv_heads == heads;
+- kv_pairs: the queries' own tensor, and one tensor holding per KV head its key rows then its value rows
+  ([kv_heads, 2, head_dim] rows, TeleChat's key_value), regrouped into the k and v shards;
 - blocked: one tensor of B equal row blocks, each holding its heads / B query, key and
   value heads in an order of their own ([B, 3, heads / B * head_dim] rows, CodeGen's
   qkv_proj: B = 4, q, v, k).
@@ -48,6 +50,7 @@ STACKED = (
 # Buffers some checkpoints save that the port recomputes.
 SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)rotary_emb\.(cos|sin)_cached$|(^|\.)attention\.(bias|masked_bias)$")
 QKV = ("q", "k", "v")
+KV = ("k", "v")
 GATE_UP = (0, 1)
 UP_GATE = (1, 0)
 # Where vLLM's FusedMoE (0.24 to 0.32) keeps the weights of every expert, inside the
@@ -74,6 +77,11 @@ def stacked_modules(spec: Spec) -> list[tuple[str, str, str | int]]:
     attn = n["self_attn"]
     if spec.qkv_layout == "separate":
         rows += [(f"{attn}.{n[r]}", f"{attn}.{n['qkv_proj']}", s) for r, s in zip(("q_proj", "k_proj", "v_proj"), QKV)]
+    elif spec.qkv_layout == "kv_pairs":
+        # The queries' tensor is the q shard; the keys-and-values tensor holds both other shards, each KV head's
+        # key rows then its value rows (a tuple of shard ids: cut by split_fused).
+        rows += [(f"{attn}.{n['q_proj']}", f"{attn}.{n['qkv_proj']}", "q"),
+                 (f"{attn}.{n['kv_proj']}", f"{attn}.{n['qkv_proj']}", KV)]
     elif spec.qkv_layout == "latent" and spec.q_lora_rank:
         # Both down-projections of the hidden states, the query's and the latent's, in one matmul (vLLM's
         # fused_qkv_a_proj, a MergedColumnParallelLinear that every rank holds whole).
@@ -523,6 +531,8 @@ def _routed_attention(spec: Spec, rest: str) -> Targets | None:
 def _in_layer(spec: Spec, rest: str, module: str, kind: str, modules: _Modules) -> Targets | None:
     if module in modules.stacked:
         fused, shard = modules.stacked[module]
+        if shard == KV:  # qkv_layout "kv_pairs"
+            return [(f"{fused}.{kind}", s, f"rows of every KV head's {s} half") for s in KV]
         return [(f"{fused}.{kind}", shard, "")]
     if module in modules.experts and kind == "weight":
         param, (e, shard) = modules.experts[module]

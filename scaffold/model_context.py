@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from scaffold.detect.activations import vllm_activation_call
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
-from scaffold.spec import Spec, port_names
+from scaffold.spec import COMPUTED_ROPE_BASE, Spec, port_names
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
 # wraps it (ruff format then keeps the exploded form: the trailing comma is magic).
@@ -123,7 +123,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                         else f"layer_idx in {spec.attention_sinks_layers!r}")
                        if spec.attention_sinks and spec.attention_sinks_layers else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
-                    or spec.source("partial_rotary_factor").kind == "tensor")
+                    or spec.source("partial_rotary_factor").kind == "tensor"
+                    or spec.source("rope_parameters").detail.endswith(COMPUTED_ROPE_BASE))
     # LongRoPE factors the modeling code applies at every position (scaffold.detect.longrope): written out, since
     # vLLM would choose between the config's two sets by max_model_len.
     code_rope = not literal_rope and "both of vLLM's LongRoPE factor sets" in spec.source("rope_parameters").detail

@@ -213,6 +213,10 @@ def decisions(spec) -> list[str]:
         "blocked": f"the checkpoint's `{qkv}` holds {spec.qkv_blocks} row blocks, each with its share of the heads "
                    f"as {', '.join(spec.qkv_block_order)} parts ([blocks, 3, heads / blocks * head_dim] rows); "
                    "load_weights regroups it into shards q, k, v",
+        "kv_pairs": f"the checkpoint's `{n['self_attn']}.{n.get('q_proj')}` holds q, its "
+                    f"`{n['self_attn']}.{n.get('kv_proj')}` each KV head's key then its value ([kv_heads, 2, head_dim] "
+                    f"rows); load_weights loads the one as shard q of `{qkv}` and de-interleaves the other into "
+                    "shards k, v",
     }.get(spec.qkv_layout)
     if spec.qkv_layout == "latent":
         out = [_latent(spec)]
@@ -610,6 +614,9 @@ def _positions(spec) -> str:
     if spec.rope_frequency_order:
         rope += (f", its frequencies in the order the modeling code computes them ({spec.rope_frequency_order}: "
                  "column j turns at base ** (-2 * order[j] / d))")
+    if spec.rope_table_float16:
+        rope += ("; its cos/sin table rounded to float16 as the modeling code rounds it (`.half()`), q and k "
+                 "rotated by the rounded values")
     if spec.rope_position_rows:
         rope += ("; config.json declares multimodal rotary sections, so vLLM hands the model a row of positions per "
                  "section: the text-only port builds them identical and rotates by the first")

@@ -105,8 +105,13 @@ DEFAULT_NAMES = {
 PER_LAYER_INPUT_MODEL_ROLES = ("per_layer_input_table", "per_layer_input_model_proj", "per_layer_input_model_norm")
 PER_LAYER_INPUT_LAYER_ROLES = ("per_layer_input_gate", "per_layer_input_proj", "per_layer_input_norm")
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
+# How a rotary base the modeling code computes (not a config value) ends its source: the port writes it as a literal.
+COMPUTED_ROPE_BASE = "a base the code computes, not a config value"
+
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",
+    # Keys and values in one tensor beside the queries' (qkv_layout "kv_pairs", TeleChat's key_value).
+    "kv_proj",
     "o_proj", "q_norm", "k_norm", "mlp", "gate_proj", "up_proj", "gate_up_proj", "down_proj", "attn_norm",
     "attn_post_norm", "mlp_norm", "mlp_post_norm", "router", "experts", "expert_gate_proj", "expert_up_proj",
     "expert_down_proj", "shared_expert", "shared_expert_gate", "stacked_gate_up", "stacked_down",
@@ -294,9 +299,11 @@ class Spec:
 
     # Attention.
     qkv_layout: str = spec_field("separate", group="attention", probe="self_attn",
-                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "latent",
-                                          "routed"),
+                                 choices=("separate", "fused", "interleaved", "grouped", "blocked", "kv_pairs",
+                                          "latent", "routed"),
                                  doc="q, k, v as three tensors, or one fused tensor and how it is cut, or "
+                                     "kv_pairs: q alone and one tensor of keys and values, each KV head's key rows "
+                                     "then its value rows (TeleChat's query and key_value), or "
                                      "latent: multi-head latent attention (low-rank q and kv, DeepSeek-V2's), or "
                                      "routed: a mixture of attention heads (JetMoE's: queries and output from the "
                                      "top-k experts a router picks per token, keys and values shared)")
@@ -538,6 +545,10 @@ class Spec:
         doc="the rotary embedding turns by -theta (NanoChat's rotate_half returns cat((x2, -x1))): computed with "
             "vLLM's NeoX rotary on q and k rows whose two rotated halves of each head are swapped on load (q_proj, "
             "k_proj and per-head q/k norm weights); q . k is unchanged by the swap")
+    rope_table_float16: bool = spec_field(
+        False, group="rotary", probe="self_attn", omit_when_empty=True,
+        doc="the modeling code rounds its cos/sin table to float16 (TeleChat's `.half()`) and rotates float32 "
+            "queries and keys by it: the port's rotary rounds its cos/sin cache the same way")
     no_rope_layers: list[int] = spec_field([], group="rotary", probe="self_attn", layer_list=True,
                                            doc="layers without rotary embedding")
     rope_frequency_order: list[int] = spec_field(
@@ -577,6 +588,9 @@ class Spec:
         doc="a norm (names.mlp_sub_norm, built as the layer's norms are) over the whole activated width, "
             "act(gate) * up, before the down projection (BitNet's ffn_sub_norm)")
     mlp_bias: bool = spec_field(False, group="mlp", probe="mlp", doc="the MLP's projections have a bias")
+    mlp_down_bias_only: bool = spec_field(False, group="mlp", probe="mlp", omit_when_empty=True,
+                                          doc="with mlp_bias: the down projection alone has a bias, the gate and up "
+                                              "projections none (TeleChat's)")
     gate_extra_bias: str | None = spec_field(None, group="mlp", probe="mlp", identifier=True,
                                              doc="a bias parameter added to the gate, by name; None: none")
 

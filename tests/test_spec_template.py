@@ -206,6 +206,8 @@ def test_each_stopping_detector_names_the_fields_it_decides():
                 "attn_temperature_floor_scale", "attn_temperature_scale", "attn_temperature_nope_only",
                 "layer_head_dim", "layer_num_kv_heads", "layer_intermediate_sizes", "v_norm", "layer_scalar",
                 "per_layer_input_size",
+                # TeleChat's MLP: a bias on the down projection alone.
+                "mlp_down_bias_only",
                 # Doge's bias per key and residual scales.
                 "key_bias_proj", "key_bias_param", "key_bias_proj_bias", "key_bias_window", "residual_scale_attn",
                 "residual_scale_mlp",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from ckpt_factory import Shape
+import pytest
+from ckpt_factory import Shape, tensors_for
 from helpers import detect_until, fused_tensors, read
 
+from scaffold.checkpoint import read_checkpoint
 from scaffold.detect import layout
+from scaffold.errors import UnsupportedArchitecture
 from scaffold.spec import DEFAULT_NAMES
 
 
@@ -61,3 +64,64 @@ def test_a_per_head_tensor_the_code_does_not_use_as_sinks_is_refused(tmp_path):
     shape = Shape(architecture="SinkForCausalLM")  # Llama's code has no sinks
     with pytest.raises(UnsupportedArchitecture, match=r"self_attn\.sinks"):
         detect_until(read(tmp_path, shape, tensors=_with_sinks(shape)), layout)
+
+
+def test_a_down_projection_with_the_mlps_only_bias_is_mlp_down_bias_only(tmp_path):
+    # TeleChat's MLP: gate_proj and up_proj without a bias, down_proj with one. Read as mlp_bias alone, the port
+    # built gate_up_proj with a bias no tensor fills (load refused: "gate_up_proj.bias shard 0 is never loaded").
+    shape = Shape()
+    tensors = tensors_for(shape)
+    for layer in range(shape.layers):
+        tensors[f"model.layers.{layer}.mlp.down_proj.bias"] = [shape.hidden]
+    spec = detect_until(read(tmp_path, shape, tensors=tensors), layout)
+    assert spec.mlp_bias is True and spec.mlp_down_bias_only is True
+    both = Shape(mlp_bias=True)
+    spec = detect_until(read(tmp_path / "both", both), layout)
+    assert spec.mlp_bias is True and spec.mlp_down_bias_only is False
+
+
+def test_a_norm_on_the_embeddings_in_a_branch_config_json_rules_out_is_no_embedding_norm(tmp_path):
+    # TeleChat: `if self.config.embed_layernorm: hidden_states = self.word_embeddings_layernorm(...)`, false in its
+    # config.json: the embeddings reach the first layer as they are (refused before as a norm other than the final).
+    modeling = """
+import torch
+from torch import nn
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.hidden_size)
+
+    def forward(self, x):
+        return self.input_layernorm(x)
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.embed_layernorm:
+            self.embed_layernorm = nn.RMSNorm(config.hidden_size)
+        self.layers = nn.ModuleList([LabLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = nn.RMSNorm(config.hidden_size)
+
+    def forward(self, input_ids):
+        hidden_states = self.embed_tokens(input_ids)
+        if self.config.embed_layernorm:
+            hidden_states = self.embed_layernorm(hidden_states)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+"""
+    for flag, expected in ((False, False), (True, None)):
+        root = tmp_path / f"flag-{flag}"
+        ckpt = read(root, Shape(extra={"embed_layernorm": flag}))
+        (root / "modeling_lab.py").write_text(modeling)
+        ckpt = read_checkpoint(root)
+        if expected is None:  # the branch taken: still a norm other than the final one, still refused
+            with pytest.raises(UnsupportedArchitecture, match="a norm on the embeddings"):
+                detect_until(ckpt, layout)
+        else:
+            assert detect_until(ckpt, layout).embedding_norm is False

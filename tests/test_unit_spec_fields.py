@@ -20,8 +20,8 @@ def test_every_field_declares_its_meaning():
     for name, info in FIELD_INFO.items():
         assert info.group in GROUPS and info.doc, name
         assert set(info.probe) <= set(PROBES), name
-    assert FIELD_INFO["qkv_layout"].choices == ("separate", "fused", "interleaved", "grouped", "blocked", "latent",
-                                                  "routed")
+    assert FIELD_INFO["qkv_layout"].choices == ("separate", "fused", "interleaved", "grouped", "blocked", "kv_pairs",
+                                                "latent", "routed")
     assert FIELD_INFO["num_layers"].limit == 1024
 
 
@@ -48,7 +48,8 @@ def test_a_list_of_default_is_not_shared_between_specs():
     ("num_heads", True, "field 'num_heads' must be int, not True"),
     ("num_layers", 10**9, "field 'num_layers' must be between 0 and 1024, not 1000000000"),
     ("qkv_layout", "diagonal",
-     "must be one of ('separate', 'fused', 'interleaved', 'grouped', 'blocked', 'latent', 'routed'), not 'diagonal'"),
+     "must be one of ('separate', 'fused', 'interleaved', 'grouped', 'blocked', 'kv_pairs', 'latent', 'routed'), "
+     "not 'diagonal'"),
     ("norm_eps", math.nan, "field 'norm_eps' must be float, not nan"),
     ("names", {"mlp": 3}, "field 'names' must be dict, not {'mlp': 3}"),
     ("rope_parameters", {"rope_theta": object}, "field 'rope_parameters' must be dict"),

@@ -27,6 +27,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         expected = {}
     elif spec.qkv_layout == "separate":
         expected = {"q_proj": q_rows, "k_proj": kv, "v_proj": spec.num_kv_heads * spec.value_dim}
+    elif spec.qkv_layout == "kv_pairs":  # the queries' tensor, and one of keys and values
+        expected = {"q_proj": q, "kv_proj": 2 * kv}
     else:  # fused or interleaved: one tensor
         expected = {"qkv_proj": q + 2 * kv}
     if expected:

@@ -75,6 +75,16 @@ class Sentinel:
 
 
 DTYPE = Sentinel("dtype")  # a dtype or device: the interpreter computes in float64 whatever the code asks
+# The low-precision dtypes, told apart from the others so that a test of them (`if self.precision ==
+# torch.bfloat16:`) is decided; `.half()` rounds to float16, the one the interpreter follows.
+HALF = Sentinel("float16")
+BFLOAT16 = Sentinel("bfloat16")
+DTYPES = (DTYPE, HALF, BFLOAT16)
+LOW_PRECISION = {"half": HALF, "float16": HALF, "bfloat16": BFLOAT16}
+
+
+def _is_dtype(value) -> bool:
+    return any(value is d for d in DTYPES)
 MODULE = Sentinel("module")  # torch, np, nn, math, F: their functions are the interpreter's library
 MODULES = ("torch", "np", "numpy", "nn", "math", "F")
 CONSTANTS = {"math.pi": math.pi, "np.pi": math.pi, "torch.pi": math.pi, "math.e": math.e}
@@ -120,6 +130,7 @@ class Interpreter:
     def __init__(self, functions: dict[str, ast.FunctionDef], methods: dict[str, ast.FunctionDef] | None = None,
                  limits: Limits = Limits()):
         self.functions, self.methods, self.limits = functions, dict(methods or {}), limits
+        self.rounding = True  # `.half()` rounds; off, it keeps float64 (to read what is rounded)
         self.steps = 0
         self.depth = 0
 
@@ -513,6 +524,8 @@ class Interpreter:
                 return CONSTANTS[dotted]
             if node.attr in LIBRARY:
                 return ("library", node.attr)
+            if head == "torch" and node.attr in LOW_PRECISION:
+                return LOW_PRECISION[node.attr]
             return DTYPE  # torch.float32, torch.nn.Module...: a type, a dtype (calling one is refused)
         owner = self.expr(node.value, env)
         if isinstance(owner, Obj):
@@ -538,7 +551,7 @@ class Interpreter:
         if isinstance(owner, dict) and node.attr in ("get", "keys", "values", "items") or isinstance(
                 owner, list) and node.attr == "index":
             return ("method", owner, node.attr)
-        if owner is DTYPE:
+        if _is_dtype(owner):
             return DTYPE
         raise CannotEvaluate(f"line {node.lineno}: attribute {node.attr} of {type(owner).__name__}")
 
@@ -586,12 +599,14 @@ class Interpreter:
 
     # ------------------------------------------------------------------ the library: torch/numpy/math calls
     def library(self, name: str, args: list, kwargs: dict, node: ast.Call):
-        args = [a for a in args if a is not DTYPE]
+        args = [a for a in args if not _is_dtype(a)]
         if name == "get_default_dtype":
             return DTYPE
         if name in ("Buffer", "Parameter", "tensor", "as_tensor"):
             return np.asarray(args[0], dtype=np.float64)
-        if name in ("exp", "log", "sin", "cos", "sqrt", "floor", "log2"):
+        if name == "log" and len(args) == 2 and not isinstance(args[0], np.ndarray):  # math.log(x, base)
+            return math.log(args[0], args[1])
+        if name in ("exp", "log", "sin", "cos", "sqrt", "floor", "log2", "ceil"):
             x = args[0]
             return getattr(np, name)(np.asarray(x, dtype=np.float64)) if isinstance(x, np.ndarray) else getattr(
                 math, name)(x)
@@ -654,7 +669,9 @@ class Interpreter:
             return owner.index(args[0])
         if not isinstance(owner, np.ndarray):
             raise CannotEvaluate(f"line {node.lineno}: method {name} of {type(owner).__name__}")
-        args = [a for a in args if a is not DTYPE]
+        args = [a for a in args if not _is_dtype(a)]
+        if name == "half":  # float16: the values rounded to its precision (unless rounding is off)
+            return owner.astype(np.float16).astype(np.float64) if self.rounding else owner
         if name in ("float", "double", "to", "type", "type_as", "contiguous", "detach", "clone", "cpu", "long",
                     "int"):
             out = owner.astype(np.float64) if name in ("float", "double", "to", "type", "type_as", "clone") else owner
@@ -812,14 +829,14 @@ BUILTINS = {
 }
 
 # The tensor methods `Interpreter.method` computes.
-ARRAY_METHODS = frozenset({"float", "double", "to", "type", "type_as", "contiguous", "detach", "clone", "cpu", "long",
-                           "int", "cos", "sin", "exp", "log", "sqrt", "unsqueeze", "view", "reshape", "expand",
+ARRAY_METHODS = frozenset({"half", "float", "double", "to", "type", "type_as", "contiguous", "detach", "clone", "cpu",
+                           "long", "int", "cos", "sin", "exp", "log", "sqrt", "unsqueeze", "view", "reshape", "expand",
                            "repeat", "transpose", "permute", "flatten", "unflatten", "unbind", "sum", "mean",
                            "sigmoid", "rsqrt", "pow", "softmax", "split", "chunk", "squeeze", "size", "dim"})
 
 # The torch/numpy/math functions `Interpreter.library` computes (under a module's name, or bare).
 LIBRARY = frozenset({"arange", "cat", "concat", "concatenate", "stack", "empty_like", "zeros_like", "ones_like",
                      "zeros", "ones", "empty", "outer", "ger", "einsum", "exp", "log", "log2", "sin", "cos", "pow",
-                     "power", "tensor", "as_tensor", "Buffer", "Parameter", "no_grad", "sqrt", "floor",
+                     "power", "tensor", "as_tensor", "Buffer", "Parameter", "no_grad", "sqrt", "floor", "ceil",
                      "repeat_interleave", "full", "flip", "get_default_dtype", "float", "int", "chunk", "split",
                      "softmax", "rsqrt", "sigmoid", "sum", "mean", "matmul", "bmm", "dropout", "mul", "multiply"})

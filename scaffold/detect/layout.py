@@ -31,6 +31,7 @@ from scaffold.detect import (
     hyperconn,
     identitynorm,
     keybias,
+    kvpairs,
     kvshare,
     latent,
     layerinputs,
@@ -325,10 +326,13 @@ def _not_code_attention(ckpt: Checkpoint, hits: list[str]) -> list[str]:
     return [h for h in hits if f".{flow.attention}." not in h or STATE_SPACE_TENSOR.search(h)]
 
 
-def _norms_before_layers(sources: dict, candidates, layers: str | None = None) -> list[tuple[str, str, int]]:
+def _norms_before_layers(sources: dict, candidates, layers: str | None = None,
+                         config: dict | None = None) -> list[tuple[str, str, int]]:
     """(attribute, file, line) of each norm the forward of the class holding the layer list (`layers`, any when
     None) calls on self before its loop over the layers: a norm applied to the embeddings. `candidates`: the
-    attributes to look for, or a function of the class holding the layer list that gives them."""
+    attributes to look for, or a function of the class holding the layer list that gives them. With `config`, a
+    call in a branch config.json rules out does not count (TeleChat's `if self.config.embed_layernorm:` with
+    embed_layernorm false)."""
     found = []
     for ll in codekeys.layer_lists(sources):
         if layers is not None and ll.attribute != layers:
@@ -341,9 +345,11 @@ def _norms_before_layers(sources: dict, candidates, layers: str | None = None) -
                      and f"self.{ll.attribute}" in ast.unparse(n.iter)]
             if not loops:
                 continue
+            off = ruled_out(cls, config)
             found += [(n.func.attr, file, n.lineno) for n in subtree(func) if isinstance(n, ast.Call)
                       and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                      and n.func.value.id == "self" and n.func.attr in wanted and n.lineno < min(loops)]
+                      and n.func.value.id == "self" and n.func.attr in wanted and n.lineno < min(loops)
+                      and id(n) not in off]
     return sorted(set(found), key=lambda f: (f[2], f[0], f[1]))
 
 
@@ -624,10 +630,20 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     else:
         attn_cls = blocks.layer_module_class(sources, names["layers"].rsplit(".", 1)[-1], attn) if sources else None
         if attn_cls and (kv := _fused_kv_only(spec, layer0, attn, first("o_proj", attn), sources, attn_cls)):
-            raise _unsupported(kv, where, spec.model_type)
-        raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused q/k/v "
-                                   f"weight{_undecided(flow)}", (("q_proj, k_proj, v_proj", "not all present"),
-                                                                 *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
+            refusal, pairs = kv
+            found = _kv_pairs(sources, ckpt.config, attn_cls, pairs)
+            if found is None:
+                raise _unsupported(refusal, where, spec.model_type)
+            if isinstance(found, str):
+                raise _unsupported(f"{refusal.split(';')[0]}: {found}", where, spec.model_type)
+            _kv_pairs_layout(ckpt, spec, names, f"{prefix}.{names['layers']}.0.{attn}", *found)
+            spec.set("qkv_bias", has(f"{attn}.{names['q_proj']}.bias") or has(f"{attn}.{names['kv_proj']}.bias"),
+                     src(f"{attn}.{names['q_proj']}.bias"))
+        else:
+            raise Undetermined(Unknown("qkv_layout", f"layer 0's {attn} has no q_proj/k_proj/v_proj and no fused "
+                                       f"q/k/v weight{_undecided(flow)}",
+                                       (("q_proj, k_proj, v_proj", "not all present"),
+                                        *((c, "absent") for c in CANDIDATES["qkv_proj"]))))
     if code_attn is not None and code_attn.qkv_clamp:
         _qkv_clip(spec, code_attn, bool(latent_modules), where)
     o_proj = code_attn.o if code_attn is not None and code_attn.o else first("o_proj", attn)
@@ -800,7 +816,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         raise _unsupported(str(exc), where, spec.model_type) from None
 
     # Whatever a layer holds that no role claimed would be dropped: refuse instead.
-    claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+    claimed = {f"{attn}.{names[r]}" for r in ("q_proj", "k_proj", "v_proj", "kv_proj", "o_proj", "q_norm", "k_norm")
                if r in names}
     claimed.add(f"{attn}.{names['qkv_proj']}")
     claimed |= latent_modules
@@ -1467,6 +1483,12 @@ def _dense_mlp(spec: Spec, names: dict, mlp: str, ref: dict, layer: int, ref_nam
                                    "knows", tuple((c, "absent") for c in CANDIDATES["down_proj"])))
     names["down_proj"] = down
     spec.set("mlp_bias", has(f"{mlp}.{up}.bias") or has(f"{mlp}.{down}.bias"), src(f"{mlp}.{down}.bias", layer))
+    inputs = [p for p in (names.get("gate_proj") if spec.mlp_kind == "gated" and spec.gate_up_layout == "separate"
+                          else None, up) if p]
+    down_only = has(f"{mlp}.{down}.bias") and not any(has(f"{mlp}.{p}.bias") for p in inputs)
+    spec.set("mlp_down_bias_only", down_only,
+             src(f"{mlp}.{down}.bias", layer) if not down_only else
+             Source("tensor", f"{ref_name}'s {mlp}.{down}.bias, and no bias of {', '.join(inputs)}"))
     if "shared_expert" in names and spec.mlp_kind != "gated":
         raise UnsupportedArchitecture(f"{ref_name}'s {mlp} is not a gated MLP; the generator's mixture-of-experts "
                                       "layers are gated.", where)
@@ -1730,14 +1752,15 @@ def weightless_norm_attributes(sources: dict) -> set[str]:
 
 
 def _fused_kv_only(spec: Spec, layer0: dict, attn: str, o_proj: str | None, sources: dict,
-                   attn_cls: str) -> str | None:
+                   attn_cls: str) -> tuple[str, list[tuple[str, str, int]]] | None:
     """Keys and values fused in one projection, the queries in another (TeleChat's `query` beside `key_value`): the
     attention holds no q/k/v-sized tensor but one [2 x KV heads x head_dim, hidden] tensor, the KV heads dividing
     the query heads, beside one [heads x head_dim, hidden] tensor other than the output projection; and the
     attention's class builds no other nn.Linear (a Llama attention whose v_proj tensor is missing is a broken
-    checkpoint, not this form). No qkv_layout says how to fill the port's QKVParallelLinear from that pair, so it
-    is refused by what the tensors and the code show, not left as an unknown field that no spec file could set
-    either."""
+    checkpoint, not this form). Returns the refusal naming the pair, and the (key-value, query, KV heads)
+    readings the shapes allow (two where both are as tall): the code (kvpairs) says which it is and how the pair's
+    rows are cut; where it does not, the form is refused by what the tensors and the code show, not left as an
+    unknown field that no spec file could set either."""
     hidden, dim, heads = spec.hidden_size, spec.head_dim, spec.num_heads
     if not dim:
         return None
@@ -1754,15 +1777,50 @@ def _fused_kv_only(spec: Spec, layer0: dict, attn: str, o_proj: str | None, sour
     said = "; the port fills its fused q/k/v projection from q, k and v tensors or one tensor holding all three"
     if not kv and len(queries) == 2 and 2 * spec.num_kv_heads == heads:
         # As tall as each other (KV heads half the query heads): the shapes cannot say which is which.
-        return (f"keys and values fused in one projection without the queries: layer 0's {attn}.{queries[0]} and "
-                f"{attn}.{queries[1]} both hold {heads * dim} rows, the {heads} query heads of {dim} in one, keys "
-                f"and values for {spec.num_kv_heads} KV heads in the other{said}")
+        refusal = (f"keys and values fused in one projection without the queries: layer 0's {attn}.{queries[0]} "
+                   f"and {attn}.{queries[1]} both hold {heads * dim} rows, the {heads} query heads of {dim} in one, "
+                   f"keys and values for {spec.num_kv_heads} KV heads in the other{said}")
+        return refusal, [(queries[0], queries[1], spec.num_kv_heads), (queries[1], queries[0], spec.num_kv_heads)]
     if len(kv) != 1 or len(queries) != 1 or any(rows == (heads + 2 * kv[0][1]) * dim for rows in mats.values()):
         return None
     name, kv_heads = kv[0]
-    return (f"keys and values fused in one projection without the queries: layer 0's {attn}.{name} holds "
-            f"{2 * kv_heads * dim} rows, keys and values for {kv_heads} KV head(s) of {dim}, beside "
-            f"{attn}.{queries[0]} with the {heads * dim} rows of the {heads} query heads{said}")
+    refusal = (f"keys and values fused in one projection without the queries: layer 0's {attn}.{name} holds "
+               f"{2 * kv_heads * dim} rows, keys and values for {kv_heads} KV head(s) of {dim}, beside "
+               f"{attn}.{queries[0]} with the {heads * dim} rows of the {heads} query heads{said}")
+    return refusal, [(name, queries[0], kv_heads)]
+
+
+def _kv_pairs(sources: dict, config: dict, attn_cls: str,
+              readings: list[tuple[str, str, int]]) -> tuple[kvpairs.Pairs, str, str, int] | str | None:
+    """The one reading of the key-value / query pair whose key-value output the attention's code views per KV head
+    and cuts in two (kvpairs.read), with what it read; the code's reason where it cuts one but does not say which
+    half is the key; None where no reading is cut so (the pair stays refused)."""
+    found = [(read, kv, query, kv_heads) for kv, query, kv_heads in readings
+             if (read := kvpairs.read(sources, attn_cls, kv, query, config)) is not None]
+    if len(found) != 1:
+        return None
+    read = found[0][0]
+    return read if isinstance(read, str) else found[0]
+
+
+def _kv_pairs_layout(ckpt: Checkpoint, spec: Spec, names: dict, module: str, read: kvpairs.Pairs, kv: str,
+                     query: str, kv_heads: int) -> None:
+    """qkv_layout "kv_pairs": the queries from `query`, the keys and values from `kv`, whose rows hold per KV head
+    its key rows then its value rows (or the values first), as the code cuts them."""
+    if not read.key_first:
+        raise _unsupported(f"keys and values fused in one projection, each KV head's value rows before its key rows "
+                           f"({read}: {module}.{kv}); the port cuts each head's key rows first", ckpt.config_file,
+                           spec.model_type)
+    names.update(q_proj=query, kv_proj=kv, qkv_proj="qkv_proj")
+    names.pop("k_proj", None)
+    names.pop("v_proj", None)
+    spec.set("qkv_layout", "kv_pairs",
+             Source("code", f"{read}: {read.cls} views {kv}'s output per KV head as [..., heads, 2 * head_dim] and "
+                            f"cuts each head's row into its key, then its value; the queries from {query}"))
+    if kv_heads != spec.num_kv_heads:
+        spec.set("num_kv_heads", kv_heads,
+                 Source("tensor", f"{module}.{kv}.weight holds {2 * kv_heads * spec.head_dim} rows: a key and a "
+                                  f"value of {spec.head_dim} for each of {kv_heads} KV heads"))
 
 
 def _undecided(flow: dataflow.Layer | None) -> str:
@@ -1996,7 +2054,7 @@ def _norms_and_block(ckpt: Checkpoint, spec: Spec, names: dict, layer0: dict, so
     final_bias = f"{names['norm']}.bias" in inside if "norm" in names else has_bias
     if final_bias != has_bias:
         raise _unsupported("the final norm and the layer norms differ in having a bias", where, spec.model_type)
-    _embedding_norm(spec, sources, names, where, weightless_attributes)
+    _embedding_norm(spec, sources, names, where, weightless_attributes, ckpt.config)
 
 
 def _head_transform(ckpt: Checkpoint, spec: Spec, names: dict, transform) -> None:
@@ -2043,7 +2101,8 @@ def _head_norm(ckpt: Checkpoint, spec: Spec, names: dict, sources: dict, flow, b
                            "tensors (weight, bias)", where, spec.model_type)
 
 
-def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str]) -> None:
+def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: set[str],
+                    config: dict | None = None) -> None:
     """Whether the base model's forward normalizes the embeddings before the layers: with a norm of its own
     (names.embed_norm, BLOOM's word_embeddings_layernorm) or with its final norm (NanoChat's
     `hidden_states = self.norm(inputs_embeds)`); another norm there is refused by name."""
@@ -2072,7 +2131,7 @@ def _embedding_norm(spec: Spec, sources: dict, names: dict, where, weightless: s
                           if c.name == ll.owner and isinstance(v, ast.Call)
                           and (a in weightless or "norm" in codekeys.callee(v).lower())}
 
-    found = _norms_before_layers(sources, norms, names["layers"].rsplit(".", 1)[-1])
+    found = _norms_before_layers(sources, norms, names["layers"].rsplit(".", 1)[-1], config)
     if not found:
         spec.set("embedding_norm", False, Source("default", "the embeddings reach the first layer as they are"))
         return

@@ -28,7 +28,7 @@ from scaffold.detect.sourcecode import (
     walk,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import Source, Spec
+from scaffold.spec import COMPUTED_ROPE_BASE, Source, Spec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_THETA = 10000.0
@@ -45,6 +45,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     params = cfg.get("rope_parameters")
     sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
     per_type, null_types, null_check = None, [], None
+    computed = None
     if isinstance(params, dict) and set(params) & set(LAYER_TYPES) and "rope_theta" not in params:
         # One set of parameters per layer type (Gemma 3 in transformers 5).
         per_type = params
@@ -87,6 +88,17 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             if found is not None:
                 params["rope_theta"] = found.value
                 source = Source("code", f"{found}: default of getattr(config, 'rope_theta', ...)")
+            elif isinstance(computed := _computed_base(ckpt, spec), rotaryfreq.ComputedBase) and (
+                    computed.float16 or abs(computed.base - DEFAULT_THETA) > 1e-9 * DEFAULT_THETA):
+                params["rope_theta"] = computed.base
+                source = Source("code", f"{computed}: {computed.cls} run over numbers at "
+                                        f"{', '.join(map(str, computed.lengths))} positions computes NeoX rotary at "
+                                        f"base {computed.base:.10g} at each: {COMPUTED_ROPE_BASE}")
+            elif isinstance(computed, str) and rotaryfreq.MOVING in computed:
+                # A base the code computes from the length itself (dynamic NTK below the port's max_position):
+                # no one table computes it.
+                raise unsupported(f"a rotary table that changes with the sequence length up to the port's "
+                                  f"max_position {spec.max_position}: {computed}", where, spec.model_type)
             else:
                 params["rope_theta"] = DEFAULT_THETA
                 source = Source("default", "no rope_theta in config.json or the modeling source")
@@ -105,6 +117,12 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if sliding == params or not spec.layers_with_window:
         sliding, sliding_source = {}, Source("default", "sliding-window layers rotate as the others do")
     spec.set("sliding_rope_parameters", sliding, sliding_source)
+    if isinstance(computed, rotaryfreq.ComputedBase) and computed.float16 and source.kind == "code":
+        spec.set("rope_table_float16", True,
+                 Source("code", f"{computed}: {computed.cls} rounds its cos/sin table to float16 (.half()) at every "
+                                "length read"))
+    else:
+        spec.set("rope_table_float16", False, Source("default", "the cos/sin table as vLLM computes it"))
     params.setdefault("rope_type", "default")
     if (params["rope_type"] in NEEDS_ORIGINAL_MAX and "original_max_position_embeddings" not in params
             and isinstance(cfg.get("original_max_position_embeddings"), int)):
@@ -217,6 +235,17 @@ def _longrope_applied(ckpt: Checkpoint, spec: Spec, params: dict, source: Source
                   long_mscale=found.mscale)
     return Source(source.kind, f"{source.detail}; {found.describe()}: both of vLLM's LongRoPE factor sets are "
                                f"rope_scaling.{found.which}, both mscales {found.mscale:.9g}")
+
+
+def _computed_base(ckpt: Checkpoint, spec: Spec) -> rotaryfreq.ComputedBase | str | None:
+    """The base the rotary module computes where config.json names none (TeleChat's, from training_seqlen: 10000 *
+    3 ** (d / (d - 2)) up to training_seqlen positions), the same at 40 and 256 positions (what verify runs) and at
+    the port's max_position; a reason or None otherwise (rotaryfreq.read_computed_base)."""
+    sources = modeling_sources(ckpt)
+    if not sources or spec.head_dim <= 0 or spec.position_scheme != "rotary":
+        return None
+    lengths = tuple(sorted({40, 256, *([spec.max_position] if 256 < spec.max_position <= 1 << 16 else [])}))
+    return rotaryfreq.read_computed_base(sources, ckpt.config, spec.head_dim, lengths)
 
 
 def _null_rope_check(sources: dict[str, str]) -> str | None:

@@ -205,3 +205,108 @@ def differing_rows(sources: dict[str, str]) -> str | None:
             if name not in ROW_CALLS:
                 return f"{file}:{stmt.lineno}: {ast.unparse(stmt)[:80]}"
     return None
+
+
+# ---------------------------------------------------------------------- a base the code computes
+MOVING = "computes another rotary table at each length"  # how read_computed_base names a base that moves
+@dataclass(frozen=True)
+class ComputedBase:
+    """What a rotary module whose base is not a config value computes (TeleChat's: base 10000 * alpha ** (d /
+    (d - 2)), alpha from max(length, config.training_seqlen)), run at each of `lengths`: one NeoX table at
+    `base` for all of them, its cos/sin rounded to float16 where `float16` (the code's `.half()`)."""
+
+    base: float
+    float16: bool
+    lengths: tuple[int, ...]
+    cls: str
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def read_computed_base(sources: dict[str, str], config: dict, head_dim: int,
+                       lengths: tuple[int, ...]) -> ComputedBase | str | None:
+    """The base of the NeoX rotary the rotary module computes, where its class is built by the attention or the
+    stack as `self.<attr> = Cls(...)` with the head size and the config among its arguments and called as
+    `self.<attr>(x)` on the attention's [seq, ...] tensor: the constructor run on the arguments the call site
+    gives (the owner's own attributes read by running its __init__'s plain assignments), the forward on a tensor of
+    each of `lengths` positions. The base is read from the table's frequencies and the whole table then checked
+    against cos/sin(p * base ** (-2k / d)), exactly or as rounded to float16; a reason where the table is not
+    that (another form, a base that depends on the length among `lengths`); None where no module is found."""
+    found = rotary_class(sources)
+    if found is None:
+        return None
+    file, cls, attr, owner = found
+    where = f"{file}:{cls.lineno}"
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    owner_init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if "__init__" not in methods or "forward" not in methods or owner_init is None:
+        return None
+    built = next((n.value for n in subtree(owner_init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                  and _dotted(n.targets[0]) == f"self.{attr}" and isinstance(n.value, ast.Call)), None)
+    calls = [n for n in subtree(owner) if isinstance(n, ast.Call) and _dotted(n.func) == f"self.{attr}"]
+    if built is None or len(calls) != 1 or len(calls[0].args) != 1 or calls[0].keywords:
+        return None
+    interp = Interpreter(_functions(sources), methods)
+    config_obj = Obj(dict(config), "config")
+    owner_self = Obj(name="self")
+    env = {"config": config_obj, "self": owner_self}
+    for statement in owner_init.body:  # the owner's sizes: its plain `self.x = expression` assignments
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Attribute) and _dotted(statement.targets[0].value) == "self"):
+            try:
+                owner_self.attrs[statement.targets[0].attr] = interp.evaluate(statement.value, env)
+            except Exception:  # noqa: BLE001, S112 - an attribute the reader cannot compute is left unset
+                continue
+    try:
+        args = [interp.evaluate(a, env) for a in built.args]
+        kwargs = {k.arg: interp.evaluate(k.value, env) for k in built.keywords if k.arg}
+    except Exception as exc:  # noqa: BLE001 - code the reader cannot run is a reason, never a crash
+        return f"{where}: the arguments of {cls.name}(...) are not computed from the config ({exc})"
+    if head_dim not in args + list(kwargs.values()):
+        return None
+    tables = {}
+    for length in lengths:
+        for rounding in (False, True):  # the table as computed in float64, then as the code rounds it
+            interp.rounding = rounding
+            module = Obj(name="self")
+            try:
+                interp.call_function(methods["__init__"], module, args, kwargs)
+                out = interp.call_function(methods["forward"], module, [np.zeros((length, 1, 1, head_dim))])
+            except Exception as exc:  # noqa: BLE001 - code the reader cannot run is a reason, never a crash
+                return f"{where}: {cls.name} computes what the reader does not follow ({exc})"
+            if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(o, np.ndarray) for o in out)):
+                return f"{where}: {cls.name}.forward does not return (cos, sin)"
+            cos, sin = (np.asarray(o, dtype=np.float64) for o in out)
+            if cos.shape != sin.shape or cos.shape[-1] != head_dim or cos.size < length * head_dim:
+                return (f"{where}: {cls.name} returns tables of shape {cos.shape}, not a row of {head_dim} per "
+                        "position")
+            tables[length, rounding] = (cos.reshape(-1, head_dim)[:length], sin.reshape(-1, head_dim)[:length])
+    bases, rounded = {}, set()
+    for length in lengths:
+        cos, sin = tables[length, False]
+        # Column 1's turn per position gives the base: base ** (-2 / d).
+        step = float(np.arctan2(sin[1, 1], cos[1, 1]))
+        if not 0 < step < 1:
+            return f"{where}: {cls.name}'s table does not turn its second column by a frequency below 1"
+        base = step ** (-head_dim / 2)
+        angles = np.arange(length)[:, None] * base ** (-np.arange(0, head_dim, 2) / head_dim)
+        angles = np.concatenate([angles, angles], axis=-1)
+        exact = np.cos(angles), np.sin(angles)
+        if not all(np.allclose(t, e, atol=1e-7, rtol=0) for t, e in zip((cos, sin), exact)):
+            return (f"{where}: {cls.name} computes a table at {length} positions that is not NeoX rotary at one "
+                    f"base (read {base:.6g} from its second column)")
+        final = tables[length, True]
+        if not all(np.array_equal(t, e) for t, e in zip(final, (cos, sin))):
+            if not all(np.array_equal(t, e.astype(np.float16).astype(np.float64)) for t, e in zip(final, (cos, sin))):
+                return f"{where}: {cls.name} rounds its table otherwise than to float16"
+            rounded.add(length)
+        bases[length] = base
+    # The base as a float32 computation would give it: the same to about 1e-6 at every length.
+    first = bases[lengths[0]]
+    if any(abs(b - first) > 1e-5 * first for b in bases.values()) or len(rounded) not in (0, len(lengths)):
+        return (f"{where}: {cls.name} {MOVING} "
+                f"({', '.join(f'{n} positions: base {b:.6g}' for n, b in bases.items())})")
+    return ComputedBase(first, bool(rounded), tuple(lengths), cls.name, file, methods["forward"].lineno)

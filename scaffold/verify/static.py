@@ -180,10 +180,11 @@ def expected_params(spec: Spec) -> dict[str, tuple]:
                 params[f"{p}{n['mlp']}.{port_names(n)['router']}.{spec.hash_table}"] = (None,)
             continue
         for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
-            if spec.mlp_kind == "gated":
-                params[f"{p}{mlp}.{n['gate_up_proj']}.{kind}"] = SHARDS_OF["mlp.gate_up_proj"]
-            else:
-                params[f"{p}{mlp}.{n['up_proj']}.{kind}"] = (None,)
+            if kind == "weight" or not spec.mlp_down_bias_only:
+                if spec.mlp_kind == "gated":
+                    params[f"{p}{mlp}.{n['gate_up_proj']}.{kind}"] = SHARDS_OF["mlp.gate_up_proj"]
+                else:
+                    params[f"{p}{mlp}.{n['up_proj']}.{kind}"] = (None,)
             params[f"{p}{mlp}.{n['down_proj']}.{kind}"] = (None,)
         if spec.gate_extra_bias:
             params[f"{p}{mlp}.{spec.gate_extra_bias}"] = (None,)
@@ -338,6 +339,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     elif spec.qkv_layout == "separate":
         want.update({f"{attn}.{n['q_proj']}": spec.query_rows, f"{attn}.{n['k_proj']}": kv,
                      f"{attn}.{n['v_proj']}": spec.num_kv_heads * spec.value_dim})
+    elif spec.qkv_layout == "kv_pairs":  # the queries' tensor, and each KV head's key and value rows in another
+        want.update({f"{attn}.{n['q_proj']}": q, f"{attn}.{n['kv_proj']}": 2 * kv})
     else:
         want[f"{attn}.{n['qkv_proj']}"] = q + 2 * kv
     if not spec.has_dense_mlp:
