@@ -9,6 +9,7 @@ compares values can see a swapped shard), or zeros.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import struct
@@ -230,3 +231,20 @@ def stack_experts(tensors: dict) -> None:
         tensors[f"{prefix}.gate_up_proj"] = torch.stack(
             [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]).contiguous()
         tensors[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)]).contiguous()
+
+
+def edit_once(text: str, old: str, new: str) -> str:
+    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
+    assert text.count(old) == 1, f"the modeling source: expected one {old!r}, found {text.count(old)}"
+    return text.replace(old, new)
+
+
+def lab_modeling_source(model: str, family_config: str, name: str, lab_config: str, *, before: str = "") -> str:
+    """transformers' modeling_{model}.py as a lab's remote code (the lab checkpoint builders edit it further): its
+    relative imports made absolute, its config class imported from the lab's configuration_{name}.py under the
+    family's name; `before`: text put ahead of that import."""
+    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
+    text = (root / "models" / model / f"modeling_{model}.py").read_text(encoding="utf-8")
+    text = text.replace("from ... import", "from transformers import").replace("from ...", "from transformers.")
+    return edit_once(text, f"from .configuration_{model} import {family_config}",
+                     f"{before}from .configuration_{name} import {lab_config} as {family_config}")

@@ -20,34 +20,25 @@ key norm: what a sharing layer attends over is what its source layer's attention
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "clalab"
 ARCHITECTURE = "ClaLabForCausalLM"
 EVERY = 2  # layers 0 and 2 (BASE has 3) project their own; layer 1 attends over layer 0's
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_llama.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "llama" / "modeling_llama.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_llama import LlamaConfig",
-                 f"from .configuration_{NAME} import ClaLabConfig as LlamaConfig")
+    text = lab_modeling_source("llama", "LlamaConfig", NAME, "ClaLabConfig")
     # The attention: no k_proj / v_proj in a sharing layer; the handed keys and values in place of its own.
-    text = _once(text, "        self.k_proj = nn.Linear(\n",
+    text = edit_once(text, "        self.k_proj = nn.Linear(\n",
                  "        self.shares = layer_idx % config.kv_share_every != 0\n"
                  "        if not self.shares:\n"
                  "            self.k_proj = nn.Linear(\n")
-    text = _once(text, "            config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias\n"
+    text = edit_once(text, "            config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias\n"
                        "        )\n        self.v_proj = nn.Linear(\n"
                        "            config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias\n"
                        "        )\n",
@@ -55,11 +46,11 @@ def modeling_source() -> str:
                  "            )\n            self.v_proj = nn.Linear(\n"
                  "                config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias\n"
                  "            )\n")
-    text = _once(text, "        past_key_values: Cache | None = None,\n        **kwargs: Unpack[TransformersKwargs],\n"
+    text = edit_once(text, "        past_key_values: Cache | None = None,\n        **kwargs: Unpack[TransformersKwargs],\n"
                        "    ) -> tuple[torch.Tensor, torch.Tensor]:\n",
                  "        past_key_values: Cache | None = None,\n        shared_kv=None,\n"
                  "        **kwargs: Unpack[TransformersKwargs],\n    ) -> tuple[torch.Tensor, torch.Tensor]:\n")
-    text = _once(text, "        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+    text = edit_once(text, "        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
                        "        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n",
                  "        if shared_kv is not None and self.shares:\n"
                  "            key_states, value_states = shared_kv\n"
@@ -67,31 +58,31 @@ def modeling_source() -> str:
                  "            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
                  "            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
                  "        handed = (key_states, value_states)\n")
-    text = _once(text, "        attn_output = self.o_proj(attn_output)\n        return attn_output, attn_weights\n",
+    text = edit_once(text, "        attn_output = self.o_proj(attn_output)\n        return attn_output, attn_weights\n",
                  "        attn_output = self.o_proj(attn_output)\n        return attn_output, attn_weights, handed\n")
     # The decoder layer: shared_kv passed on, the attention's handed pair returned beside the hidden states.
-    text = _once(text, "        use_cache: bool | None = False,\n"
+    text = edit_once(text, "        use_cache: bool | None = False,\n"
                        "        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,\n"
                        "        **kwargs: Unpack[TransformersKwargs],\n    ) -> torch.Tensor:\n",
                  "        use_cache: bool | None = False,\n"
                  "        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,\n"
                  "        shared_kv=None,\n"
                  "        **kwargs: Unpack[TransformersKwargs],\n    ) -> torch.Tensor:\n")
-    text = _once(text, "        hidden_states, _ = self.self_attn(\n",
+    text = edit_once(text, "        hidden_states, _ = self.self_attn(\n",
                  "        hidden_states, _, kv = self.self_attn(\n")
-    text = _once(text, "            position_embeddings=position_embeddings,\n            **kwargs,\n        )\n"
+    text = edit_once(text, "            position_embeddings=position_embeddings,\n            **kwargs,\n        )\n"
                        "        hidden_states = residual + hidden_states\n",
                  "            position_embeddings=position_embeddings,\n            shared_kv=shared_kv,\n"
                  "            **kwargs,\n        )\n        hidden_states = residual + hidden_states\n")
-    text = _once(text, "        hidden_states = residual + hidden_states\n        return hidden_states\n",
+    text = edit_once(text, "        hidden_states = residual + hidden_states\n        return hidden_states\n",
                  "        hidden_states = residual + hidden_states\n        return hidden_states, kv\n")
     # The model's loop: what every kv_share_every-th layer hands, passed to the layers after it.
-    text = _once(text, "        for decoder_layer in self.layers[: self.config.num_hidden_layers]:\n"
+    text = edit_once(text, "        for decoder_layer in self.layers[: self.config.num_hidden_layers]:\n"
                        "            hidden_states = decoder_layer(\n",
                  "        shared_kv = None\n"
                  "        for layer_idx, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):\n"
                  "            hidden_states, kv = decoder_layer(\n")
-    text = _once(text, "                use_cache=use_cache,\n                **kwargs,\n            )\n\n"
+    text = edit_once(text, "                use_cache=use_cache,\n                **kwargs,\n            )\n\n"
                        "        hidden_states = self.norm(hidden_states)\n",
                  "                use_cache=use_cache,\n                shared_kv=shared_kv,\n                **kwargs,\n"
                  "            )\n            if layer_idx % self.config.kv_share_every == 0:\n"

@@ -15,45 +15,36 @@ apply_rotary_pos_emb and inverse frequencies, the factor in config.json's rope_p
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "gatedq"
 ARCHITECTURE = "GatedqForCausalLM"
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_qwen3.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source(partial_rotary: bool = False) -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "qwen3" / "modeling_qwen3.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_qwen3 import Qwen3Config",
-                 f"from .configuration_{NAME} import GatedqConfig as Qwen3Config")
-    text = _once(text, "config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias",
+    text = lab_modeling_source("qwen3", "Qwen3Config", NAME, "GatedqConfig")
+    text = edit_once(text, "config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias",
                  "config.hidden_size, config.num_attention_heads * self.head_dim * 2, bias=config.attention_bias")
-    text = _once(text, "        query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)\n",
+    text = edit_once(text, "        query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)\n",
                  "        query_states, gate = torch.chunk(\n"
                  "            self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1\n"
                  "        )\n"
                  "        gate = gate.reshape(*input_shape, -1)\n"
                  "        query_states = self.q_norm(query_states.reshape(hidden_shape)).transpose(1, 2)\n")
-    text = _once(text, "        attn_output = attn_output.reshape(*input_shape, -1).contiguous()\n",
+    text = edit_once(text, "        attn_output = attn_output.reshape(*input_shape, -1).contiguous()\n",
                  "        attn_output = attn_output.reshape(*input_shape, -1).contiguous()\n"
                  "        attn_output = attn_output * torch.sigmoid(gate)\n")
     text = text.replace("Qwen3ForCausalLM", ARCHITECTURE)
     if partial_rotary:
         # Qwen3-Next's: inverse frequencies over the rotated part of each head, and the rest passed through.
-        text = _once(text, "        dim = getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads\n",
+        text = edit_once(text, "        dim = getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads\n",
                      "        dim = getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads\n"
                      "        dim = int(dim * config.rope_parameters.get(\"partial_rotary_factor\", 1.0))\n")
-        text = _once(text, "    q_embed = (q * cos) + (rotate_half(q) * sin)\n    k_embed = (k * cos) + (rotate_half(k) * sin)\n",
+        text = edit_once(text, "    q_embed = (q * cos) + (rotate_half(q) * sin)\n    k_embed = (k * cos) + (rotate_half(k) * sin)\n",
                      "    rotary_dim = cos.shape[-1]\n"
                      "    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]\n"
                      "    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]\n"

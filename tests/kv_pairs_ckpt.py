@@ -16,28 +16,19 @@ v shards on load, each rank taking its own KV heads.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "kvpairlab"
 ARCHITECTURE = "KvpairlabForCausalLM"
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_llama.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "llama" / "modeling_llama.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_llama import LlamaConfig",
-                 f"from .configuration_{NAME} import KvpairlabConfig as LlamaConfig")
-    text = _once(text,
+    text = lab_modeling_source("llama", "LlamaConfig", NAME, "KvpairlabConfig")
+    text = edit_once(text,
                  "        self.q_proj = nn.Linear(\n"
                  "            config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias\n"
                  "        )\n"
@@ -53,7 +44,7 @@ def modeling_source() -> str:
                  "        self.kv_lin = nn.Linear(\n"
                  "            config.hidden_size, 2 * config.num_key_value_heads * self.head_dim, bias=config.attention_bias\n"
                  "        )\n")
-    text = _once(text,
+    text = edit_once(text,
                  "        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
                  "        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
                  "        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n",

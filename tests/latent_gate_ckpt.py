@@ -11,11 +11,12 @@ table for its model type), at the latent sizes vLLM's CPU MLA kernel takes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import tempfile
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "axk2lab"
 ARCHITECTURE = "Axk2labForCausalLM"
@@ -25,23 +26,13 @@ SIZES = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "q_lora_ra
          "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_axk2.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "axk2" / "modeling_axk2.py").read_text(encoding="utf-8")
-    text = text.replace("from ... import", "from transformers import").replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_axk2 import AXK2Config",
-                 f"from .configuration_{NAME} import Axk2labConfig as AXK2Config")
+    text = lab_modeling_source("axk2", "AXK2Config", NAME, "Axk2labConfig")
     assert text.count("self.q_gate_proj") == 2
     text = text.replace("self.q_gate_proj", "self.q_b_proj")
-    text = _once(text, "        self.input_layernorm = AXK2GatedRMSNorm(config)\n",
+    text = edit_once(text, "        self.input_layernorm = AXK2GatedRMSNorm(config)\n",
                  "        self.input_layernorm = AXK2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n")
-    text = _once(text, "            AXK2GatedRMSNorm(config)\n            if config.mlp_layer_types[layer_idx] == \"sparse\"\n",
+    text = edit_once(text, "            AXK2GatedRMSNorm(config)\n            if config.mlp_layer_types[layer_idx] == \"sparse\"\n",
                  "            AXK2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n"
                  "            if config.mlp_layer_types[layer_idx] == \"sparse\"\n")
     # The gated norm's classes go with it (no layer builds them).

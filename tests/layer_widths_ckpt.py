@@ -12,33 +12,24 @@ each layer's gate, up and down projections cut (or grown with fresh random rows)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "widths"
 ARCHITECTURE = "WidthsForCausalLM"
 WIDTHS = [192, 320, 256]  # BASE's 3 layers (its intermediate_size is 256)
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_qwen3.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "qwen3" / "modeling_qwen3.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_qwen3 import Qwen3Config",
-                 f"from .configuration_{NAME} import WidthsConfig as Qwen3Config")
-    text = _once(text, "class Qwen3MLP(nn.Module):\n    def __init__(self, config):\n",
+    text = lab_modeling_source("qwen3", "Qwen3Config", NAME, "WidthsConfig")
+    text = edit_once(text, "class Qwen3MLP(nn.Module):\n    def __init__(self, config):\n",
                  "class Qwen3MLP(nn.Module):\n    def __init__(self, config, layer_idx):\n")
-    text = _once(text, "        self.intermediate_size = config.intermediate_size\n",
+    text = edit_once(text, "        self.intermediate_size = config.intermediate_size\n",
                  "        self.intermediate_size = config.intermediate_size[layer_idx]\n")
-    text = _once(text, "        self.mlp = Qwen3MLP(config)\n", "        self.mlp = Qwen3MLP(config, layer_idx)\n")
+    text = edit_once(text, "        self.mlp = Qwen3MLP(config)\n", "        self.mlp = Qwen3MLP(config, layer_idx)\n")
     return text.replace("Qwen3ForCausalLM", ARCHITECTURE)
 
 

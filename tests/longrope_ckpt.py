@@ -15,10 +15,11 @@ absolute, the classes renamed, and its rotary replaced by the module below (writ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "longlab"
 ARCHITECTURE = "LonglabForCausalLM"
@@ -98,26 +99,16 @@ INIT_WEIGHTS = '''
 '''
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_llama.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "llama" / "modeling_llama.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_llama import LlamaConfig",
-                 f"import math\n\nfrom .configuration_{NAME} import LonglabConfig as LlamaConfig")
-    text = _once(text, "\n\n@auto_docstring\nclass LlamaPreTrainedModel(PreTrainedModel):",
+    text = lab_modeling_source("llama", "LlamaConfig", NAME, "LonglabConfig", before="import math\n\n")
+    text = edit_once(text, "\n\n@auto_docstring\nclass LlamaPreTrainedModel(PreTrainedModel):",
                  ROTARY + "\n\n@auto_docstring\nclass LlamaPreTrainedModel(PreTrainedModel):")
-    text = _once(text, '''        "attentions": LlamaAttention,
+    text = edit_once(text, '''        "attentions": LlamaAttention,
     }
 ''', '''        "attentions": LlamaAttention,
     }
 ''' + INIT_WEIGHTS)
-    text = _once(text, "        self.rotary_emb = LlamaRotaryEmbedding(config=config)\n", "        self._init_rope(config)\n")
+    text = edit_once(text, "        self.rotary_emb = LlamaRotaryEmbedding(config=config)\n", "        self._init_rope(config)\n")
     text = _insert_init_rope(text)
     return text.replace("LlamaForCausalLM", ARCHITECTURE)
 

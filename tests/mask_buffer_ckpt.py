@@ -14,10 +14,11 @@ checkpoint is the final norm's parameter, not the mask.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from ckpt_factory import edit_once, lab_modeling_source
 
 NAME = "masklab"
 ARCHITECTURE = "MasklabForCausalLM"
@@ -27,19 +28,9 @@ MASK = ("        max_positions = config.max_position_embeddings\n"
         "        )\n")
 
 
-def _once(text: str, old: str, new: str) -> str:
-    """Replace `old`, which must occur exactly once: a transformers release that rewrites it fails here."""
-    assert text.count(old) == 1, f"modeling_stablelm.py: expected one {old!r}, found {text.count(old)}"
-    return text.replace(old, new)
-
-
 def modeling_source() -> str:
-    root = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations)))
-    text = (root / "models" / "stablelm" / "modeling_stablelm.py").read_text(encoding="utf-8")
-    text = text.replace("from ...", "from transformers.")
-    text = _once(text, "from .configuration_stablelm import StableLmConfig",
-                 f"from .configuration_{NAME} import MasklabConfig as StableLmConfig")
-    text = _once(text, "        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)\n",
+    text = lab_modeling_source("stablelm", "StableLmConfig", NAME, "MasklabConfig")
+    text = edit_once(text, "        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)\n",
                  "        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)\n" + MASK)
     return text.replace("StableLmForCausalLM", ARCHITECTURE)
 
