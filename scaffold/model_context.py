@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from scaffold.detect.activations import vllm_activation_call
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
-from scaffold.spec import COMPUTED_ROPE_BASE, Spec, port_names
+from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, Spec, port_names
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
 # wraps it (ruff format then keeps the exploded form: the trailing comma is magic).
@@ -127,7 +127,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                     or spec.source("rope_parameters").detail.endswith(COMPUTED_ROPE_BASE))
     # LongRoPE factors the modeling code applies at every position (scaffold.detect.longrope): written out, since
     # vLLM would choose between the config's two sets by max_model_len.
-    code_rope = not literal_rope and "both of vLLM's LongRoPE factor sets" in spec.source("rope_parameters").detail
+    code_rope = not literal_rope and CODE_LONGROPE in spec.source("rope_parameters").detail
     per_type_rope = "rope_parameters.full_attention" in spec.source("rope_parameters").detail and not literal_rope
     return {
         "P": spec.class_prefix,

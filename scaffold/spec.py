@@ -107,6 +107,8 @@ PER_LAYER_INPUT_LAYER_ROLES = ("per_layer_input_gate", "per_layer_input_proj", "
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 # How a rotary base the modeling code computes (not a config value) ends its source: the port writes it as a literal.
 COMPUTED_ROPE_BASE = "a base the code computes, not a config value"
+# How the source of LongRoPE factors the modeling code applies at every position says so: the port writes them out.
+CODE_LONGROPE = "both of vLLM's LongRoPE factor sets are"
 
 NAME_ROLES = (
     "model", "embed_tokens", "layers", "norm", "lm_head", "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj",

@@ -28,7 +28,7 @@ from scaffold.detect.sourcecode import (
     walk,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import COMPUTED_ROPE_BASE, Source, Spec
+from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, Source, Spec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_THETA = 10000.0
@@ -233,7 +233,7 @@ def _longrope_applied(ckpt: Checkpoint, spec: Spec, params: dict, source: Source
     factors = list(found.factors)
     params.update(short_factor=factors, long_factor=list(factors), short_mscale=found.mscale,
                   long_mscale=found.mscale)
-    return Source(source.kind, f"{source.detail}; {found.describe()}: both of vLLM's LongRoPE factor sets are "
+    return Source(source.kind, f"{source.detail}; {found.describe()}: {CODE_LONGROPE} "
                                f"rope_scaling.{found.which}, both mscales {found.mscale:.9g}")
 
 

@@ -30,7 +30,7 @@ from scaffold.verify import (  # backend: packages served by vLLM's transformers
 from scaffold.verify import twin as twins
 from scaffold.verify.parity import engine_env
 from scaffold.verify.port import Port, load_port, stage_install
-from scaffold.verify.probes import FEEDS, NOISE_FACTOR, first_nonfinite, localize, probes_for
+from scaffold.verify.probes import FEEDS, MODULE_NOISE_FACTOR, first_nonfinite, localize, probes_for
 from scaffold.verify.report import FAIL, PASS, SKIP, Check, Report
 from scaffold.verify.static import run_static
 
@@ -425,7 +425,7 @@ class _Sharding:
 
 
 def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str], noise: dict | None = None) -> None:
-    """`noise`: per probe, transformers' own float32 error (against float64); a module within NOISE_FACTOR of it
+    """`noise`: per probe, transformers' own float32 error (against float64); a module within MODULE_NOISE_FACTOR of it
     has not diverged."""
     if not hf or not port:
         report.add("divergence", None, "not localized: module outputs were not captured (tensor parallel run)")
@@ -440,7 +440,7 @@ def _localize(report: Report, hf: dict, port: dict, probes, drift: list[str], no
     errors, first = localize(hf, port, probes, noise)
     if first is None:
         report.add("divergence", False, "every module output agrees to 1e-3"
-                   + (f" or within {NOISE_FACTOR:g}x transformers' own float32 error there (against float64)"
+                   + (f" or within {MODULE_NOISE_FACTOR:g}x transformers' own float32 error there (against float64)"
                       if noise else "") + "; the difference is in sampling or in positions past the probed prompt")
         if noise:
             report.tables.append(_module_table(errors, None, noise))

@@ -18,7 +18,7 @@ from scaffold.spec import FIELD_INFO, PROBES, port_names
 # probes it feeds (spec_field(probe=...) in scaffold.spec); this is that relation read the other way.
 FEEDS = {kind: [name for name, info in FIELD_INFO.items() if kind in info.probe] for kind in PROBES}
 THRESHOLD = 1e-3  # relative error; float32 ports agree to ~1e-6
-NOISE_FACTOR = 4.0  # a module this many times transformers' own float32 error (against float64), or less, agrees
+MODULE_NOISE_FACTOR = 4.0  # a module this many times transformers' own float32 error (against float64), or less, agrees
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def first_nonfinite(hf: dict, port: dict, probes: list[Probe]) -> tuple[Probe, s
 def localize(hf: dict, port: dict, probes: list[Probe], noise: dict | None = None,
              ) -> tuple[list[tuple[str, float]], Probe | None]:
     """Relative error of every probe in execution order, and the first that diverges: past THRESHOLD and, where
-    `noise` gives transformers' own float32 error at that probe (against float64), past NOISE_FACTOR times it."""
+    `noise` gives transformers' own float32 error at that probe (against float64), past MODULE_NOISE_FACTOR times it."""
     errors, first = [], None
     for probe in probes:
         a, b = port.get(probe.label), hf.get(probe.label)
@@ -153,6 +153,6 @@ def localize(hf: dict, port: dict, probes: list[Probe], noise: dict | None = Non
             rel = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
             rel = math.inf if math.isnan(rel) else rel  # NaN on a side never agrees
         errors.append((probe.label, rel))
-        if first is None and rel > THRESHOLD and rel > NOISE_FACTOR * (noise or {}).get(probe.label, 0.0):
+        if first is None and rel > THRESHOLD and rel > MODULE_NOISE_FACTOR * (noise or {}).get(probe.label, 0.0):
             first = probe
     return errors, first
