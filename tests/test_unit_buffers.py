@@ -7,6 +7,7 @@ buffer where the class that builds its module registers that name."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import detect_until
 
 from scaffold.checkpoint import read_checkpoint
@@ -52,6 +53,7 @@ def test_a_stored_tensor_is_a_buffer_where_the_class_that_builds_its_module_regi
         "transformer.rotary_emb.inv_freq", "transformer.bias", "transformer.other.bias"]
 
 
+@pytest.mark.slow  # builds and saves a checkpoint through transformers (~5 s)
 def test_a_final_norm_bias_is_not_taken_for_a_causal_mask_buffer_named_bias(tmp_path):
     from mask_buffer_ckpt import build
 
