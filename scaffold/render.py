@@ -200,9 +200,19 @@ def _finalize(context: jinja2.runtime.Context, value: Any) -> Any:
     return markdown_text(value) if context.name and context.name.endswith(".md.j2") else value
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs (jinja2 keys them by the template's source, and keeps them in a
+    folder of the user's own that it checks): parsing and compiling the templates is half a `scaffold new`."""
+    try:
+        return jinja2.FileSystemBytecodeCache()
+    except (OSError, RuntimeError):  # no private temporary folder to be had: compile every run
+        return None
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         finalize=_finalize,
+        bytecode_cache=_bytecode_cache(),
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         # Control tags sit on lines of their own, indented with the code they control: such a line
