@@ -548,6 +548,7 @@ def test_an_unexpected_exception_is_one_paragraph_not_a_traceback(tmp_path):
               2, shown(err, (ckpt, "CKPT")))
 
 
+@pytest.mark.slow  # 4 to 5 s (builds transformers models, runs the CLI): the full suite keeps it, not the quick tier
 def test_valid_family_checkpoints_still_generate(tmp_path):
     """The checks above refuse nothing that a real Llama-family checkpoint holds."""
     for family in ("llama", "mistral", "qwen2", "qwen3"):

@@ -136,6 +136,7 @@ def _fill(template: str) -> str:
     return "\n".join(out) + "\n"
 
 
+@pytest.mark.slow  # 4 to 5 s (builds transformers models, runs the CLI): the full suite keeps it, not the quick tier
 def test_spec_template_marks_unknowns_and_filled_in_is_accepted(lab, tmp_path):
     template = tmp_path / "template.toml"
     proc = scaffold("inspect", lab, "--spec-template", template)
@@ -163,6 +164,7 @@ def test_spec_template_marks_unknowns_and_filled_in_is_accepted(lab, tmp_path):
     assert proc.returncode == 2 and "exists" in proc.stderr and filled.read_text() == _fill(text)
 
 
+@pytest.mark.slow  # 4 to 5 s (builds transformers models, runs the CLI): the full suite keeps it, not the quick tier
 def test_spec_template_of_a_known_model_round_trips(tmp_path):
     """Every field detected: the template, as written, regenerates the port byte for byte."""
     template = tmp_path / "demolm.toml"

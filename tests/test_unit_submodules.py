@@ -164,6 +164,7 @@ def test_apertus_xielu_is_read_from_its_mlp():
     assert "built from transformers' 'xielu' (XIELUActivation)" in found.evidence
 
 
+@pytest.mark.slow  # 4 to 5 s (builds transformers models, runs the CLI): the full suite keeps it, not the quick tier
 def test_the_tensors_read_from_source_are_the_real_modules_state():
     from transformers.activations import XIELUActivation
     from vllm.config import VllmConfig, set_current_vllm_config
