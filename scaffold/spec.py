@@ -1032,6 +1032,12 @@ class Spec:
                                        doc="the head transform's linear map has a bias")
     normalized_head: bool = spec_field(
         False, group="head", probe="logits", doc="the head's rows are L2-normalized first (Baichuan 2's NormHead)")
+    normalized_head_columns: bool = spec_field(
+        False, group="head", probe="logits", omit_when_empty=True,
+        doc="with normalized_head: its columns (dim 0, over the vocabulary) are normalized, not its rows (Bailing)")
+    normalized_head_eps: float | None = spec_field(
+        None, group="head", probe="logits", omit_when_empty=True,
+        doc="with normalized_head: W / (norm + eps); None: F.normalize (W / max(norm, 1e-12))")
     embedding_multiplier: float | None = spec_field(None, group="head", probe="embed",
                                                     doc="the embedding scaled by it; None: not")
     logits_scale: float | None = spec_field(None, group="head", probe="logits",

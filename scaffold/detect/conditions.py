@@ -16,6 +16,7 @@ default decides) is not evaluated: the assignment stays undecided rather than gu
 from __future__ import annotations
 
 import ast
+import copy
 import operator
 from typing import Any
 
@@ -134,3 +135,67 @@ def selected(value: ast.expr, config: dict[str, Any] | None) -> ast.expr | None:
             return None
         value = value.body if truth else value.orelse
     return value
+
+
+def self_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
+    """`self.X = <expr>` of an __init__ (the last one where several), by X."""
+    if init is None:
+        return {}
+    return {t.attr: n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            for t in n.targets if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"}
+
+
+def guarded(body: list[ast.stmt], tests: list | None = None):
+    """Each node of `body` with the (if-test, polarity) pairs of the `if` statements enclosing it."""
+    tests = tests or []
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            yield from ((n, tests) for n in ast.walk(stmt.test))
+            yield from guarded(stmt.body, tests + [(stmt.test, True)])
+            yield from guarded(stmt.orelse, tests + [(stmt.test, False)])
+        elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+            # the statement's own header, then its blocks under the same tests
+            for field in ("target", "iter", "test", "items"):
+                for part in (getattr(stmt, field, None),) if not isinstance(getattr(stmt, field, None), list) \
+                        else getattr(stmt, field):
+                    if part is not None:
+                        yield from ((n, tests) for n in ast.walk(part))
+            for block in ("body", "orelse", "finalbody"):
+                yield from guarded(getattr(stmt, block, []) or [], tests)
+            for handler in getattr(stmt, "handlers", []) or []:
+                yield from guarded(handler.body, tests)
+        else:
+            yield from ((n, tests) for n in ast.walk(stmt))
+
+
+def branch_taken(tests: list[tuple[ast.expr, bool]], assigned: dict[str, ast.expr], config: dict[str, Any]) -> bool | None:
+    """Whether config.json runs the branch under these (test, polarity) pairs: `self.X` read through __init__'s
+    `self.X = <expr>` (`assigned`), `self.training` False (serving never trains); None when a test reads something
+    else (an input, a runtime value)."""
+    for test, polarity in tests:
+        test = _through_init(test, assigned)
+        truth = evaluate(test, config)
+        if truth is None:
+            return None
+        if truth != polarity:
+            return False
+    return True
+
+
+def _through_init(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
+    def swap(node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "self":
+            if node.attr == "training":
+                return ast.Constant(False)
+            if node.attr in assigned:
+                return copy.deepcopy(assigned[node.attr])
+        return node
+
+    test = swap(copy.deepcopy(test))
+    for node in ast.walk(test):
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                setattr(node, field, swap(value))
+            elif isinstance(value, list):
+                setattr(node, field, [swap(v) if isinstance(v, ast.expr) else v for v in value])
+    return test
