@@ -66,13 +66,14 @@ def test_a_head_normalized_over_its_columns_by_the_causal_lm_is_read_with_its_ep
     spec = detect_until(ckpt(tmp_path, True), head)
     assert spec.normalized_head is True and spec.normalized_head_columns is True
     assert spec.normalized_head_eps == pytest.approx(1e-7)
-    assert "LlamaForCausalLM.compute_logit L2-normalizes the weight's columns (dim 0)" in \
-        spec.source("normalized_head").detail
+    assert "LlamaForCausalLM.compute_logit L2-normalizes the weight's columns (dim 0), norm + 1e-07 (where " \
+           "config.norm_head)" in spec.source("normalized_head").detail
 
 
 def test_config_json_turning_it_off_leaves_a_plain_head_and_an_undecided_switch_is_refused(tmp_path):
     spec = detect_until(ckpt(tmp_path / "off", False), head)
     assert spec.normalized_head is False and spec.normalized_head_columns is False
+    assert "only where config.norm_head holds" in spec.source("normalized_head").detail  # the key accounted for
     with pytest.raises(UnsupportedArchitecture, match=r"modeling_x\.py:\d+: LlamaForCausalLM\.compute_logit "
                                                       r"normalizes the output head's weight under a condition"):
         detect_until(ckpt(tmp_path / "unsaid", None), head)

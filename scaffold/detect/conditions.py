@@ -173,7 +173,7 @@ def branch_taken(tests: list[tuple[ast.expr, bool]], assigned: dict[str, ast.exp
     `self.X = <expr>` (`assigned`), `self.training` False (serving never trains); None when a test reads something
     else (an input, a runtime value)."""
     for test, polarity in tests:
-        test = _through_init(test, assigned)
+        test = through_init(test, assigned)
         truth = evaluate(test, config)
         if truth is None:
             return None
@@ -182,7 +182,8 @@ def branch_taken(tests: list[tuple[ast.expr, bool]], assigned: dict[str, ast.exp
     return True
 
 
-def _through_init(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
+def through_init(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
+    """`test` with each `self.X` replaced by __init__'s `<expr>` of `self.X = <expr>` and `self.training` by False."""
     def swap(node: ast.expr) -> ast.expr:
         if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "self":
             if node.attr == "training":

@@ -40,6 +40,8 @@ class Normalized:
     method: str
     columns: bool         # over dim 0 (else the rows)
     eps: float | None     # added to the norm; None: F.normalize's max(norm, 1e-12)
+    guard: str = ""       # the branch's tests read through __init__ (`config.norm_head`), "" where unguarded
+    taken: bool = True    # False: config.json turns that branch off (the head is a plain linear map)
 
 
 def detect(ckpt: Checkpoint, spec: Spec) -> None:
@@ -47,6 +49,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     sources = modeling_sources(ckpt)
     found = normalized_head(sources, head)
     outside = normalized_by_owner(sources, head, ckpt.config) if found is None else None
+    if outside is not None and not outside.taken:
+        spec.set("normalized_head", False, Source(
+            "code", f"{outside.where}: {outside.where.value}.{outside.method} normalizes the head's weight only where "
+                    f"{outside.guard} holds, not with config.json's values"))
+        return
     if outside is not None:
         if spec.tie_word_embeddings:
             raise UnsupportedArchitecture(
@@ -54,8 +61,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                 "and is tied to the embedding; only an untied normalized head is supported.", ckpt.config_file)
         over = "columns (dim 0)" if outside.columns else "rows"
         eps = f", norm + {outside.eps:g}" if outside.eps is not None else ""
+        guard = f" (where {outside.guard})" if outside.guard else ""
         spec.set("normalized_head", True, Source(
-            "code", f"{outside.where}: {outside.where.value}.{outside.method} L2-normalizes the weight's {over}{eps}"))
+            "code", f"{outside.where}: {outside.where.value}.{outside.method} L2-normalizes the weight's {over}{eps}"
+                    f"{guard}"))
         spec.set("normalized_head_columns", outside.columns, Source("code", f"{outside.where}: over {over}"))
         spec.set("normalized_head_eps", outside.eps, Source("code", f"{outside.where}: the norm's epsilon"
                                                             if outside.eps is not None else "F.normalize"))
@@ -178,7 +187,9 @@ def _norm_of(node: ast.AST, head: str) -> tuple[object, object] | None:
 def normalized_by_owner(sources: dict[str, str], head: str, config: dict) -> Normalized | None:
     """A normalization of `self.<head>.weight` in a method of the class whose __init__ builds `self.<head>`, on a
     branch config.json runs. Raises UnsupportedArchitecture for one it cannot decide or express (a p other than 2,
-    a dim it cannot read, a condition on something but config.json)."""
+    a dim it cannot read, a condition on something but config.json). One only on branches config.json turns off comes back with
+    taken False."""
+    off = None
     for file, tree in _trees(sources):
         for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
             init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
@@ -200,7 +211,11 @@ def normalized_by_owner(sources: dict[str, str], head: str, config: dict) -> Nor
                     (dim, p), eps = got
                     where = f"{file}:{node.lineno}"
                     taken = conditions.branch_taken(tests, assigned, config)
+                    guard = " and ".join(("" if polarity else "not ") + ast.unparse(conditions.through_init(t, assigned))
+                                         for t, polarity in tests if "training" not in ast.unparse(t))
                     if taken is False:
+                        off = off or Normalized(Found(cls.name, file, node.lineno), method.name, dim in COLUMN_DIMS,
+                                                eps, guard, taken=False)
                         continue
                     if taken is None:
                         raise UnsupportedArchitecture(
@@ -210,5 +225,5 @@ def normalized_by_owner(sources: dict[str, str], head: str, config: dict) -> Nor
                         raise UnsupportedArchitecture(
                             f"{where}: {cls.name}.{method.name} normalizes the output head's weight with p={p} over dim "
                             f"{dim}; only the L2 norm of its rows or columns is supported.")
-                    return Normalized(Found(cls.name, file, node.lineno), method.name, dim in COLUMN_DIMS, eps)
-    return None
+                    return Normalized(Found(cls.name, file, node.lineno), method.name, dim in COLUMN_DIMS, eps, guard)
+    return off
