@@ -106,6 +106,9 @@ PER_LAYER_INPUT_MODEL_ROLES = ("per_layer_input_table", "per_layer_input_model_p
 PER_LAYER_INPUT_LAYER_ROLES = ("per_layer_input_gate", "per_layer_input_proj", "per_layer_input_norm")
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 # How a rotary base the modeling code computes (not a config value) ends its source: the port writes it as a literal.
+# In rope_parameters' provenance where config.json holds a rope_theta the checkpoint's own code never reads (InternLM's
+# rotary takes its class's default base): the port then writes its rotary parameters out rather than reading the config.
+THETA_UNREAD = "config.json's rope_theta is never read by the modeling code"
 COMPUTED_ROPE_BASE = "a base the code computes, not a config value"
 # How the source of LongRoPE factors the modeling code applies at every position says so: the port writes them out.
 CODE_LONGROPE = "both of vLLM's LongRoPE factor sets are"
