@@ -153,6 +153,11 @@ def guarded(body: list[ast.stmt], tests: list | None = None):
             yield from ((n, tests) for n in ast.walk(stmt.test))
             yield from guarded(stmt.body, tests + [(stmt.test, True)])
             yield from guarded(stmt.orelse, tests + [(stmt.test, False)])
+            # `if not on: return ...`: what follows runs only where the branch that left did not
+            if _leaves(stmt.body) and not _leaves(stmt.orelse):
+                tests = tests + [(stmt.test, False)]
+            elif _leaves(stmt.orelse) and not _leaves(stmt.body):
+                tests = tests + [(stmt.test, True)]
         elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
             # the statement's own header, then its blocks under the same tests
             for field in ("target", "iter", "test", "items"):
@@ -168,18 +173,23 @@ def guarded(body: list[ast.stmt], tests: list | None = None):
             yield from ((n, tests) for n in ast.walk(stmt))
 
 
+def _leaves(block: list[ast.stmt]) -> bool:
+    """The block always leaves its own (its last statement returns or raises)."""
+    return bool(block) and isinstance(block[-1], (ast.Return, ast.Raise))
+
+
 def branch_taken(tests: list[tuple[ast.expr, bool]], assigned: dict[str, ast.expr], config: dict[str, Any]) -> bool | None:
     """Whether config.json runs the branch under these (test, polarity) pairs: `self.X` read through __init__'s
     `self.X = <expr>` (`assigned`), `self.training` False (serving never trains); None when a test reads something
     else (an input, a runtime value)."""
+    undecided = False
     for test, polarity in tests:
-        test = through_init(test, assigned)
-        truth = evaluate(test, config)
+        truth = evaluate(through_init(test, assigned), config)
         if truth is None:
-            return None
-        if truth != polarity:
-            return False
-    return True
+            undecided = True
+        elif truth != polarity:
+            return False  # one test config.json decides against the branch is enough, whatever the others read
+    return None if undecided else True
 
 
 def through_init(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:

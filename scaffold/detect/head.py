@@ -184,6 +184,13 @@ def _norm_of(node: ast.AST, head: str) -> tuple[object, object] | None:
     return None
 
 
+def _said(test: ast.expr, polarity: bool) -> str:
+    """The condition a branch runs under, in words of code: `X` / `not X` (`not not X` said as `X`)."""
+    if not polarity and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return ast.unparse(test.operand)
+    return ("" if polarity else "not ") + ast.unparse(test)
+
+
 def normalized_by_owner(sources: dict[str, str], head: str, config: dict) -> Normalized | None:
     """A normalization of `self.<head>.weight` in a method of the class whose __init__ builds `self.<head>`, on a
     branch config.json runs. Raises UnsupportedArchitecture for one it cannot decide or express (a p other than 2,
@@ -211,7 +218,7 @@ def normalized_by_owner(sources: dict[str, str], head: str, config: dict) -> Nor
                     (dim, p), eps = got
                     where = f"{file}:{node.lineno}"
                     taken = conditions.branch_taken(tests, assigned, config)
-                    guard = " and ".join(("" if polarity else "not ") + ast.unparse(conditions.through_init(t, assigned))
+                    guard = " and ".join(_said(conditions.through_init(t, assigned), polarity)
                                          for t, polarity in tests if "training" not in ast.unparse(t))
                     if taken is False:
                         off = off or Normalized(Found(cls.name, file, node.lineno), method.name, dim in COLUMN_DIMS,
