@@ -92,6 +92,7 @@ def test_rows_by_f_normalize_and_another_p_are_told_apart():
         normalized_by_owner({"m.py": lab_source(p1)}, "lm_head", {"head_unit_columns": True})
 
 
+@pytest.mark.slow  # ~5 s: generates a port
 def test_the_port_normalizes_the_columns_at_load_as_the_reference_does(tmp_path):
     root = tmp_path / "ckpt"
     ckpt(root, True)

@@ -6,6 +6,7 @@ with max |dlogp| 8.04 (first divergence at layer 0's attention). The lab below i
 
 from __future__ import annotations
 
+import pytest
 from ckpt_factory import Shape
 from helpers import LAB_DECODER, LAB_PRELUDE, detect_until, read, scaffold
 
@@ -78,6 +79,7 @@ def test_code_that_names_rope_theta_or_passes_a_base_keeps_config_jsons_value(tm
     assert rope._default_base({"modeling_lab.py": passes}) is None
 
 
+@pytest.mark.slow  # ~4 s: generates a port
 def test_the_port_writes_the_rotary_parameters_out_instead_of_reading_the_config(tmp_path):
     lab_checkpoint(tmp_path / "ckpt")
     scaffold("new", tmp_path / "ckpt", "-o", tmp_path / "port")
