@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from scaffold.detect.activations import vllm_activation_call
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
-from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, Spec, port_names
+from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, THETA_UNREAD, Spec, port_names
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
 # wraps it (ruff format then keeps the exploded form: the trailing comma is magic).
@@ -124,7 +124,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                        if spec.attention_sinks and spec.attention_sinks_layers else None)
     literal_rope = (bool({"rope_parameters", "partial_rotary_factor", "sliding_rope_parameters"} & overridden)
                     or spec.source("partial_rotary_factor").kind == "tensor"
-                    or spec.source("rope_parameters").detail.endswith(COMPUTED_ROPE_BASE))
+                    or spec.source("rope_parameters").detail.endswith(COMPUTED_ROPE_BASE)
+                    or THETA_UNREAD in spec.source("rope_parameters").detail)
     # LongRoPE factors the modeling code applies at every position (scaffold.detect.longrope): written out, since
     # vLLM would choose between the config's two sets by max_model_len.
     code_rope = not literal_rope and CODE_LONGROPE in spec.source("rope_parameters").detail
@@ -257,6 +258,8 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
                              or per_type_rope,
         # Any override the port writes as a literal (the constants partial says so once).
         "literals": literal_rope or literal_layers or literal_no_rope or literal_tie or literal_chunks,
+        "theta_unread": THETA_UNREAD in spec.source("rope_parameters").detail
+                        and not (literal_layers or literal_no_rope or literal_tie or literal_chunks),
         # MoE ports whose listed layers keep a dense MLP.
         "dense_layers": moe and bool(spec.dense_layers),
         # The decoder layer's own condition for a dense MLP (over config and layer_idx), read by the port at run

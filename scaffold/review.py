@@ -580,7 +580,8 @@ def decisions(spec) -> list[str]:
         out.append(f"- head transform: `{n['head_transform']}` computes `{n['head_norm']}`({spec.head_act}("
                    f"`{n['head_dense']}`(h))) before the head ({_md(spec.source('head_act').detail)}).")
     if spec.normalized_head:
-        out.append(f"- normalized head: the rows of `{n['lm_head']}` are L2-normalized once, in load_weights, as "
+        over = "columns (over the vocabulary)" if spec.normalized_head_columns else "rows"
+        out.append(f"- normalized head: the {over} of `{n['lm_head']}` are L2-normalized once, in load_weights, as "
                    f"the modeling code normalizes them before its matmul ({_md(spec.source('normalized_head').detail)}).")
     return out
 

@@ -106,6 +106,9 @@ PER_LAYER_INPUT_MODEL_ROLES = ("per_layer_input_table", "per_layer_input_model_p
 PER_LAYER_INPUT_LAYER_ROLES = ("per_layer_input_gate", "per_layer_input_proj", "per_layer_input_norm")
 LATENT_ROLES = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj")
 # How a rotary base the modeling code computes (not a config value) ends its source: the port writes it as a literal.
+# In rope_parameters' provenance where config.json holds a rope_theta the checkpoint's own code never reads (InternLM's
+# rotary takes its class's default base): the port then writes its rotary parameters out rather than reading the config.
+THETA_UNREAD = "config.json's rope_theta is never read by the modeling code"
 COMPUTED_ROPE_BASE = "a base the code computes, not a config value"
 # How the source of LongRoPE factors the modeling code applies at every position says so: the port writes them out.
 CODE_LONGROPE = "both of vLLM's LongRoPE factor sets are"
@@ -1032,6 +1035,12 @@ class Spec:
                                        doc="the head transform's linear map has a bias")
     normalized_head: bool = spec_field(
         False, group="head", probe="logits", doc="the head's rows are L2-normalized first (Baichuan 2's NormHead)")
+    normalized_head_columns: bool = spec_field(
+        False, group="head", probe="logits", omit_when_empty=True,
+        doc="with normalized_head: its columns (dim 0, over the vocabulary) are normalized, not its rows (Bailing)")
+    normalized_head_eps: float | None = spec_field(
+        None, group="head", probe="logits", omit_when_empty=True,
+        doc="with normalized_head: W / (norm + eps); None: F.normalize (W / max(norm, 1e-12))")
     embedding_multiplier: float | None = spec_field(None, group="head", probe="embed",
                                                     doc="the embedding scaled by it; None: not")
     logits_scale: float | None = spec_field(None, group="head", probe="logits",

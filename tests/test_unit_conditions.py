@@ -72,3 +72,26 @@ def test_hasattr_and_a_layer_indexed_config_list(layer, truth):
     assert evaluate(test, config, {"layer_idx": layer}) is truth
     # A key config.json does not hold: the config class may still define it, so nothing is decided.
     assert evaluate(expr("hasattr(config, 'layer_types')"), {"sliding_window": 8}) is None
+
+
+def test_a_branch_after_an_early_return_and_one_test_decided_against_it():
+    """`if not self.on: return x` leaves the rest of the block under `self.on` (read through __init__'s
+    `self.on = config.on`); a test config.json decides against a branch is enough, whatever undecided test
+    (an input's) sits beside it; `self.training` is never the branch serving runs."""
+    from scaffold.detect import conditions as c
+
+    func = ast.parse(
+        "def f(self, x, image):\n"
+        "    if x is None:\n"
+        "        raise ValueError('x')\n"
+        "    if not self.on:\n"
+        "        return x\n"
+        "    if self.training and x.any():\n"
+        "        return image\n"
+        "    return x + image\n").body[0]
+    assigned = {"on": ast.parse("config.on", mode="eval").body}
+    reads = [tests for node, tests in c.guarded(func.body) if isinstance(node, ast.Name) and node.id == "image"]
+    training, after = reads
+    assert c.branch_taken(after, assigned, {"on": False}) is False
+    assert c.branch_taken(after, assigned, {"on": True}) is None  # `x is None` stays undecided
+    assert c.branch_taken(training, assigned, {"on": True}) is False

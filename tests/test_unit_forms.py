@@ -556,7 +556,7 @@ def test_a_lab_causal_lm_taking_audio_is_named_and_a_text_class_beside_it_is_not
 
 class LabForCausalLM(nn.Module):
     def forward(self, input_ids, speech_frames=None, audio_lengths=None):
-        return input_ids
+        return input_ids[:, :audio_lengths]
 '''
     assert "LabForCausalLM.forward takes audio_lengths (modeling_lab.py:" in forms.media_inputs(lab(audio), {})
     text = audio + '''
@@ -567,6 +567,79 @@ class LabTextForCausalLM(nn.Module):
 '''
     assert forms.media_inputs(lab(text), {}) is None  # a text causal LM beside it: not every class is multimodal
     assert forms.media_inputs(transformers_code("llama4"), {}) is None
+
+
+LAB_ROUTED_MEDIA = '''
+class LabMoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.multi_gate = config.multi_gate
+        self.gate = nn.Linear(config.hidden_size, 4)
+        if self.multi_gate:
+            self.image_gate = nn.Linear(config.hidden_size, 4)
+
+    def forward(self, hidden_states, image_start_indices=None, image_end_indices=None):
+        logits = self.gate(hidden_states)
+        if self.multi_gate:
+            if len(image_start_indices) != 0:
+                logits = logits + self.image_gate(hidden_states)[image_start_indices[0]:image_end_indices[0]]
+        return logits
+
+
+class LabDenseMlp(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class LabLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.mlp = LabMoeBlock(config) if layer_idx >= config.first_k_dense_replace else LabDenseMlp()
+
+    def forward(self, hidden_states, image_start_indices=None, image_end_indices=None):
+        return self.mlp(hidden_states, image_start_indices, image_end_indices)
+
+
+class LabModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([LabLayer(config, i) for i in range(config.num_hidden_layers)])
+
+    def forward(self, hidden_states, image_start_indices=None, image_end_indices=None):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, image_start_indices=image_start_indices,
+                                  image_end_indices=image_end_indices)
+        return hidden_states
+
+
+class LabForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.model = LabModel(config)
+
+    def forward(self, input_ids, image_start_indices=None, image_end_indices=None):
+        return self.model(input_ids, image_start_indices=image_start_indices, image_end_indices=image_end_indices)
+
+    def prepare_inputs_for_generation(self, input_ids, image_start_indices=None, **kwargs):
+        return {"input_ids": input_ids, "image_start_indices": image_start_indices}
+'''
+
+
+def test_media_inputs_read_only_on_branches_config_json_turns_off_are_no_media_inputs():
+    """Ming's Bailing MoE: image/audio span indices handed down (by keyword, by position, in a dict) to the MoE block,
+    read only under `if self.multi_gate:` (config.multi_gate): a text checkpoint (multi_gate false) is a text model;
+    one that routes image spans, or whose config.json does not say, stays refused naming where the input is read."""
+    assert forms.media_inputs(lab(LAB_ROUTED_MEDIA), {"multi_gate": False}) is None
+    for config in ({"multi_gate": True}, {}):
+        found = forms.media_inputs(lab(LAB_ROUTED_MEDIA), config)
+        assert found.startswith("a multimodal model: LabForCausalLM.forward takes image_start_indices, "
+                                "image_end_indices (modeling_lab.py:")
+        assert "read at modeling_lab.py:" in found and "image_start_indices" in found.split("read at ")[1]
+    # read outside the config branch: a media input again
+    read = LAB_ROUTED_MEDIA.replace("        logits = self.gate(hidden_states)\n",
+                                    "        logits = self.gate(hidden_states)[:len(image_start_indices)]\n")
+    assert read != LAB_ROUTED_MEDIA
+    assert forms.media_inputs(lab(read), {"multi_gate": False}) is not None
 
 
 # ------------------------------------------------------------------ attention scores summed from products

@@ -16,6 +16,7 @@ default decides) is not evaluated: the assignment stays undecided rather than gu
 from __future__ import annotations
 
 import ast
+import copy
 import operator
 from typing import Any
 
@@ -134,3 +135,78 @@ def selected(value: ast.expr, config: dict[str, Any] | None) -> ast.expr | None:
             return None
         value = value.body if truth else value.orelse
     return value
+
+
+def self_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
+    """`self.X = <expr>` of an __init__ (the last one where several), by X."""
+    if init is None:
+        return {}
+    return {t.attr: n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            for t in n.targets if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"}
+
+
+def guarded(body: list[ast.stmt], tests: list | None = None):
+    """Each node of `body` with the (if-test, polarity) pairs of the `if` statements enclosing it."""
+    tests = tests or []
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            yield from ((n, tests) for n in ast.walk(stmt.test))
+            yield from guarded(stmt.body, tests + [(stmt.test, True)])
+            yield from guarded(stmt.orelse, tests + [(stmt.test, False)])
+            # `if not on: return ...`: what follows runs only where the branch that left did not
+            if _leaves(stmt.body) and not _leaves(stmt.orelse):
+                tests = tests + [(stmt.test, False)]
+            elif _leaves(stmt.orelse) and not _leaves(stmt.body):
+                tests = tests + [(stmt.test, True)]
+        elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+            # the statement's own header, then its blocks under the same tests
+            for field in ("target", "iter", "test", "items"):
+                for part in (getattr(stmt, field, None),) if not isinstance(getattr(stmt, field, None), list) \
+                        else getattr(stmt, field):
+                    if part is not None:
+                        yield from ((n, tests) for n in ast.walk(part))
+            for block in ("body", "orelse", "finalbody"):
+                yield from guarded(getattr(stmt, block, []) or [], tests)
+            for handler in getattr(stmt, "handlers", []) or []:
+                yield from guarded(handler.body, tests)
+        else:
+            yield from ((n, tests) for n in ast.walk(stmt))
+
+
+def _leaves(block: list[ast.stmt]) -> bool:
+    """The block always leaves its own (its last statement returns or raises)."""
+    return bool(block) and isinstance(block[-1], (ast.Return, ast.Raise))
+
+
+def branch_taken(tests: list[tuple[ast.expr, bool]], assigned: dict[str, ast.expr], config: dict[str, Any]) -> bool | None:
+    """Whether config.json runs the branch under these (test, polarity) pairs: `self.X` read through __init__'s
+    `self.X = <expr>` (`assigned`), `self.training` False (serving never trains); None when a test reads something
+    else (an input, a runtime value)."""
+    undecided = False
+    for test, polarity in tests:
+        truth = evaluate(through_init(test, assigned), config)
+        if truth is None:
+            undecided = True
+        elif truth != polarity:
+            return False  # one test config.json decides against the branch is enough, whatever the others read
+    return None if undecided else True
+
+
+def through_init(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
+    """`test` with each `self.X` replaced by __init__'s `<expr>` of `self.X = <expr>` and `self.training` by False."""
+    def swap(node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "self":
+            if node.attr == "training":
+                return ast.Constant(False)
+            if node.attr in assigned:
+                return copy.deepcopy(assigned[node.attr])
+        return node
+
+    test = swap(copy.deepcopy(test))
+    for node in ast.walk(test):
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                setattr(node, field, swap(value))
+            elif isinstance(value, list):
+                setattr(node, field, [swap(v) if isinstance(v, ast.expr) else v for v in value])
+    return test

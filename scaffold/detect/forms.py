@@ -1167,7 +1167,12 @@ MEDIA_INPUTS = ("pixel", "image", "audio", "video", "patches")
 
 def media_inputs(sources: dict, config: dict) -> str | None:
     """A causal-LM class whose forward takes image, audio or video inputs, every such class of the file (Fuyu's
-    image_patches, which its vision_embed_tokens projects into the token sequence): a multimodal model."""
+    image_patches, which its vision_embed_tokens projects into the token sequence): a multimodal model.
+
+    An input counts where some computation on the branches config.json runs reads it: Ming's Bailing MoE takes
+    image_start_indices and hands them down to its MoE blocks, which read them only under `if self.multi_gate:`
+    (config.multi_gate, false for a text checkpoint); such inputs, only handed on or read on branches config.json
+    turns off, are no media inputs of this checkpoint and a text port computes what the model does."""
     found = []
     for file, tree in sourcecode._parsed(sources):
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ForCausalLM")):
@@ -1176,12 +1181,83 @@ def media_inputs(sources: dict, config: dict) -> str | None:
                 continue
             media = [a.arg for a in forward.args.args + forward.args.kwonlyargs
                      if any(word in a.arg for word in MEDIA_INPUTS)]
-            found.append((cls.name, media, file, forward))
-    if not found or not all(media for _, media, _, _ in found):
+            read = _media_read(tree, config) if media else None
+            found.append((cls.name, media if read else [], file, forward, read))
+    if not found or not all(media for _, media, _, _, _ in found):
         return None
-    name, media, file, forward = found[0]
-    return (f"a multimodal model: {name}.forward takes {', '.join(media)} ({_where(file, forward)}), inputs a text "
-            "decoder's port has no place for")
+    name, media, file, forward, read = found[0]
+    return (f"a multimodal model: {name}.forward takes {', '.join(media)} ({_where(file, forward)}; read at "
+            f"{file}:{read.lineno}: {_line(read, 50)}), inputs a text decoder's port has no place for")
+
+
+def _media_named(name: str) -> bool:
+    return any(word in name for word in MEDIA_INPUTS)
+
+
+def _media_read(tree: ast.Module, config: dict) -> ast.AST | None:
+    """The first place in the file where a media-named parameter's value is read on a branch config.json may run,
+    other than handed on to a parameter of the same kind (`image_start_indices=image_start_indices`, or by position to
+    a method or module of the file whose parameter there is media-named), None where there is none. Branches are
+    decided through __init__'s `self.X = config.KEY` (conditions.branch_taken); one it cannot decide counts as run."""
+    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+    for cls in classes.values():
+        init = _method(cls, "__init__")
+        assigned = conditions.self_assignments(init)
+        for func in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"):
+            params = {a.arg for a in func.args.args + func.args.kwonlyargs + func.args.posonlyargs
+                      if _media_named(a.arg)}
+            if not params:
+                continue
+            handed: set[int] = set()
+            for node, tests in conditions.guarded(func.body):
+                if isinstance(node, ast.Call):
+                    handed |= _handed_on(node, params, cls, assigned, classes)
+                if isinstance(node, ast.Dict):  # `{"image_start_indices": image_start_indices}`: the next call's inputs
+                    handed |= {id(v) for k, v in zip(node.keys, node.values)
+                               if isinstance(k, ast.Constant) and isinstance(k.value, str) and _media_named(k.value)
+                               and isinstance(v, ast.Name) and v.id in params}
+                if not (isinstance(node, ast.Name) and node.id in params and isinstance(node.ctx, ast.Load)):
+                    continue
+                if id(node) in handed or conditions.branch_taken(tests, assigned, config) is False:
+                    continue
+                return node
+    return None
+
+
+def _handed_on(call: ast.Call, params: set[str], cls: ast.ClassDef, assigned: dict, classes: dict) -> set[int]:
+    """ids of the media-named names `call` hands to a parameter of the same kind."""
+    out = {id(k.value) for k in call.keywords
+           if k.arg and _media_named(k.arg) and isinstance(k.value, ast.Name) and k.value.id in params}
+    # The FunctionDefs the call may run: a method of the class, or the forward of a module it builds (each class of
+    # `A(...) if COND else B(...)`; one whose forward cannot take this many arguments is not the one called).
+    targets = []
+    if isinstance(call.func, ast.Attribute) and _dotted(call.func.value) == "self":
+        method = _method(cls, call.func.attr)
+        built = assigned.get(call.func.attr)
+        if method is not None:
+            targets = [method]
+        elif built is not None:
+            branches = [built]
+            while any(isinstance(b, ast.IfExp) for b in branches):
+                branches = [x for b in branches for x in ((b.body, b.orelse) if isinstance(b, ast.IfExp) else (b,))]
+            for b in branches:
+                sub = classes.get(_dotted(b.func).rsplit(".", 1)[-1]) if isinstance(b, ast.Call) else None
+                forward = _method(sub, "forward") if sub is not None else None
+                if forward is None:
+                    return out  # a module the file does not define, or not a constructor: not followed
+                targets.append(forward)
+    takes = []
+    for target in targets:
+        names = [a.arg for a in target.args.posonlyargs + target.args.args]
+        names = names[1:] if names[:1] == ["self"] else names
+        if len(call.args) <= len(names) or target.args.vararg is not None:
+            takes.append(names)
+    if not takes:
+        return out
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, ast.Name) and arg.id in params and all(i < len(n) and _media_named(n[i]) for n in takes):
+            out.add(id(arg))
+    return out
 
 
 def summed_scores(sources: dict, config: dict) -> str | None:

@@ -7,7 +7,7 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint
-from scaffold.detect import blocks, codekeys, conditions, dataflow, longrope, rotaryfreq, sourcecode
+from scaffold.detect import blocks, codekeys, conditions, configreads, dataflow, longrope, rotaryfreq, sourcecode
 from scaffold.detect.common import unsupported
 from scaffold.detect.positions import (
     alibi_code,
@@ -28,7 +28,7 @@ from scaffold.detect.sourcecode import (
     walk,
 )
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
-from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, Source, Spec
+from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, THETA_UNREAD, Source, Spec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 DEFAULT_THETA = 10000.0
@@ -76,7 +76,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             params.update(scaling)
             if "type" in params and "rope_type" not in params:
                 params["rope_type"] = params.pop("type")
-        if cfg.get("rope_theta") is not None:
+        unread = _theta_unread(ckpt) if cfg.get("rope_theta") is not None else None
+        if cfg.get("rope_theta") is not None and unread is None:
             params["rope_theta"] = cfg["rope_theta"]
             source = Source("config", "config.json rope_theta")
         elif (base := _base_key(ckpt)) is not None:
@@ -102,6 +103,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             else:
                 params["rope_theta"] = DEFAULT_THETA
                 source = Source("default", "no rope_theta in config.json or the modeling source")
+        if unread is not None and source.kind == "default":
+            if isinstance(computed, rotaryfreq.ComputedBase):
+                # The code's own rotary, run over numbers, computes the default base: say so rather than assume it.
+                source = Source("code", f"{computed}: {computed.cls} run over numbers at "
+                                        f"{', '.join(map(str, computed.lengths))} positions computes NeoX rotary at "
+                                        f"base {computed.base:.10g}")
+            elif (default := _default_base(modeling_sources(ckpt))) is not None:
+                params["rope_theta"], source = default
+            else:  # nothing shows the base the code uses: config.json's value, as before
+                params["rope_theta"], source, unread = cfg["rope_theta"], Source("config", "config.json rope_theta"), None
+        if unread is not None:
+            source = Source(source.kind, f"{source.detail}; {unread}", source.expr)
         local = cfg.get("rope_local_base_freq")  # Gemma 3 configs of transformers 4
         if local is not None:
             sliding = _checked({"rope_type": "default", "rope_theta": local}, where)
@@ -466,6 +479,64 @@ def _proportional_unscaled(params: dict, where) -> None:
     if factor != 1.0:
         raise UnsupportedArchitecture(f"proportional rotary with factor {factor!r}: transformers divides its "
                                       "frequencies by the factor, vLLM's Gemma4RotaryEmbedding reads none.", where)
+
+
+ROPE_CONFIG_WORDS = ("rope_theta", "rope_parameters", "ROPE_INIT_FUNCTIONS", "rope_config_validation")
+
+
+def _theta_unread(ckpt: Checkpoint) -> str | None:
+    """Why config.json's rope_theta is inert, where it is: the checkpoint's own code computes its rotary embedding
+    without ever naming rope_theta (InternLM's InternLMRotaryEmbedding(head_dim, max_position_embeddings) takes its
+    base's default 10000 whatever config.json holds), nor rope_parameters or transformers' rope helpers, and imports
+    no transformers model module that could read it. None where the code may read it (or there is no own code)."""
+    if not ckpt.sources:
+        return None
+    for file, text in ckpt.sources.items():
+        if any(word in text for word in ROPE_CONFIG_WORDS):
+            return None
+        tree = sourcecode.parse(text)
+        if tree is None or any(
+                isinstance(n, ast.ImportFrom) and (n.module or "").startswith("transformers.models")
+                or isinstance(n, ast.Import) and any(a.name.startswith("transformers.models") for a in n.names)
+                for n in ast.walk(tree)):
+            return None
+    if "rope_theta" in configreads.config_reads(dict(ckpt.sources)):
+        return None
+    return (f"{THETA_UNREAD} ({ckpt.config['rope_theta']!r}: no file of it, {', '.join(sorted(ckpt.sources))}, "
+            "names rope_theta, rope_parameters or transformers' rope helpers)")
+
+
+def _default_base(sources: dict[str, str]) -> tuple[float, Source] | None:
+    """(base, source) where the rotary module's class takes its base as an __init__ parameter with a numeric default
+    (`def __init__(self, dim, max_position_embeddings=2048, base=10000, device=None)`), raises it to a power there
+    (`base ** (torch.arange(0, dim, 2) / dim)`), and the one call building it passes no value for it."""
+    found = rotaryfreq.rotary_class(sources)
+    if found is None:
+        return None
+    file, cls, attr, owner = found
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    owner_init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None or owner_init is None:
+        return None
+    builds = [n.value for n in ast.walk(owner_init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+              and ast.unparse(n.targets[0]) == f"self.{attr}" and isinstance(n.value, ast.Call)]
+    if len(builds) != 1 or any(isinstance(a, ast.Starred) for a in builds[0].args) \
+            or any(k.arg is None for k in builds[0].keywords):
+        return None
+    params = [a.arg for a in init.args.args][1:]
+    defaults = dict(zip(params[len(params) - len(init.args.defaults):], init.args.defaults))
+    powered = {ast.unparse(n.left) for n in ast.walk(init) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow)}
+    for index, name in enumerate(params):
+        if not re.fullmatch(r"(rope_|rotary_)?(base|theta)", name) or not ({name, f"self.{name}"} & powered):
+            continue
+        given = index < len(builds[0].args) or any(k.arg == name for k in builds[0].keywords)
+        value = defaults.get(name)
+        if given or not (isinstance(value, ast.Constant) and isinstance(value.value, (int, float))
+                         and not isinstance(value.value, bool) and value.value > 0):
+            return None
+        return float(value.value), Source("code", f"{file}:{builds[0].lineno}: {cls.name}(...) is built without its "
+                                                  f"{name}, whose default is {value.value} ({file}:{init.lineno})")
+    return None
 
 
 def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:
