@@ -25,7 +25,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from scaffold import quantized
 from scaffold.errors import CheckpointError, NonFloatTensor, UnsupportedArchitecture
@@ -331,11 +331,36 @@ def _short_list(values: list) -> str:
     return repr(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... {len(values)} values]"
 
 
-def validate_config(config: dict, where: Path) -> None:
+def per_layer_reads(sources: dict[str, str], key: str) -> list[str]:
+    """Where the checkpoint's code indexes `config.KEY` (or `self.config.KEY`), as "FILE:LINE: CODE in CLASS.METHOD"
+    (OpenELM's attention: `q_heads = config.num_query_heads[layer_idx]`): what a refusal of a per-layer size names."""
+    found = []
+    for name, text in sorted(sources.items()):
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
+            continue
+        scopes: list[tuple[ast.AST, str]] = [(tree, "")]
+        while scopes:
+            node, scope = scopes.pop()
+            for child in ast.iter_child_nodes(node):
+                inner = f"{scope}.{child.name}".lstrip(".") if isinstance(
+                    child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else scope
+                if (isinstance(child, ast.Subscript) and isinstance(child.value, ast.Attribute)
+                        and child.value.attr == key
+                        and ast.unparse(child.value.value) in ("config", "self.config")):
+                    found.append((name, child.lineno, f"{name}:{child.lineno}: {ast.unparse(child)}"
+                                  + (f" in {scope}" if scope else "")))
+                scopes.append((child, inner))
+    return [text for _name, _line, text in sorted(found)]
+
+
+def validate_config(config: dict, where: Path, sources: Callable[[], dict[str, str]] | None = None) -> None:
     """Types of the config.json values the generator reads; null counts as absent.
 
     A value of the wrong type would otherwise surface as an exception deep in a
     detector. Keys the generator does not read may hold anything JSON allows.
+    `sources`: gives the checkpoint's code, read only to name where it indexes a size given per layer.
     """
 
     def bad(key: str, must: str) -> CheckpointError:
@@ -346,9 +371,14 @@ def validate_config(config: dict, where: Path) -> None:
         if isinstance(value, list) and value and all(_is_int(v) and v > 0 for v in value):
             if key in LAYER_LIST_KEYS:
                 continue  # Gemma-3n's intermediate_size: the sizes detector ports it where the code reads it per layer
+            try:
+                reads = per_layer_reads(sources() if sources else {}, key)
+            except CheckpointError:  # unreadable code: the refusal names the config key alone
+                reads = []
             raise UnsupportedArchitecture(
                 f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(value)}), "
-                "where the port builds every layer from one value.", where)
+                + (f"which the code reads per layer ({'; '.join(reads[:3])}), " if reads else "")
+                + "where the port builds every layer from one value.", where)
         if value is not None and (not _is_int(value) or value <= 0):
             raise bad(key, "a positive integer")
     for key in POSITIVE_NUMBER_KEYS:
@@ -730,7 +760,7 @@ def read_checkpoint(path: str | Path, integer_tables: frozenset[str] = frozenset
             "this is a multimodal checkpoint (config.json has a 'text_config'); scaffold ports text decoders.",
             config_file,
         )
-    validate_config(config, config_file)
+    validate_config(config, config_file, lambda: _read_sources(root, config))
     try:
         tensors, shards, index_file = _read_tensors(root, packed=quantized.quantization_method(config) is not None,
                                                     integer_tables=frozenset(integer_tables))

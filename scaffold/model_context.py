@@ -140,6 +140,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         # The activation vLLM's FusedMoE computes for the experts beside the dense MLP (its names for the tanh GELU).
         # FusedMoE's parameters of every expert's gate-and-up and down (scaffold.mapping.EXPERT_PARAMS).
         "parallel_moe_params": (EXPERT_PARAMS["w1"], EXPERT_PARAMS["w2"]),
+        # The routed experts' activation where it is not FusedMoE's default silu (Grok-1's GELU experts).
+        "moe_gated_activation": ({"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(
+            spec.hidden_act, spec.hidden_act) if moe and spec.expert_activation == "act_and_mul"
+            and spec.hidden_act != "silu" else None),
         "parallel_moe_activation": {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(
             spec.parallel_moe_activation, spec.parallel_moe_activation),
         # Experts stored as one 3-D tensor per projection: load_weights cuts them per expert.

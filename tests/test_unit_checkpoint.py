@@ -107,3 +107,35 @@ def test_a_size_given_per_layer_is_refused_as_a_feature_not_as_bad_input(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="must be a positive integer"):
         read_checkpoint(tmp_path)
+
+
+LAYERWISE_ATTENTION = '''
+from torch import nn
+
+
+class LabAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        q_heads = config.num_query_heads[layer_idx]
+        kv_heads = config.num_kv_heads[layer_idx]
+        self.qkv_proj = nn.Linear(config.model_dim, (q_heads + 2 * kv_heads) * config.head_dim, bias=False)
+'''
+
+
+def test_a_size_given_per_layer_is_refused_naming_where_the_code_reads_it_per_layer(tmp_path):
+    # OpenELM's form: the attention reads its own KV heads (and query heads) from a list in config.json by the
+    # layer's index. The refusal names the file, the line and the class, not the config key alone.
+    write_checkpoint(tmp_path, Shape())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_kv_heads"] = [2, 1][: config["num_hidden_layers"]] + [2] * (config["num_hidden_layers"] - 2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modeling_lab.py").write_text(LAYERWISE_ATTENTION)
+    with pytest.raises(UnsupportedArchitecture) as err:
+        read_checkpoint(tmp_path)
+    assert "per-layer sizes: config key 'num_kv_heads' holds one value per layer" in err.value.message
+    assert ("which the code reads per layer (modeling_lab.py:9: config.num_kv_heads[layer_idx] in "
+            "LabAttention.__init__)") in err.value.message
+    (tmp_path / "modeling_lab.py").write_text("def broken(:\n")  # code that does not parse: the key alone
+    with pytest.raises(UnsupportedArchitecture) as err:
+        read_checkpoint(tmp_path)
+    assert "which the code reads" not in err.value.message

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import math
+from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.detect import chunks, conditions, dataflow, headsizes, kvshare, window
@@ -254,13 +256,113 @@ def _scale_and_softcap(ckpt: Checkpoint, spec: Spec) -> None:
                                                  "config.attention_multiplier"))
     elif (constant := constant_scaling(modeling_sources(ckpt), spec.names.get("self_attn", "self_attn"))) is not None:
         spec.set("attention_scale", constant[0], Source("code", constant[1]))
+    elif (found := code_scores(modeling_sources(ckpt), ckpt.config)) is not None and found.scale is not None:
+        spec.set("attention_scale", found.scale[0], Source("code", found.scale[2], found.scale[1]))
     else:
         spec.set("attention_scale", None, Source("default", "head_dim ** -0.5"))
     if (cap := _number(ckpt, "attn_logit_softcapping")) is not None:
         spec.set("attn_logit_softcap", cap, Source("config", "config.json attn_logit_softcapping",
                                                    "config.attn_logit_softcapping"))
+    elif (found := code_scores(modeling_sources(ckpt), ckpt.config)) is not None and found.cap is not None:
+        spec.set("attn_logit_softcap", found.cap[0], Source("code", found.cap[2], found.cap[1]))
     else:
         spec.set("attn_logit_softcap", None, Source("default", "no attn_logit_softcapping in config.json"))
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What an attention that computes its scores itself does to them before the softmax: (value, the config
+    expression the port reads, evidence) for a scale and a tanh soft-cap; None where it does not."""
+
+    scale: tuple[float, str, str] | None
+    cap: tuple[float, str, str] | None
+
+
+def code_scores(sources: dict, config: dict) -> Scores | None:
+    """Grok-1's scores: `s = matmul(q, k.transpose(...)); s = s * self.m; s = self.c * tanh(s / self.c); ...
+    softmax(s)`: a scale m instead of head_dim ** -0.5 and a soft-cap c, each an attribute of the attention that its
+    constructors follow to one config key (window.lift_to_layer). None where the forward computes its scores
+    otherwise, or a step is not read: then the other readers (or the defaults) stand."""
+    flow = dataflow.analyze_layer(sources, config) if sources else None
+    if flow is None or flow.attention_flow is None:
+        return None
+    found = dataflow._class(sources, flow.attention_flow.cls)
+    if found is None:
+        return None
+    file, cls = found
+    init = dataflow._method_of(cls, "__init__")
+    forward = dataflow._method_of(cls, "forward")
+    if forward is None:
+        return None
+    scores, scale, cap = None, None, None
+
+    def attr(node) -> str | None:
+        return node.attr if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "self" else None
+
+    def lifted(name: str, line: int, what: str) -> tuple[float, str, str] | None:
+        expr = window.lift_to_layer(sources, flow, None, init, ast.parse(f"self.{name}", mode="eval").body)
+        text = ast.unparse(expr) if expr is not None else ""
+        if not text.startswith("config.") or not text[len("config."):].isidentifier():
+            return None
+        value = config.get(text[len("config."):])
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            return None
+        return float(value), text, f"{file}:{line}: {what} (self.{name} = {text})"
+
+    for stmt in forward.body:
+        if scores is not None and isinstance(stmt, ast.If) and any(
+                isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == scores for t in n.targets)
+                and not (isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Add)) for n in ast.walk(stmt)):
+            return None  # a step on the scores under a condition, other than adding the mask: not read
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        target, value = stmt.targets[0].id, stmt.value
+        if scores is None:
+            calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)]
+            if any(dataflow._dotted(c.func).rsplit(".", 1)[-1] == "matmul" and len(c.args) == 2
+                   and "transpose" in ast.unparse(c.args[1]) for c in calls):
+                scores = target
+            continue
+        names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        if scores not in names:
+            continue
+        if target != scores:
+            break  # the scores go on under another name: read no further
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult) and scale is None and cap is None:
+            other = value.right if ast.unparse(value.left) == scores else value.left \
+                if ast.unparse(value.right) == scores else None
+            if (name := attr(other)) is None or (scale := lifted(name, stmt.lineno, "scores times "
+                                                                  f"self.{name}")) is None:
+                return None
+            continue
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult) and cap is None:
+            # c * tanh(s / c)
+            factor, call = (value.left, value.right) if isinstance(value.right, ast.Call) else (value.right,
+                                                                                               value.left)
+            if not (isinstance(call, ast.Call) and dataflow._dotted(call.func).rsplit(".", 1)[-1] == "tanh"
+                    and len(call.args) == 1 and isinstance(call.args[0], ast.BinOp)
+                    and isinstance(call.args[0].op, ast.Div) and ast.unparse(call.args[0].left) == scores
+                    and (name := attr(factor)) is not None and attr(call.args[0].right) == name):
+                return None
+            if (cap := lifted(name, stmt.lineno, f"scores capped at self.{name} * tanh(scores / self.{name})")) \
+                    is None:
+                return None
+            continue
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+            continue  # the mask
+        while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+               and value.func.attr in ("to", "float", "type_as") and isinstance(value.func.value, ast.Call)):
+            value = value.func.value  # softmax(...).to(dtype): the call inside the cast
+        callee = dataflow._dotted(value.func).rsplit(".", 1)[-1] if isinstance(value, ast.Call) else ""
+        if callee == "softmax":
+            break  # the scores end here
+        if callee in ("to", "float", "type_as") and isinstance(value.func, ast.Attribute) \
+                and ast.unparse(value.func.value) == scores:
+            continue  # a cast
+        return None  # a step on the scores not read: the port would leave it out
+    if scores is None or (scale is None and cap is None):
+        return None
+    return Scores(scale, cap)
 
 
 def constant_scaling(sources: dict, attention: str) -> tuple[float, str] | None:

@@ -1625,6 +1625,11 @@ def layer_class(sources: dict, list_attr: str | None = None) -> tuple[str, ast.C
             if cls is not None:
                 hits.append((cls[0], cls[1], node.lineno, owners.get(id(node))))
     if len({h[1].name for h in hits}) > 1:
+        # A list built inside another list's element (Grok-1's experts, an nn.ModuleList in the MoE block of each
+        # decoder layer) is part of that element, not a stack of its own.
+        inside = _built_within(sources, {h[1].name for h in hits})
+        hits = [h for h in hits if not any(h[3] in inside[other[1].name] for other in hits if other is not h)]
+    if len({h[1].name for h in hits}) > 1:
         # A multimodal file holds several stacks (Llama 4's vision encoder layers beside the text decoder's):
         # the decoder is the stack a causal LM class builds.
         built = _built_by_causal_lm(sources)
@@ -1646,6 +1651,46 @@ def layer_block(sources: dict, list_attr: str | None = None) -> nested.Inlined |
     original = next((c for c in subtree(next(t for f, t in _parsed(sources) if f == file))
                      if isinstance(c, ast.ClassDef) and c.name == cls.name), None)
     return nested.inline_block(sources, file, original) if original is not None and original is not cls else None
+
+
+def _expert_list(sources: dict, cls: ast.ClassDef, config: dict) -> bool:
+    """Whether `cls`'s __init__ builds an nn.ModuleList of a class of the code that computes an MLP (experts)."""
+    init = _method_of(cls, "__init__")
+    for node in subtree(init) if init is not None else ():
+        if not (isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "ModuleList" and node.args):
+            continue
+        elt = node.args[0]
+        elt = elt.elt if isinstance(elt, (ast.ListComp, ast.GeneratorExp)) else elt
+        if isinstance(elt, ast.Call) and (found := _class(sources, _dotted(elt.func))) is not None \
+                and _mlp_or_none(sources, found, config) is not None:
+            return True
+    return False
+
+
+def _class_inits(sources: dict) -> dict[str, set[str]]:
+    """class name -> the names its __init__ calls."""
+    inits = {}
+    for _file, tree in _parsed(sources):
+        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            inits[cls.name] = {_dotted(c.func).rsplit(".", 1)[-1] for c in subtree(init) if isinstance(c, ast.Call)
+                               } if init is not None else set()
+    return inits
+
+
+def _built_within(sources: dict, roots: set[str]) -> dict[str, set[str]]:
+    """root class -> the classes its __init__ builds, directly or through the modules it builds."""
+    inits = _class_inits(sources)
+    out = {}
+    for root in roots:
+        seen, frontier = set(), [root]
+        while frontier:
+            for called in inits.get(frontier.pop(), ()):
+                if called in inits and called not in seen:
+                    seen.add(called)
+                    frontier.append(called)
+        out[root] = seen
+    return out
 
 
 def _built_by_causal_lm(sources: dict) -> set[str]:
@@ -1742,6 +1787,7 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None, ski
             and not any(w in _dotted(v.func).rsplit(".", 1)[-1] for w in ("Dropout", "Identity"))}
     undecided = []
     attention_like = set()  # attention classes whose q, k, v the code did not decide: not MLPs either
+    expert_blocks = []  # modules holding a list of MLPs (experts), where no MLP class decides
     attention = mlp = None
     attn_attr = mlp_attr = None
     inner = None  # (attribute, evidence) of the attention inside a wrapper
@@ -1757,6 +1803,10 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None, ski
                 if attention is not None:
                     return _undecided_layer(file, cls, undecided + [f"two attention modules: {attn_attr}, {attr}"])
                 inner, attention, attn_attr = wrapped[:2], wrapped[2], attr
+                continue
+            if _expert_list(sources, sub[1], config):
+                # A block holding a list of MLPs (Grok-1's MoeBlock: its router's softmax is no attention's).
+                expert_blocks.append(attr)
                 continue
             if any(isinstance(n, ast.Call) and _dotted(n.func).rsplit(".", 1)[-1] in MATMULS + ("softmax",)
                    for n in subtree(sub[1])) or "attn" in sub[1].name.lower() or "attention" in sub[1].name.lower():
@@ -1792,7 +1842,9 @@ def analyze_layer(sources: dict, config: dict, list_attr: str | None = None, ski
             return _undecided_layer(file, cls, undecided + [f"two MLP modules: {mlp_attr}, {attr}"])
         mlp, mlp_attr = flow, attr
     on_layer = False
-    if attention is not None and mlp is None and not undecided:
+    if attention is not None and mlp is None and mlp_attr is None and len(expert_blocks) == 1:
+        mlp_attr = expert_blocks[0]  # the MoE block: the sublayer the norms are read around
+    if attention is not None and mlp is None and mlp_attr is None and not undecided:
         # No MLP module: the layer's own linears may be its MLP (OPT's and BioGPT's fc1, fc2).
         try:
             mlp = analyze_mlp(sources, file, cls, config)

@@ -310,6 +310,16 @@ def code_activation(sources: dict[str, str], mlp_attr: str, config: dict | None 
     config selects: `ACT_FNS[config.afn]`); squared ReLU reads as relu2."""
     classes = {codekeys.callee(value) for _f, _c, _fn, attr, value in codekeys.self_assignments(sources)
                if attr == mlp_attr and isinstance(value, ast.Call)}
+    # A MoE block holding its experts as an nn.ModuleList of a class of the code (Grok-1's MoeMLP): the experts
+    # apply the activation, the block only routes.
+    for _file, cls, func in codekeys.methods(sources):
+        if cls.name in classes and func.name == "__init__":
+            for node in subtree(func):
+                if isinstance(node, ast.Call) and codekeys.callee(node) == "ModuleList" and node.args:
+                    elt = node.args[0].elt if isinstance(node.args[0], (ast.ListComp, ast.GeneratorExp)) \
+                        else node.args[0]
+                    if isinstance(elt, ast.Call):
+                        classes.add(codekeys.callee(elt))
     formulas = _activation_functions(sources)
     modules = _activation_classes(sources, formulas)
     table_classes = transformers_activation_classes()

@@ -39,6 +39,7 @@ from scaffold.detect import (
     submodules,
 )
 from scaffold.detect import mlp as mlp_detector
+from scaffold.detect.linears import linear_classes
 from scaffold.detect.common import MISSING, config_value, set_from_config, unsupported
 from scaffold.detect.sourcecode import subtree
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
@@ -50,7 +51,7 @@ EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROUTER_NAMES = ("gate", "router")
 SHARED_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # Activations vLLM's FusedMoE computes for gated experts.
-MOE_ACTIVATIONS = ("silu",)
+MOE_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 
 
 def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
@@ -89,10 +90,13 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     projections = {p for c, _, p in sparse[first]}
     roles = next((n for n in EXPERT_NAMES if set(n) == projections), None)
     if roles is None:
-        raise UnsupportedArchitecture(
-            f"the experts of layer {first} have the projections {sorted(projections)}; the generator knows gated "
-            f"experts named {' or '.join(str(list(n)) for n in EXPERT_NAMES)} and does not guess which projection "
-            "is the gate.", where)
+        read = expert_roles(sourcecode.modeling_sources(ckpt), projections, ckpt.config)
+        if isinstance(read, str):
+            raise UnsupportedArchitecture(
+                f"the experts of layer {first} have the projections {sorted(projections)}; the generator knows gated "
+                f"experts named {' or '.join(str(list(n)) for n in EXPERT_NAMES)} and does not guess which "
+                f"projection is the gate ({read}).", where)
+        roles, _evidence = read
     tensors = per_layer[first]
     router = next((r for r in ROUTER_NAMES if f"{mlp}.{r}.weight" in tensors), None)
     if router is None:
@@ -106,6 +110,32 @@ def find_layout(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str,
     return _block_extras(ckpt, spec, names, prefix, tensors, mlp, router, first, claimed, dense,
                          f"layers without {prefix}.layers.N.{mlp}.experts tensors" if dense
                          else f"every layer has {mlp}.experts tensors")
+
+
+def expert_roles(sources: dict[str, str], projections: set[str], config: dict) -> tuple[tuple[str, str, str], str] | str:
+    """(gate, up, down) of experts whose projections no known naming fits (Grok-1's linear, linear_v, linear_1), read
+    from what the expert's class computes: the class whose linears are exactly `projections` and whose forward is
+    down(act(gate(x)) * up(x)) (dataflow.analyze_mlp). With the evidence; else why not, as a string."""
+    found = {}
+    for file, tree in sourcecode._parsed(sources):
+        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
+            if set(dataflow.linears(file, cls, set(linear_classes(sources)))) != projections:
+                continue
+            try:
+                mlp = dataflow.analyze_mlp(sources, file, cls, config)
+            except dataflow.Undecided as exc:
+                found[cls.name] = str(exc)
+                continue
+            if mlp.kind != "gated" or mlp.fused:
+                found[cls.name] = f"{cls.name} is not down(act(gate(x)) * up(x)) over three projections"
+                continue
+            found[cls.name] = ((mlp.gate, mlp.up, mlp.down), f"{mlp.evidence} ({cls.name})")
+    read = {v for v in found.values() if isinstance(v, tuple)}
+    if len({roles for roles, _ in read}) == 1:
+        return next(iter(read))
+    if len(read) > 1:
+        return "classes holding them compute different products: " + "; ".join(e for _, e in sorted(read))
+    return "; ".join(found.values()) or "no class in the code declares exactly these projections"
 
 
 def _block_extras(ckpt: Checkpoint, spec: Spec, names: dict, prefix: str, tensors: dict, mlp: str, router: str,

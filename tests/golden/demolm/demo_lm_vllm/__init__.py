@@ -18,5 +18,7 @@ def register() -> None:
     AutoConfig.register("demolm", DemoLMConfig, exist_ok=True)
     from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    # Registered over any class vLLM keeps under the same name: a name two model families share
+    # may be the other family's class there, and this plugin is installed to serve this
+    # checkpoint with this port. vLLM logs that it overwrites the class.
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)

@@ -11,5 +11,7 @@ MODEL_CLASS = "golden_phi3_vllm.model:GoldenPhi3ForCausalLM"
 def register() -> None:
     from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    # Registered over any class vLLM keeps under the same name: a name two model families share
+    # may be the other family's class there, and this plugin is installed to serve this
+    # checkpoint with this port. vLLM logs that it overwrites the class.
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
