@@ -29,10 +29,12 @@ from dataclasses import dataclass
 
 from scaffold.checkpoint import Checkpoint
 from scaffold.spec import (
+    ATTENTION_ROLES,
     PER_LAYER_INPUT_LAYER_ROLES,
     PER_LAYER_INPUT_MODEL_ROLES,
     Spec,
     identity_expert_tensor,
+    on_layer_roles,
     port_names,
     renamed_prefixes,
     renamed_substrings,
@@ -237,8 +239,6 @@ def plain_layer_modules(spec: Spec) -> list[str]:
     return out
 
 
-# Projection roles by the module that holds them inside a decoder layer.
-ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 
 
 def transposed_modules(spec: Spec) -> frozenset[str]:
@@ -250,11 +250,14 @@ def transposed_modules(spec: Spec) -> frozenset[str]:
 
 
 def port_rest(spec: Spec, rest: str) -> str:
-    """The port's name for `rest`, a checkpoint tensor inside a decoder layer: the same, but for an MLP whose
-    projections are the layer's own (OPT's fc1.weight, spec.mlp_on_layer), which the port keeps in its MLP."""
+    """The port's name for `rest`, a checkpoint tensor inside a decoder layer: the same, but for projections that
+    are the layer's own (OPT's fc1.weight, spec.mlp_on_layer; OLMo v1's att_proj.weight, spec.attn_on_layer), which
+    the port keeps in its MLP or attention module."""
     n = spec.names
-    if spec.mlp_on_layer and rest.split(".", 1)[0] in (n.get("up_proj"), n.get("down_proj")):
-        return f"{n['mlp']}.{rest}"
+    first = rest.split(".", 1)[0]
+    for role in on_layer_roles(spec):
+        if role in n and first == n[role]:
+            return f"{n['self_attn'] if role in ATTENTION_ROLES else n['mlp']}.{rest}"
     return rest
 
 

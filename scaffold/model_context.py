@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from scaffold.detect.activations import vllm_activation_call
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
-from scaffold.spec import CODE_LONGROPE, COMPUTED_ROPE_BASE, THETA_UNREAD, Spec, port_names
+from scaffold.spec import (
+    ATTENTION_ROLES,
+    CODE_LONGROPE,
+    COMPUTED_ROPE_BASE,
+    MLP_ROLES,
+    THETA_UNREAD,
+    Spec,
+    on_layer_roles,
+    port_names,
+)
 
 # The one-line form of an import longer than this is written one name a line, as ruff's isort
 # wraps it (ruff format then keeps the exploded form: the trailing comma is magic).
@@ -135,6 +144,10 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "N": spec.names,
         # The port's module names: the checkpoint's, but a nested top-level module keeps only its last component.
         "A": port_names(spec.names),
+        # The checkpoint's names of the projections it keeps on the decoder layer, outside the port's attention or MLP
+        # module (OPT's fc1, fc2; OLMo v1's att_proj, attn_out, ff_proj, ff_out).
+        "on_layer_attn": tuple(spec.names[r] for r in on_layer_roles(spec) if r in ATTENTION_ROLES and r in spec.names),
+        "on_layer_mlp": tuple(spec.names[r] for r in on_layer_roles(spec) if r in MLP_ROLES and r in spec.names),
         "gated": gated,
         "moe": moe,
         # The activation vLLM's FusedMoE computes for the experts beside the dense MLP (its names for the tanh GELU).

@@ -1057,6 +1057,10 @@ class Spec:
         False, group="mlp", probe="mlp", omit_when_empty=True,
         doc="the MLP's projections are the decoder layer's own modules (OPT's fc1, fc2); the port keeps them in "
             "its names.mlp module, renamed on load")
+    attn_on_layer: bool = spec_field(
+        False, group="attention", probe="self_attn", omit_when_empty=True,
+        doc="the attention's projections are the decoder layer's own modules (OLMo v1's att_proj, attn_out); the "
+            "port keeps them in its names.self_attn module, renamed on load")
 
     # Checkpoint facts the port does not compute with, kept for the checks.
     dtype: str = spec_field("float32", group="checkpoint", probe="embed", doc="the dtype the tensors are stored in")
@@ -1822,6 +1826,17 @@ def renamed_prefixes(spec: Spec) -> dict[str, str | None]:
         out[f"{names['lm_head']}."] = f"{port['lm_head']}."
     out.update(dict.fromkeys(spec.skipped_tensors))
     return out
+
+
+# Projection roles by the module that holds them inside a decoder layer.
+ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+MLP_ROLES = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+
+
+def on_layer_roles(spec: Spec) -> tuple[str, ...]:
+    """The projection roles the checkpoint keeps as the decoder layer's own modules, outside the module the port
+    holds them in: OPT's fc1, fc2 (spec.mlp_on_layer), OLMo v1's att_proj, attn_out, ff_proj, ff_out."""
+    return (ATTENTION_ROLES if spec.attn_on_layer else ()) + (MLP_ROLES if spec.mlp_on_layer else ())
 
 
 def attention_module(names: dict[str, str]) -> str:

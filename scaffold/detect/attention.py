@@ -49,7 +49,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             if role in ("k_proj", "v_proj") and layer in spec.kv_share_layers or (
                     role == "v_proj" and layer in spec.k_eq_v_layers):
                 continue  # keys and values of another layer, or the keys' projection as values: not built there
-            name = f"{n['model']}.{n['layers']}.{layer}.{attention_module(n)}.{n[role]}.weight"
+            # OLMo v1's att_proj, attn_out are the layer's own (spec.attn_on_layer): no attention module in the name.
+            module = n[role] if spec.attn_on_layer else f"{attention_module(n)}.{n[role]}"
+            name = f"{n['model']}.{n['layers']}.{layer}.{module}.weight"
             info = ckpt.tensors.get(name)
             if info is None:
                 if layer and (left_out := _not_built(ckpt, spec, n[role], layer)):

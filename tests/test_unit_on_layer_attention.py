@@ -1,0 +1,59 @@
+"""Attention projections kept on the decoder layer itself (OLMo v1's att_proj, attn_out; spec.attn_on_layer), beside
+an MLP whose fused gate/up projection is on the layer too (ff_proj): mapped into the port's attention and MLP modules
+and cut into their shards on load."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from olmo_v1_layout import D_MODEL, FFN, write_layout
+
+from scaffold.analysis import analyze
+
+
+def test_olmo_v1_projections_on_the_block_load_into_the_ports_attention_and_mlp(tmp_path):
+    ckpt, spec_file = write_layout(tmp_path / "olmo")
+    analysis = analyze(ckpt, spec_file)
+    spec = analysis.spec
+    assert spec.attn_on_layer and spec.mlp_on_layer
+    loads = {}
+    for row in analysis.rows:
+        loads.setdefault(row.checkpoint, []).append((row.param, row.shard))
+    att = "model.transformer.blocks.1.att_proj.weight"
+    assert loads[att] == [("model.blocks.1.self_attn.att_proj.weight", s) for s in ("q", "k", "v")]
+    assert loads["model.transformer.blocks.1.attn_out.weight"] == [("model.blocks.1.self_attn.attn_out.weight", None)]
+    # silu(gate) * x over (x, gate) halves: the first half is the up projection (shard 1), the second the gate (0).
+    assert sorted(loads["model.transformer.blocks.0.ff_proj.weight"], key=str) == [
+        ("model.blocks.0.mlp.ff_proj.weight", 0), ("model.blocks.0.mlp.ff_proj.weight", 1)]
+    assert loads["model.transformer.blocks.0.ff_out.weight"] == [("model.blocks.0.mlp.ff_out.weight", None)]
+
+
+def test_the_rendered_loader_cuts_a_fused_projection_kept_on_the_layer(tmp_path):
+    """param_for renames att_proj / ff_proj into the port's modules, and split_fused must find their shard sizes under
+    those names (it looked them up under the checkpoint's bare module name: KeyError 'att_proj' at load)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from scaffold.render import render
+
+    ckpt_dir, spec_file = write_layout(tmp_path / "olmo")
+    analysis = analyze(ckpt_dir, spec_file)
+    out = tmp_path / "port"
+    for relative, text in render(analysis.spec, analysis.ckpt).files.items():
+        (out / relative).parent.mkdir(parents=True, exist_ok=True)
+        (out / relative).write_text(text)
+    package = next(p for p in out.iterdir() if (p / "model.py").exists())
+    spec = importlib.util.spec_from_file_location(f"{package.name}.model", package / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cls = module.OLMoForCausalLM
+    # Names as load_weights sees them, after hf_to_vllm_mapper (model.transformer.blocks -> model.blocks).
+    assert cls.param_for("model.blocks.1.att_proj.weight") == ("model.blocks.1.self_attn.att_proj.weight", ("q", "k", "v"))
+    assert cls.param_for("model.blocks.0.ff_proj.weight") == ("model.blocks.0.mlp.ff_proj.weight", (1, 0))
+    fake = type("Fake", (), {"split_sizes": {"self_attn.att_proj": [D_MODEL] * 3, "mlp.ff_proj": [FFN] * 2}})()
+    pieces = cls.split_fused(fake, "model.blocks.1.att_proj.weight", torch.zeros(3 * D_MODEL, D_MODEL))
+    assert [p.shape[0] for p in pieces] == [D_MODEL] * 3
+    pieces = cls.split_fused(fake, "model.blocks.1.ff_proj.weight", torch.zeros(2 * FFN, D_MODEL))
+    assert [p.shape[0] for p in pieces] == [FFN] * 2
