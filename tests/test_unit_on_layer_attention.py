@@ -57,3 +57,62 @@ def test_the_rendered_loader_cuts_a_fused_projection_kept_on_the_layer(tmp_path)
     assert [p.shape[0] for p in pieces] == [D_MODEL] * 3
     pieces = cls.split_fused(fake, "model.blocks.1.ff_proj.weight", torch.zeros(2 * FFN, D_MODEL))
     assert [p.shape[0] for p in pieces] == [FFN] * 2
+
+
+def _remote_code_checkpoint(out, modeling: str):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LabForCausalLM"], "model_type": "lab_outside", "d_model": 128, "n_heads": 2,
+        "n_layers": 2, "vocab_size": 1000, "torch_dtype": "float32",
+        "auto_map": {"AutoModelForCausalLM": "modeling_lab.LabForCausalLM"}}))
+    (out / "modeling_lab.py").write_text(modeling)
+    save_file({"model.transformer.wte.weight": torch.zeros(1000, 128),
+               "model.transformer.blocks.0.att_proj.weight": torch.zeros(384, 128)}, out / "model.safetensors")
+    return out
+
+
+OUTSIDE = '''from torch import nn
+from transformers import PreTrainedModel
+
+from labcore.model import Core
+
+
+class LabForCausalLM(PreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Core(config)
+'''
+
+
+def test_a_model_built_by_a_package_outside_the_checkpoint_is_named_in_the_refusal(tmp_path):
+    """OLMo v1's hf_olmo form: the causal-LM class builds its model with a class imported from a package the checkpoint
+    does not hold. The refusal names the construction and the import (file:line), not a field-by-field account of
+    config keys the code would have read."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import detect
+    from scaffold.errors import ScaffoldError
+
+    ckpt = read_checkpoint(_remote_code_checkpoint(tmp_path / "outside", OUTSIDE))
+    with pytest.raises(ScaffoldError) as refused:
+        detect(ckpt)
+    problem = refused.value.problem
+    assert "the model's code is not in it: LabForCausalLM.__init__ builds self.model = Core(...) (modeling_lab.py:10)" \
+        in problem
+    assert "from the package labcore (modeling_lab.py:4: from labcore.model import Core)" in problem
+    assert "Describe the model in a spec file (--spec)" in problem and "config.json has none of the keys" not in problem
+
+
+def test_modules_of_torch_or_of_the_checkpoints_own_files_are_not_outside_code(tmp_path):
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect.external import outside_code
+
+    own = OUTSIDE.replace("from labcore.model import Core", "from modeling_core import Core").replace(
+        "self.model = Core(config)", "self.model = Core(config)\n        self.head = nn.Linear(128, 1000)")
+    out = _remote_code_checkpoint(tmp_path / "own", own)
+    (out / "modeling_core.py").write_text("from torch import nn\n\n\nclass Core(nn.Module):\n    pass\n")
+    assert outside_code(read_checkpoint(out)) is None

@@ -20,6 +20,7 @@ from scaffold.detect import (
     altup,
     attention,
     blocks,
+    external,
     forms,
     head,
     hyperconn,
@@ -165,6 +166,17 @@ def incomplete(spec: Spec, ckpt: Checkpoint, origin: str | None) -> SpecIncomple
         by_reason.setdefault(re.split(r"; | \(", u.reason, maxsplit=1)[0], []).append(u.field)
     lines = [f"  {', '.join(fields)}: {reason}" for reason, fields in by_reason.items()]
     where = "the spec file does not set" if origin else "no --spec file sets"
+    if (outside := external.outside_code(ckpt)) is not None:
+        # The cause is one: the model's code is elsewhere. The fields it leaves unknown, by name alone.
+        return SpecIncomplete(
+            f"cannot port this checkpoint: the model's code is not in it: {outside}. The tool reads what a model "
+            "computes from the checkpoint's Python files or transformers' own, so "
+            f"{len(missing)} spec field(s) stay unknown and {where} them: {', '.join(u.field for u in missing)}. "
+            "Describe the model in a spec file (--spec).",
+            origin or ckpt.config_file,
+            hint=f"`scaffold inspect {ckpt.path} --spec-template spec.toml` writes a spec file with every field: fill in "
+                 "those marked UNKNOWN from the package's code.",
+        )
     return SpecIncomplete(
         f"cannot port this checkpoint: {len(missing)} spec field(s) could not be determined and {where} them:\n"
         + "\n".join(lines) + "\nSupply them in a spec file (--spec).",
