@@ -11,6 +11,10 @@ every projection as its own module, with no attention or MLP module between:
     model.transformer.blocks.N.ff_out.weight         [d_model, F]
 
 and its layer norms hold no weight (layer_norm_with_affine: false). SPEC is what that user writes.
+
+`build_with_code` writes such a checkpoint with remote code of our own making (CONFIGURATION, MODELING: the block
+computing as OLMo v1's sequential block does, pre-norm, rotary on the halves, silu(gate) * x over ff_proj's (x, gate)
+halves, the head tied to wte), so that verify has a transformers reference to compare the spec-described port with.
 """
 
 from __future__ import annotations
@@ -90,6 +94,152 @@ def write_layout(out: Path) -> tuple[Path, Path]:
         tensors[f"{block}.ff_proj.weight"] = torch.randn(2 * FFN, D_MODEL, generator=g)
         tensors[f"{block}.ff_out.weight"] = torch.randn(D_MODEL, FFN, generator=g)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    spec = out.parent / f"{out.name}.spec.toml"
+    spec.write_text(SPEC)
+    return out, spec
+
+
+CONFIGURATION = """from transformers import PretrainedConfig
+
+
+class OlmolabConfig(PretrainedConfig):
+    model_type = "olmolab"
+
+    def __init__(self, d_model=128, n_heads=2, n_layers=2, mlp_ratio=8, vocab_size=1000, embedding_size=1024,
+                 max_sequence_length=512, rope_theta=10000.0, layer_norm_eps=1e-5, weight_tying=True, **kwargs):
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_layers = n_layers
+        self.mlp_ratio = mlp_ratio
+        self.vocab_size = vocab_size
+        self.embedding_size = embedding_size
+        self.max_sequence_length = max_sequence_length
+        self.rope_theta = rope_theta
+        self.layer_norm_eps = layer_norm_eps
+        self.weight_tying = weight_tying
+        super().__init__(tie_word_embeddings=False, **kwargs)
+
+    @property
+    def num_hidden_layers(self):
+        return self.n_layers
+
+    @property
+    def hidden_size(self):
+        return self.d_model
+
+    @property
+    def num_attention_heads(self):
+        return self.n_heads
+"""
+
+MODELING = """import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_olmolab import OlmolabConfig
+
+
+class WeightlessLayerNorm(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.eps = config.layer_norm_eps
+        self.size = config.d_model
+
+    def forward(self, x):
+        return F.layer_norm(x, (self.size,), None, None, self.eps)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class OlmolabBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.head_dim = config.d_model // config.n_heads
+        self.theta = config.rope_theta
+        hidden = config.mlp_ratio * config.d_model
+        self.attn_norm = WeightlessLayerNorm(config)
+        self.ff_norm = WeightlessLayerNorm(config)
+        self.att_proj = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.attn_out = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.ff_proj = nn.Linear(config.d_model, hidden, bias=False)
+        self.ff_out = nn.Linear(hidden // 2, config.d_model, bias=False)
+
+    def rotary(self, q, k):
+        seq = q.shape[-2]
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.att_proj(self.attn_norm(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = self.rotary(q, k)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_out(att.transpose(1, 2).reshape(b, s, d))
+        h = self.ff_proj(self.ff_norm(x))
+        h, gate = h.chunk(2, dim=-1)
+        return x + self.ff_out(F.silu(gate) * h)
+
+
+class OlmolabForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = OlmolabConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = nn.Module()
+        self.model.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.embedding_size, config.d_model),
+            blocks=nn.ModuleList([OlmolabBlock(config) for _ in range(config.n_layers)]),
+            ln_f=WeightlessLayerNorm(config),
+        ))
+        self.post_init()
+
+    def forward(self, input_ids=None, **kwargs):
+        x = self.model.transformer.wte(input_ids)
+        for block in self.model.transformer.blocks:
+            x = block(x)
+        x = self.model.transformer.ln_f(x)
+        logits = F.linear(x, self.model.transformer.wte.weight)
+        return CausalLMOutputWithPast(logits=logits)
+"""
+
+
+def build_with_code(out: Path, *, seed: int = 0, std: float = 0.08) -> tuple[Path, Path]:
+    """A checkpoint of OLMo v1's layout whose remote code (ours) transformers runs, and its spec file."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out.mkdir(parents=True)
+    (out / "configuration_olmolab.py").write_text(CONFIGURATION)
+    (out / "modeling_olmolab.py").write_text(MODELING)
+    config = {"architectures": ["OlmolabForCausalLM"], "model_type": "olmolab", "d_model": D_MODEL, "n_heads": HEADS,
+              "n_layers": LAYERS, "mlp_ratio": 2 * FFN // D_MODEL, "vocab_size": VOCAB, "embedding_size": EMBEDDINGS,
+              "max_sequence_length": 512, "rope_theta": 10000.0, "layer_norm_eps": 1e-5, "weight_tying": True,
+              "torch_dtype": "float32",
+              "auto_map": {"AutoConfig": "configuration_olmolab.OlmolabConfig",
+                           "AutoModelForCausalLM": "modeling_olmolab.OlmolabForCausalLM"}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out, trust_remote_code=True),
+                                             trust_remote_code=True)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, std)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     spec = out.parent / f"{out.name}.spec.toml"
     spec.write_text(SPEC)
     return out, spec
