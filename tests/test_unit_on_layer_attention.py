@@ -72,7 +72,8 @@ def _remote_code_checkpoint(out, modeling: str):
         "auto_map": {"AutoModelForCausalLM": "modeling_lab.LabForCausalLM"}}))
     (out / "modeling_lab.py").write_text(modeling)
     save_file({"model.transformer.wte.weight": torch.zeros(1000, 128),
-               "model.transformer.blocks.0.att_proj.weight": torch.zeros(384, 128)}, out / "model.safetensors")
+               **{f"model.transformer.blocks.{i}.att_proj.weight": torch.zeros(384, 128) for i in range(2)}},
+              out / "model.safetensors")
     return out
 
 
@@ -116,3 +117,49 @@ def test_modules_of_torch_or_of_the_checkpoints_own_files_are_not_outside_code(t
     out = _remote_code_checkpoint(tmp_path / "own", own)
     (out / "modeling_core.py").write_text("from torch import nn\n\n\nclass Core(nn.Module):\n    pass\n")
     assert outside_code(read_checkpoint(out)) is None
+
+
+CONFIG_WITH_PROPERTIES = '''from transformers import PretrainedConfig
+
+
+class LabConfig(PretrainedConfig):
+    model_type = "lab_outside"
+
+    @property
+    def num_hidden_layers(self):
+        """The layer count, under transformers' name."""
+        return self.n_layers
+
+    @property
+    def hidden_size(self):
+        return self.d_model
+
+    @property
+    def num_attention_heads(self):
+        return self.n_heads
+
+    @property
+    def effective_heads(self):
+        if self.n_heads:
+            return self.n_heads
+        return 1
+'''
+
+
+def test_a_config_class_naming_its_sizes_by_properties_is_read_as_attribute_map(tmp_path):
+    """OLMo v1's configuration_olmo.py gives the standard names as properties (num_hidden_layers returns n_layers), not
+    attribute_map: the sizes are config.json's n_layers, d_model, n_heads, read at run time under those keys (before:
+    num_layers unknown, 'config.json has none of the keys num_hidden_layers, n_layer, num_layers')."""
+    from scaffold.checkpoint import read_checkpoint
+    from scaffold.detect import understand
+    from scaffold.detect.codekeys import attribute_map
+
+    out = _remote_code_checkpoint(tmp_path / "props", OUTSIDE)
+    (out / "configuration_lab.py").write_text(CONFIG_WITH_PROPERTIES)
+    ckpt = read_checkpoint(out)
+    assert attribute_map(ckpt) == {"num_hidden_layers": "n_layers", "hidden_size": "d_model",
+                                   "num_attention_heads": "n_heads"}
+    spec = understand(ckpt)
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads) == (2, 128, 2)
+    assert [spec.source(f).expr for f in ("num_layers", "hidden_size", "num_heads")] == [
+        "config.n_layers", "config.d_model", "config.n_heads"]

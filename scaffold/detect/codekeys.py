@@ -268,8 +268,11 @@ def config_reads(sources: dict[str, str]) -> set[str]:
 
 def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
     """The config class's `attribute_map` (standard name -> the key it is stored under, e.g. GPT-2's
-    hidden_size -> n_embd): from the checkpoint's own configuration source, else transformers' file."""
-    for text in configuration_sources(ckpt).values():
+    hidden_size -> n_embd): from the checkpoint's own configuration source, else transformers' file. A config class
+    may say the same with properties (OLMo v1's `def num_hidden_layers(self): return self.n_layers`): those count
+    too, where attribute_map does not name the standard name."""
+    sources = configuration_sources(ckpt)
+    for text in sources.values():
         tree = parse(text)
         for node in subtree(tree) if tree is not None else ():
             if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
@@ -280,8 +283,31 @@ def attribute_map(ckpt: Checkpoint) -> dict[str, str]:
                 except ValueError:
                     continue
                 if isinstance(table, dict):
-                    return {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, str)}
-    return {}
+                    return {**_property_aliases(sources),
+                            **{k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, str)}}
+    return _property_aliases(sources)
+
+
+def _property_aliases(sources: dict[str, str]) -> dict[str, str]:
+    """A config class's properties that return one of its attributes under another name (`@property def
+    num_hidden_layers(self): return self.n_layers`): property name -> the attribute, as attribute_map would say it."""
+    aliases: dict[str, str] = {}
+    for text in sources.values():
+        tree = parse(text)
+        for cls in tree.body if tree is not None else ():
+            if not (isinstance(cls, ast.ClassDef) and any(
+                    (b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "")
+                    .endswith("Config") for b in cls.bases)):
+                continue
+            for fn in cls.body:
+                body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] \
+                    if isinstance(fn, ast.FunctionDef) else []
+                if (len(body) == 1 and isinstance(body[0], ast.Return)
+                        and any(isinstance(d, ast.Name) and d.id == "property" for d in fn.decorator_list)
+                        and isinstance(value := body[0].value, ast.Attribute)
+                        and isinstance(value.value, ast.Name) and value.value.id == "self" and value.attr != fn.name):
+                    aliases.setdefault(fn.name, value.attr)
+    return aliases
 
 
 def configuration_sources(ckpt: Checkpoint) -> dict[str, str]:
