@@ -88,7 +88,12 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     moe = spec.is_moe
     shared = moe and "shared_expert" in spec.names
     mlp_class = spec.has_dense_mlp or shared
-    literal_tie = "tie_word_embeddings" in overridden
+    # The port reads config.tie_word_embeddings at run time where config.json holds it or transformers' config class
+    # defines it; a config class of the port's own (a model type transformers does not know) where config.json lacks
+    # the key may not define the attribute at all (transformers 5's PretrainedConfig no longer does: Falcon's original
+    # RWConfig), so there the port keeps the value the tensors gave (no lm_head, or one of its own).
+    literal_tie = "tie_word_embeddings" in overridden or (
+        spec.register_config and spec.source("tie_word_embeddings").detail != "config.json tie_word_embeddings")
     literal_layers = "sliding_window_layers" in overridden
     # The code's own condition for a sliding-window layer (over config and layer_idx), read by the port at run time
     # (GPT-Neo's `config.attention_layers[layer_idx] == 'local'`).

@@ -300,6 +300,8 @@ class Interpreter:
             return Tup(tuple(self.expr(e, env) for e in node.elts))
         if isinstance(node, ast.Starred):
             return self.expr(node.value, env)
+        if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and (items := self.comprehended(node, env)) is not None:
+            return items
         if isinstance(node, ast.BinOp):
             return self.binop(node.op, self.expr(node.left, env), self.expr(node.right, env), node.lineno)
         if isinstance(node, ast.UnaryOp):
@@ -323,6 +325,16 @@ class Interpreter:
         if isinstance(node, ast.Call):
             return self.call(node, env)
         return EMPTY
+
+    def comprehended(self, node: ast.ListComp | ast.GeneratorExp, env: dict) -> Tup | None:
+        """`[f(x) for x in (q, k, v)]` over a literal tuple or list: f of each item in turn, as a tuple (Falcon's
+        original RW code cuts its fused projection so, then destructures the list); None for another form."""
+        if len(node.generators) != 1:
+            return None
+        gen = node.generators[0]
+        if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name) or not isinstance(gen.iter, (ast.Tuple, ast.List)):
+            return None
+        return Tup(tuple(self.expr(node.elt, {**env, gen.target.id: self.expr(item, env)}) for item in gen.iter.elts))
 
     def binop(self, op: ast.operator, left, right, line: int):
         lf, rf = _flat(left), _flat(right)
@@ -579,7 +591,8 @@ class Interpreter:
             for sub in subtree(e):
                 if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and 3 in (_int(sub.left), _int(sub.right)):
                     return "per_head"
-                if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add) and 2 in (_int(sub.left), _int(sub.right)):
+                if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add) and 2 in (_int(sub.left), _int(sub.right)) \
+                        and _per_group(sub.right if _int(sub.left) == 2 else sub.left):
                     return "grouped"
         return None
 
@@ -828,9 +841,21 @@ def _piece(o: Origin, index: int, layout: str, line: int) -> Origin:
     return replace(o, piece=index, layout=layout, pending=None, line=line)
 
 
+def _per_group(node: ast.expr) -> bool:
+    """Whether `node + 2` counts one KV group's rows (heads // kv_heads + 2, Falcon's new decoder; a count named a
+    group), not every query head's (Falcon's multi-query `num_heads + 2`: one KV head after all queries, cut as
+    fused rows)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div)):
+        return True
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return "group" in name.lower()
+
+
 def _int(node) -> int | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
+    if isinstance(node, ast.List) and len(node.elts) == 1:  # x[..., [-2]]: the same piece, its axis kept (Falcon)
+        return _int(node.elts[0])
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = _int(node.operand)
         return None if inner is None else -inner

@@ -66,7 +66,9 @@ def _linear_classes(items: tuple[tuple[str, str], ...]) -> dict[str, LinearClass
 def _subclassed_linear(file: str, cls: ast.ClassDef, known: dict[str, LinearClass]) -> LinearClass | None:
     """A subclass of a linear class that keeps its constructor and multiplies by self.weight as the base stores
     it (Falcon's `FalconLinear(nn.Linear)`, whose forward is `input @ self.weight.T`): a linear layer of its own."""
-    bases = [known.get(_dotted(b).rsplit(".", 1)[-1]) for b in cls.bases]
+    # A base named by its module path (nn.Linear) is the library's class, even where the code defines a class of the
+    # same name (Falcon's original RW code: `class Linear(nn.Linear)` whose forward is `input @ self.weight.T`).
+    bases = [(KNOWN if "." in _dotted(b) else known).get(_dotted(b).rsplit(".", 1)[-1]) for b in cls.bases]
     base = next((b for b in bases if b is not None), None)
     if base is None or _method(cls, "__init__") is not None:
         return None
