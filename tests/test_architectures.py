@@ -62,6 +62,9 @@ ARCHITECTURES = {
     "cohere": ("cohere", {**TOKENS, "logit_scale": 0.5}),
     "smollm3": ("smollm3", {**TOKENS, "no_rope_layers": [1, 0, 1]}),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Gated experts with GELU (tanh approximation): FusedMoE's activation="gelu_tanh".
+    "mixtral-gelu-experts": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                         "hidden_act": "gelu_pytorch_tanh"}),
     "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                                 "norm_topk_prob": True, "mlp_only_layers": [1]}),
     "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
@@ -472,6 +475,7 @@ EXPECTED_SPEC = {
     "smollm3": {"no_rope_layers": [1]},
     "mixtral": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "moe_renormalize": True,
                 "dense_layers": []},
+    "mixtral-gelu-experts": {"num_experts": 4, "num_experts_per_tok": 2, "hidden_act": "gelu_pytorch_tanh"},
     "qwen3_moe": {"num_experts": 4, "moe_intermediate_size": 64, "moe_renormalize": True, "dense_layers": [1],
                   "qk_norm": "per_head"},
     "qwen2_moe": {"num_experts": 4, "moe_renormalize": False, "shared_expert_intermediate_size": 96,
@@ -656,8 +660,9 @@ EXPECTED_SPEC = {
 
 # (model_type, overrides, words the refusal must contain)
 UNSUPPORTED = {
-    "mixtral-gelu-experts": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2,
-                                         "hidden_act": "gelu_pytorch_tanh"}, "gated experts with activation"),
+    # An activation vLLM's FusedMoE does not compute (it takes silu, gelu, gelu_tanh and a few others).
+    "mixtral-quick-gelu-experts": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                               "hidden_act": "quick_gelu"}, "gated experts with activation"),
     "stablelm-qk-layernorm": ("stablelm", {"qk_layernorm": True}, "q_layernorm"),
     "cohere-qk-norm": ("cohere", {**TOKENS, "use_qk_norm": True}, "one norm per head"),
     # Cohere Compass with other sections on its sliding layers: their frequencies in another order than the full
