@@ -285,13 +285,10 @@ def code_scores(sources: dict, config: dict) -> Scores | None:
     softmax(s)`: a scale m instead of head_dim ** -0.5 and a soft-cap c, each an attribute of the attention that its
     constructors follow to one config key (window.lift_to_layer). None where the forward computes its scores
     otherwise, or a step is not read: then the other readers (or the defaults) stand."""
-    flow = dataflow.analyze_layer(sources, config) if sources else None
-    if flow is None or flow.attention_flow is None:
-        return None
-    found = dataflow._class(sources, flow.attention_flow.cls)
+    found = dataflow.attention_class(sources, config) if sources else None
     if found is None:
         return None
-    file, cls = found
+    flow, file, cls = found
     init = dataflow._method_of(cls, "__init__")
     forward = dataflow._method_of(cls, "forward")
     if forward is None:

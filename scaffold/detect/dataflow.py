@@ -1721,20 +1721,8 @@ def _built_within(sources: dict, roots: set[str]) -> dict[str, set[str]]:
 def _built_by_causal_lm(sources: dict) -> set[str]:
     """The classes a `*ForCausalLM` class of the source builds in its __init__, directly or through the modules it
     builds (the base model), the causal LM included."""
-    inits = {}
-    for _file, tree in _parsed(sources):
-        for cls in (n for n in subtree(tree) if isinstance(n, ast.ClassDef)):
-            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-            inits[cls.name] = {_dotted(c.func).rsplit(".", 1)[-1] for c in subtree(init) if isinstance(c, ast.Call)
-                               } if init is not None else set()
-    seen = {name for name in inits if name.endswith("ForCausalLM")}
-    frontier = list(seen)
-    while frontier:
-        for called in inits.get(frontier.pop(), ()):
-            if called in inits and called not in seen:
-                seen.add(called)
-                frontier.append(called)
-    return seen
+    heads = {name for name in _class_inits(sources) if name.endswith("ForCausalLM")}
+    return heads.union(*_built_within(sources, heads).values())
 
 
 def _builder_return(tree: ast.Module, at: ast.AST, name: str) -> str | None:
@@ -1785,6 +1773,18 @@ def attention_layer_branches(sources: dict, config: dict, list_attr: str | None 
                                         f"{', '.join(map(str, on))} only, and q, k, v come from other sources there "
                                         f"({attr})")
     return None
+
+
+def attention_class(sources: dict, config: dict,
+                    layers_attr: str | None = None) -> tuple[Layer, str, ast.ClassDef] | None:
+    """(the layer's flow, FILE, the attention's class) where the decoder layer's code shows an attention module whose
+    class the sources define: the layer found under `layers_attr` first, then any; None otherwise."""
+    flow = analyze_layer(sources, config, layers_attr) or (
+        analyze_layer(sources, config) if layers_attr is not None else None)
+    if flow is None or flow.attention_flow is None:
+        return None
+    found = _class(sources, flow.attention_flow.cls)
+    return None if found is None else (flow, *found)
 
 
 def analyze_layer(sources: dict, config: dict, list_attr: str | None = None, skip: frozenset = frozenset()) -> Layer | None:

@@ -217,13 +217,10 @@ def sinks_condition(sources: dict, config: dict, layers_attr: str | None, param:
     """(the condition over config and layer_idx, the layers it holds in, FILE:LINE) under which the attention's
     __init__ builds its sinks parameter `param` (`self.sinks = nn.Parameter(...) if is_swa else None`); None where
     it builds it unconditionally or in a form this does not follow."""
-    flow = dataflow.analyze_layer(sources, config, layers_attr) or dataflow.analyze_layer(sources, config)
-    if flow is None or flow.attention_flow is None:
-        return None
-    found = dataflow._class(sources, flow.attention_flow.cls)
+    found = dataflow.attention_class(sources, config, layers_attr)
     if found is None:
         return None
-    file, cls = found
+    flow, file, cls = found
     init = _method(cls, "__init__")
     made = outbias._parameter_condition(init, param) if init is not None else None
     if made is None or made[0] is None:

@@ -129,13 +129,10 @@ def code_window(sources: dict, config: dict, layers_attr: str | None, num_layers
                 model_type: str | None) -> Window | None:
     """The window the attention's code narrows its causal mask to, and on which layers; None where its code
     builds no such mask. Refused (UnsupportedArchitecture) where it does but this cannot follow the condition."""
-    flow = dataflow.analyze_layer(sources, config, layers_attr) or dataflow.analyze_layer(sources, config)
-    if flow is None or flow.attention_flow is None:
-        return None
-    found = dataflow._class(sources, flow.attention_flow.cls)
+    found = dataflow.attention_class(sources, config, layers_attr)
     if found is None:
         return None
-    file, attn_cls = found
+    flow, file, attn_cls = found
     init = _init(attn_cls)
     branch = None
     for node in subtree(init) if init is not None else ():
