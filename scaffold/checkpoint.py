@@ -89,6 +89,9 @@ POSITIVE_INT_KEYS = (
 # MLP widths a config may hold one per layer (Gemma-3n's intermediate_size): detect.sizes reads whether the code builds
 # each layer's MLP from its own entry, and refuses the list otherwise.
 LAYER_LIST_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+# Head counts a config may hold one per layer where the checkpoint's code indexes them (OpenELM's num_kv_heads):
+# detect.layerheads reads whether each layer's attention is built from its own entry, and refuses the list otherwise.
+LAYER_HEAD_KEYS = ("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads")
 POSITIVE_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon", "rope_theta")
 BOOL_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias")
 STRING_KEYS = ("hidden_act", "hidden_activation", "activation_function", "torch_dtype", "dtype")
@@ -375,6 +378,8 @@ def validate_config(config: dict, where: Path, sources: Callable[[], dict[str, s
                 reads = per_layer_reads(sources() if sources else {}, key)
             except CheckpointError:  # unreadable code: the refusal names the config key alone
                 reads = []
+            if key in LAYER_HEAD_KEYS and reads:
+                continue  # OpenELM's num_kv_heads: detect.layerheads ports it where the attention reads it per layer
             raise UnsupportedArchitecture(
                 f"per-layer sizes: config key {key!r} holds one value per layer ({_short_list(value)}), "
                 + (f"which the code reads per layer ({'; '.join(reads[:3])}), " if reads else "")

@@ -22,6 +22,26 @@ def convention_defaults(spec: Spec, config: dict) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     if not any(key in config for key in ROPE_KEYS):
         theta = spec.rope_parameters.get("rope_theta")
-        if isinstance(theta, (int, float)) and not isinstance(theta, bool):
+        if rope_base_key(spec, config):
+            out.append(("rope_theta", None))  # derived from the key the code reads (config_derived)
+        elif isinstance(theta, (int, float)) and not isinstance(theta, bool):
             out.append(("rope_theta", float(theta)))
     return out
+
+
+def rope_base_key(spec: Spec, config: dict) -> str | None:
+    """The config.json key the code takes its rotary base from, where it is not one vLLM reads (OpenELM's
+    `freq_constant=config.rope_freq_constant`): the port's config class sets rope_theta from it."""
+    expr = spec.source("rope_parameters").expr or ""
+    key = expr[len("config."):] if expr.startswith("config.") and expr[len("config."):].isidentifier() else None
+    value = config.get(key) if key else None
+    if key in ROPE_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    return key
+
+
+def config_derived(spec: Spec, config: dict) -> list[tuple[str, str]]:
+    """(standard key, the config.json key it is read from) for the port's config class: a value vLLM reads under a
+    standard name that the checkpoint's code reads under its own."""
+    key = rope_base_key(spec, config) if not any(k in config for k in ROPE_KEYS) else None
+    return [("rope_theta", key)] if key else []

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaffold.detect.activations import vllm_activation_call
+from scaffold.detect.purefuncs import BUILTINS
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
 from scaffold.spec import (
@@ -60,9 +61,13 @@ def _reads_config_and_layer(expr: str) -> bool:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError:
         return False
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    return names <= {"config", "layer_idx"} and not any(isinstance(n, (ast.Call, ast.Lambda, ast.NamedExpr))
-                                                        for n in ast.walk(tree))
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in callees}
+    # Calls of the arithmetic builtins only (a helper of the code written out: OpenELM's make_divisible).
+    calls_ok = all(isinstance(n.func, ast.Name) and n.func.id in BUILTINS and not n.keywords
+                   for n in ast.walk(tree) if isinstance(n, ast.Call))
+    return names <= {"config", "layer_idx"} and calls_ok and not any(
+        isinstance(n, (ast.Lambda, ast.NamedExpr)) for n in ast.walk(tree))
 
 
 def rotated_dims(spec: Spec) -> str | None:
@@ -310,6 +315,9 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
         "split": spec.qkv_layout not in ("separate", "latent", "routed") or (gated and spec.gate_up_layout == "fused"),
         # ... cut by row counts (self.split_sizes) rather than by a per-head view.
         "sized": spec.qkv_layout == "fused" or (gated and spec.gate_up_layout == "fused"),
+        # ... counts of each layer's own (OpenELM's heads and MLP widths): split_sizes(layer_idx).
+        "sized_per_layer": (spec.qkv_layout == "fused" and bool(spec.layer_num_heads or spec.layer_num_kv_heads)
+                            or gated and spec.gate_up_layout == "fused" and bool(spec.layer_intermediate_sizes)),
     }
 
 

@@ -29,7 +29,7 @@ import jinja2
 
 from scaffold import __version__
 from scaffold.checkpoint import Checkpoint
-from scaffold.conventions import convention_defaults
+from scaffold.conventions import config_derived, convention_defaults
 from scaffold.detect.activations import gated_forms
 from scaffold.detect.codekeys import attribute_map
 from scaffold.errors import CheckpointError, OutputError, ScaffoldError
@@ -254,6 +254,11 @@ def check_coverage(spec: Spec, ckpt: Checkpoint, table=None) -> None:
                               ckpt.path)
 
 
+# The config keys vLLM reads a model's query or KV head count from (its ModelArchConfigConvertorBase).
+VLLM_HEAD_COUNT_KEYS = ("num_attention_heads", "n_head_kv", "num_kv_heads", "num_key_value_heads",
+                        "multi_query_group_num", "num_attention_groups")
+
+
 def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, review: str = "",
            table=None) -> Rendered:
     """The package's files. `table`: the weight table of spec and ckpt, when the caller already made it."""
@@ -280,9 +285,14 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "split_modules": split_modules(spec),
         "checkpoint_path": str(ckpt.path),
         "checkpoint_name": display_name(ckpt.path.name),
+        "config_derived": config_derived(spec, ckpt.config) if spec.register_config else [],
         "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
+        # config.json holds a head count vLLM reads as one number as one per layer (OpenELM's num_kv_heads): the
+        # plugin tells vLLM the largest (__init__.py's _register_layer_heads).
+        "layer_head_lists": bool(spec.layer_num_heads or spec.layer_num_kv_heads) and any(
+            isinstance(ckpt.config.get(k), list) for k in VLLM_HEAD_COUNT_KEYS),
         # The checkpoint's config class's attribute_map (standard name -> stored key), kept by the port's own.
         "attribute_map": ({k: v for k, v in attribute_map(ckpt).items() if IDENTIFIER.match(k) and IDENTIFIER.match(v)}
                           if spec.register_config else {}),

@@ -246,11 +246,13 @@ def decisions(spec) -> list[str]:
     if spec.layer_num_heads:
         out.append(f"- query heads of each layer's own: `{spec.source('layer_num_heads').expr}[layer_idx]` "
                    f"({', '.join(map(str, spec.layer_num_heads))}), read by each layer's attention at run time "
-                   f"(`{n['q_proj']}` and `{n['o_proj']}` sized by it; the KV heads are num_kv_heads in every layer).")
+                   f"(`{n.get('q_proj', n.get('qkv_proj'))}` and `{n['o_proj']}` sized by it"
+                   + ("" if spec.layer_num_kv_heads else "; the KV heads are num_kv_heads in every layer") + ").")
     if spec.layer_num_kv_heads:
+        sized = f"`{n['qkv_proj']}`" if "qkv_proj" in n else f"`{n['k_proj']}` and `{n['v_proj']}`"
         out.append(f"- KV heads of each layer's own: `{_md(spec.source('layer_num_kv_heads').expr or '')}` "
                    f"({', '.join(map(str, spec.layer_num_kv_heads))}), the modeling code's expression, evaluated by "
-                   f"each layer's attention at run time (`{n['k_proj']}` and `{n['v_proj']}` sized by it).")
+                   f"each layer's attention at run time ({sized} sized by it).")
     if spec.qkv_layout != "latent" and spec.value_dim != spec.head_dim:
         out.append(f"- value heads {spec.v_head_dim} wide (`{_md(spec.source('v_head_dim').expr or str(spec.v_head_dim))}`), "
                    f"q and k heads {spec.head_dim}: `{qkv}` is built with `v_head_size`, `{n['o_proj']}` takes heads x "

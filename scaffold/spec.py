@@ -1497,24 +1497,28 @@ def validate_names(spec: Spec, origin: str) -> None:
     for role in spec.transposed_roles:
         if not isinstance(role, str) or role not in names:
             raise SpecError(f"spec field transposed_roles lists {role!r}, which is not a role in 'names'.", origin)
-    if spec.layer_num_heads and (len(spec.layer_num_heads) != spec.num_layers or spec.qkv_layout != "separate"
+    if spec.layer_num_heads and (len(spec.layer_num_heads) != spec.num_layers
+                                 or spec.qkv_layout not in ("separate", "fused")
                                  or spec.attn_output_gate == "in_query"
-                                 or any(h <= 0 or h % max(spec.num_kv_heads, 1) for h in spec.layer_num_heads)):
+                                 or any(h <= 0 or h % max(spec.kv_heads_of(i), 1)
+                                        for i, h in enumerate(spec.layer_num_heads))):
         raise SpecError(f"layer_num_heads must give each of the {spec.num_layers} layers a positive head count that "
-                        f"its {spec.num_kv_heads} KV heads divide, with separate q, k, v projections and no gate "
-                        "folded into the query projection.", origin)
+                        "its KV heads divide, with separate q, k, v projections or one fused qkv projection, and no "
+                        "gate folded into the query projection.", origin)
     if spec.layer_intermediate_sizes and (len(spec.layer_intermediate_sizes) != spec.num_layers or spec.is_moe
                                           or any(not isinstance(w, int) or w <= 0
                                                  for w in spec.layer_intermediate_sizes)):
         raise SpecError(f"layer_intermediate_sizes must give each of the {spec.num_layers} layers a positive MLP "
                         "width, in a model without experts.", origin)
     if spec.layer_num_kv_heads and (len(spec.layer_num_kv_heads) != spec.num_layers
-                                    or spec.qkv_layout != "separate" or spec.attn_output_gate == "in_query"
+                                    or spec.qkv_layout not in ("separate", "fused")
+                                    or spec.attn_output_gate == "in_query"
+                                    or spec.qkv_layout == "fused" and (spec.layer_head_dim or spec.v_head_dim)
                                     or any(kv <= 0 or spec.heads_of(i) % kv
                                            for i, kv in enumerate(spec.layer_num_kv_heads))):
         raise SpecError(f"layer_num_kv_heads must give each of the {spec.num_layers} layers a positive KV head count "
-                        "that divides its query heads, with separate q, k, v projections and no gate folded into "
-                        "the query projection.", origin)
+                        "that divides its query heads, with separate q, k, v projections or one fused qkv projection "
+                        "of one head width, and no gate folded into the query projection.", origin)
     if bool(spec.key_bias_proj) != bool(spec.key_bias_param) or spec.key_bias_proj and (
             spec.qkv_layout != "separate" or spec.v_head_dim or spec.attn_value_scale is not None or spec.v_norm
             or spec.diff_lambdas or spec.layer_num_kv_heads or spec.layer_head_dim or spec.attn_output_gate == "in_query"

@@ -123,19 +123,35 @@ class LabAttention(nn.Module):
 
 
 def test_a_size_given_per_layer_is_refused_naming_where_the_code_reads_it_per_layer(tmp_path):
-    # OpenELM's form: the attention reads its own KV heads (and query heads) from a list in config.json by the
-    # layer's index. The refusal names the file, the line and the class, not the config key alone.
+    # A width key held per layer (hidden_size) that the code reads by the layer's index: the port builds the layers
+    # from one width. The refusal names the file, the line and the class, not the config key alone.
     write_checkpoint(tmp_path, Shape())
     config = json.loads((tmp_path / "config.json").read_text())
-    config["num_kv_heads"] = [2, 1][: config["num_hidden_layers"]] + [2] * (config["num_hidden_layers"] - 2)
+    config["hidden_size"] = [config["hidden_size"]] * config["num_hidden_layers"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "modeling_lab.py").write_text(LAYERWISE_ATTENTION)
+    (tmp_path / "modeling_lab.py").write_text(LAYERWISE_ATTENTION.replace("config.model_dim",
+                                                                         "config.hidden_size[layer_idx]"))
     with pytest.raises(UnsupportedArchitecture) as err:
         read_checkpoint(tmp_path)
-    assert "per-layer sizes: config key 'num_kv_heads' holds one value per layer" in err.value.message
-    assert ("which the code reads per layer (modeling_lab.py:9: config.num_kv_heads[layer_idx] in "
+    assert "per-layer sizes: config key 'hidden_size' holds one value per layer" in err.value.message
+    assert ("which the code reads per layer (modeling_lab.py:10: config.hidden_size[layer_idx] in "
             "LabAttention.__init__)") in err.value.message
     (tmp_path / "modeling_lab.py").write_text("def broken(:\n")  # code that does not parse: the key alone
     with pytest.raises(UnsupportedArchitecture) as err:
         read_checkpoint(tmp_path)
     assert "which the code reads" not in err.value.message
+
+
+def test_head_counts_given_per_layer_reach_detection_where_the_code_reads_them_per_layer(tmp_path):
+    # OpenELM's form: the attention reads its own KV heads (and query heads) from a list in config.json by the
+    # layer's index: the reader lets the list through (scaffold.detect.layerheads ports it); a list no code
+    # indexes by the layer is refused naming the key.
+    write_checkpoint(tmp_path, Shape())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_kv_heads"] = [2, 1][: config["num_hidden_layers"]] + [2] * (config["num_hidden_layers"] - 2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modeling_lab.py").write_text(LAYERWISE_ATTENTION)
+    assert read_checkpoint(tmp_path).config["num_kv_heads"] == config["num_kv_heads"]
+    (tmp_path / "modeling_lab.py").write_text(LAYERWISE_ATTENTION.replace("config.num_kv_heads[layer_idx]", "2"))
+    with pytest.raises(UnsupportedArchitecture, match="config key 'num_kv_heads' holds one value per layer"):
+        read_checkpoint(tmp_path)

@@ -13,7 +13,7 @@ from ckpt_factory import Shape, tensors_for
 from helpers import LAB_PRELUDE, detect_until, transformers_code
 
 from scaffold.checkpoint import read_checkpoint
-from scaffold.detect import attention, layout, policy, rope, routing
+from scaffold.detect import attention, layout, mlp, policy, rope, routing
 from scaffold.errors import CheckpointError, UnsupportedArchitecture
 from scaffold.model_context import routing_choices
 from scaffold.spec import Spec
@@ -125,12 +125,18 @@ def test_a_count_the_kv_heads_do_not_divide_is_a_checkpoint_error(tmp_path):
         detect_until(ckpt, layout)
 
 
-def test_a_per_layer_size_of_another_module_stays_refused(tmp_path):
+def test_a_per_layer_size_of_another_module_is_read_as_its_width(tmp_path):
+    # The MLP built with a width of each layer's own from another list (not the width key): read as each layer's MLP
+    # width (spec layer_intermediate_sizes, the port evaluating the code's expression), and every layer's tensors
+    # checked against it: here they hold 96 rows in both layers, which contradicts layer 1's 48.
     odd = LAB_CODE.replace("LabMLP(config, config.intermediate_size)", "LabMLP(config, config.mlp_widths[idx])")
     ckpt = _lab(tmp_path, heads=(4, 4), code=odd, extra={"mlp_widths": [96, 48]})
-    with pytest.raises(UnsupportedArchitecture, match=r"per-layer sizes: the code builds each layer's mlp with "
-                                                      r"config\.mlp_widths\[layer_idx\]"):
-        detect_until(ckpt, layout)
+    spec = detect_until(ckpt, layout)
+    assert spec.layer_intermediate_sizes == [96, 48] and spec.intermediate_size == 96
+    assert spec.source("layer_intermediate_sizes").expr == "config.mlp_widths[layer_idx]"
+    with pytest.raises(CheckpointError, match=r"layers\.1\.mlp\.gate_proj\.weight has shape \[96, 64\].*"
+                                              r"intermediate size 48"):
+        detect_until(ckpt, mlp)
 
 
 def test_without_the_code_the_policy_holds_every_layer_to_one_shape(tmp_path):

@@ -6,6 +6,7 @@ the port per layer); a list the code does not read per layer stays refused."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from ckpt_factory import Shape, config_for, tensors_for
@@ -211,7 +212,12 @@ def test_a_lab_mlp_widened_by_the_layers_index_is_ported_with_the_codes_expressi
         detect_until(_widened(tmp_path / "narrow", stored=(96, 96, 96)), mlp)
 
 
-def test_widths_from_the_layers_index_under_a_fused_gate_up_are_refused(tmp_path):
+def test_widths_from_the_layers_index_under_a_fused_gate_up_are_cut_per_layer(tmp_path):
+    # One gate/up tensor per layer, of that layer's width: the port cuts it with split_sizes(layer_idx), the code's
+    # expression evaluated for the layer (OpenELM's proj_1).
+    from scaffold.detect import detect
+    from scaffold.render import render
+
     fused = WIDENED.replace('''        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, width, bias=False)''', '''        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)''').replace(
         "F.silu(self.gate_proj(x)) * self.up_proj(x)", "F.silu(self.gate_up_proj(x).chunk(2, -1)[0]) * "
@@ -223,5 +229,10 @@ def test_widths_from_the_layers_index_under_a_fused_gate_up_are_refused(tmp_path
         tensors.update({p + "gate_up_proj.weight": [2 * width, shape.hidden], p + "down_proj.weight": [shape.hidden, width]})
     read(tmp_path, shape, tensors=tensors, config={**config_for(shape), "intermediate_size": 96})
     (tmp_path / "modeling_lab.py").write_text(fused)
-    with pytest.raises(UnsupportedArchitecture, match=r"MLP widths of each layer's own .*fused gate_up"):
-        detect_until(read_checkpoint(tmp_path), mlp)
+    ckpt = read_checkpoint(tmp_path)
+    spec = detect_until(ckpt, mlp)
+    assert (spec.gate_up_layout, spec.layer_intermediate_sizes) == ("fused", [96, 96, 288])
+    model = next(text for name, text in render(detect(ckpt), ckpt).files.items() if name.endswith("model.py"))
+    assert "def split_sizes(self, layer_idx: int)" in model
+    sizes = model.split("def split_sizes")[1].split("def split_fused")[0]
+    assert re.search(r"""["']feed_forward\.gate_up_proj["']: \[""", sizes) and "config.num_hidden_layers - 1" in sizes

@@ -39,6 +39,10 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if spec.layer_num_heads and spec.qkv_layout == "separate":  # each layer's own query heads
             q = q_rows = spec.heads_of(layer) * spec.head_dim
             expected["q_proj"] = q_rows
+        if spec.qkv_layout == "fused" and (spec.layer_num_heads or spec.layer_num_kv_heads):
+            # OpenELM's one qkv_proj per layer, of that layer's own query and KV heads.
+            q = spec.heads_of(layer) * spec.head_dim
+            expected["qkv_proj"] = q + 2 * spec.kv_heads_of(layer) * spec.head_dim
         if spec.qkv_layout == "separate":  # each layer's own head width and KV heads; values of their own width
             if spec.layer_head_dim:  # per_layer_config
                 q = q_rows = spec.num_heads * spec.head_dim_of(layer)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 import operator
 from typing import Any
 
@@ -28,7 +29,12 @@ _COMPARE = {ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.Eq: operator.e
 
 
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: operator.mod,
-               ast.FloorDiv: operator.floordiv}
+               ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
+_BUILTINS = {"int": int, "float": float, "max": max, "min": min, "abs": abs, "round": round}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None = None) -> Any:
@@ -54,13 +60,29 @@ def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None 
     if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("config", "self.config"):
         return config.get(node.attr, _UNKNOWN)
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-        # Integer arithmetic over such values (`config.num_hidden_layers - 1`, `(layer_idx + 1) % config.k`).
+        # Arithmetic over such values (`config.num_hidden_layers - 1`, `(layer_idx + 1) % config.k`, OpenELM's
+        # `config.ffn_multipliers[layer_idx] * config.model_dim`), as Python computes it.
         left, right = _value(node.left, config, local), _value(node.right, config, local)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right)):
+        if not all(_number(v) for v in (left, right)):
             return _UNKNOWN
-        if type(node.op) in (ast.Mod, ast.FloorDiv) and right == 0:
+        if type(node.op) in (ast.Mod, ast.FloorDiv, ast.Div) and right == 0:
             return _UNKNOWN
-        return _ARITHMETIC[type(node.op)](left, right)
+        try:
+            result = _ARITHMETIC[type(node.op)](left, right)
+        except OverflowError:
+            return _UNKNOWN
+        return result if _number(result) else _UNKNOWN
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BUILTINS
+            and node.args and not node.keywords):
+        # int(...), max(...): the builtins a helper of the code (purefuncs) sizes a width with.
+        args = [_value(a, config, local) for a in node.args]
+        if not all(_number(a) for a in args) or (node.func.id in ("int", "float", "abs") and len(args) != 1):
+            return _UNKNOWN
+        try:
+            result = _BUILTINS[node.func.id](*args)
+        except (OverflowError, ValueError, TypeError):
+            return _UNKNOWN
+        return result if _number(result) else _UNKNOWN
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
             and len(node.args) == 2 and ast.unparse(node.args[0]) in ("config", "self.config")
             and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):

@@ -485,6 +485,9 @@ class Interpreter:
             # not pieces of a fused output.
             if all(o.stage == "shaped" or o.piece is not None for o in base):
                 return base
+            if any(o.stage == "heads_fused" for o in base) and self.last_axis(method, rest, node, env):
+                # Cut within each head, not along the heads axis of (…, q_heads + k_heads + v_heads, head_dim).
+                return frozenset(replace(o, stage="shaped") if o.piece is None else o for o in base)
             layout = ("interleaved" if any(o.stage == "per_head" for o in base)
                       else "blocked" if any(o.stage == "blocked" for o in base) else "fused")
             if layout == "blocked" and not self.last_axis(method, rest, node, env):
@@ -584,6 +587,9 @@ class Interpreter:
         dims = exprs[0].elts if len(exprs) == 1 and isinstance(exprs[0], (ast.Tuple, ast.List)) else exprs
         if method in ("view", "reshape") and len(dims) >= 3 and _int(dims[-2]) == 3:
             return "per_head_stacked"  # (…, heads, 3, head_dim): Persimmon's q, k, v per head
+        if method in ("view", "reshape") and len(dims) >= 3 and len(_terms(self.local_expr(dims[-2], env))) == 3:
+            # (…, q_heads + k_heads + v_heads, head_dim): OpenELM's; cut along that axis, the rows of a fused output.
+            return "heads_fused"
         if method == "unflatten" and len(exprs) >= 2 and isinstance(exprs[1], (ast.Tuple, ast.List)) and \
                 exprs[1].elts and _int(exprs[1].elts[0]) == 3:
             return "stacked"
@@ -929,6 +935,14 @@ def _init_assignments(init: ast.FunctionDef | None) -> dict[str, ast.expr]:
                 and _dotted(node.targets[0].value) == "self":
             out.setdefault(node.targets[0].attr, node.value)
     return out
+
+
+def _terms(node: ast.expr) -> list[ast.expr]:
+    """The operands of a sum of names or attributes (`a + b + c`); [] where any is a number or anything else."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _terms(node.left), _terms(node.right)
+        return left + right if left and right else []
+    return [node] if isinstance(node, (ast.Name, ast.Attribute)) else []
 
 
 def _identity_call(node: ast.AST | None) -> bool:

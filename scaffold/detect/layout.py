@@ -562,12 +562,18 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     read_heads = (attn.split(".")[0], per_layer_read.key) if per_layer_read is not None else None
     # The MLP's width per layer, read by detect.sizes (layer_intermediate_sizes) and checked by detect.mlp.
     widths = spec.source("layer_intermediate_sizes").expr if spec.layer_intermediate_sizes else None
+    # The attention's heads per layer, read by detect.sizes where the attention reads them itself (OpenELM's).
+    own_heads = {spec.source(f).expr for f in ("layer_num_heads", "layer_num_kv_heads") if getattr(spec, f)}
     for module, key, counts in policy.layer_sized_modules(ckpt):
         if widths in (key, f"config.{key}[layer_idx]") and counts == spec.layer_intermediate_sizes:
             continue
+        if own_heads & {f"config.{key}", f"config.{key}[layer_idx]"} or (
+                widths and f"config.{key}[layer_idx]" in widths):
+            continue  # each layer's heads (layerheads) or MLP width (an expression over config.K[layer_idx])
         if len(set(counts)) > 1 and (module, key) != read_heads:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
-            raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with config.{key}[layer_idx], "
+            read = f"config.{key}[layer_idx]" if key.isidentifier() else key  # a key, or the code's expression
+            raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with {read}, "
                                f"a value of its own for each layer ({counts}), and the port builds it from one config "
                                "value", where, spec.model_type)
     indexed = sorted(f"{prefix}.{names['layers']}.{i}.{n}" for i, tensors in per_layer.items() for n in tensors

@@ -39,6 +39,24 @@ KNOWN = {
 }
 
 
+# The keyword names of the widths, (input, output), where a call names them (`nn.Linear(in_features=..., ...)`).
+_WIDTH_KEYWORDS = {"Linear": ("in_features", "out_features"), "Conv1D": ("nx", "nf")}
+
+
+def width_args(kind: LinearClass, call: ast.Call) -> tuple[ast.expr, ast.expr] | None:
+    """(the input width, the output width) a constructor call gives the linear class `kind`, passed by position or,
+    for torch's Linear and transformers' Conv1D, by keyword; None where the call gives either otherwise."""
+    names = _WIDTH_KEYWORDS.get(kind.name, ("", ""))
+    given = {k.arg: k.value for k in call.keywords if k.arg}
+    found = []
+    for position, keyword in ((kind.in_arg, names[0]), (kind.out_arg, names[1])):
+        value = call.args[position] if len(call.args) > position else given.get(keyword)
+        if value is None:
+            return None
+        found.append(value)
+    return found[0], found[1]
+
+
 def linear_classes(sources: dict[str, str]) -> dict[str, LinearClass]:
     """Class name -> LinearClass (see _linear_classes); computed once per set of sources."""
     return dict(_linear_classes(tuple(sorted(sources.items()))))

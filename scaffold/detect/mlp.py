@@ -69,10 +69,9 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                           "port's act(gate) * up does not compute", where, spec.model_type)
     base = f"{n['model']}.{n['layers']}"
     widths = spec.layer_intermediate_sizes
-    if widths and (spec.is_moe or spec.mlp_kind == "gated" and spec.gate_up_layout == "fused"):
+    if widths and spec.is_moe:
         raise unsupported(f"MLP widths of each layer's own ({spec.source('layer_intermediate_sizes').detail}) in "
-                          + ("a MoE model" if spec.is_moe else "a fused gate_up projection") + ", where the port "
-                          "builds those from one width", where, spec.model_type)
+                          "a MoE model, where the port builds those from one width", where, spec.model_type)
     inter, hidden = spec.intermediate_size, spec.hidden_size
 
     def shapes_of(inter: int) -> dict:

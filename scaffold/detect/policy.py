@@ -21,6 +21,7 @@ from scaffold.detect import (
     headsizes,
     hyperconn,
     kvshare,
+    layerheads,
     layerinputs,
     layerwidths,
     sourcecode,
@@ -141,7 +142,7 @@ def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
     `self.self_attn = LagunaAttention(config, layer_idx, config.num_attention_heads_per_layer[layer_idx])`): that
     module's tensors may differ from layer to layer. scaffold.detect.layout reads what the count sizes (the
     attention's query heads) and refuses any other such module; for self_attn the count is the heads o_proj takes."""
-    layers = ckpt.config.get("num_hidden_layers")
+    layers = _layer_count(ckpt)
     found = []
     for _file, tree in sourcecode._parsed(sourcecode.modeling_sources(ckpt)):
         for node in sourcecode.subtree(tree):
@@ -164,13 +165,33 @@ def layer_sized_modules(ckpt: Checkpoint) -> list[tuple[str, str, list[int]]]:
         value = ckpt.config.get(key)
         if isinstance(value, list) and len(value) == layers and all(_is_int(v) and v > 0 for v in value):
             found.append((attr, key, value))
+    # A module whose own __init__ reads config.KEY[layer_idx] (OpenELM's attention its query and KV heads, its FFN a
+    # width multiplier): scaffold.detect.sizes and .layout read what each sizes, and check every layer against it.
+    for attr, key, _where in layerwidths.layer_reads(sourcecode.modeling_sources(ckpt)):
+        value = ckpt.config.get(key)
+        if (isinstance(value, list) and len(value) == layers and (attr, key, value) not in found
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+            found.append((attr, key, value))
     # A module whose own __init__ computes its width from one config value and the layer's index (Gemma 4's
     # double-wide MLP in its KV-shared layers): KEY is that expression (scaffold.detect.sizes ports it).
     widths = config_value(ckpt, "intermediate_size")[0] if isinstance(layers, int) else None
+    # The attention's heads of each layer's own size its projections, not an MLP width (detect.layerheads).
+    heads = layerheads.read(sourcecode.modeling_sources(ckpt), ckpt.config, "config.hidden_size", layers) \
+        if isinstance(layers, int) else None
     for attr, expr, values, _where in (layerwidths.layer_dependent_widths(
-            sourcecode.modeling_sources(ckpt), "config.hidden_size", widths, ckpt.config, layers) if widths else ()):
+            sourcecode.modeling_sources(ckpt), "config.hidden_size", widths, ckpt.config, layers,
+            frozenset({heads.attr}) if heads else frozenset()) if widths else ()):
         found.append((attr, expr, values))
     return found
+
+
+def _layer_count(ckpt: Checkpoint) -> int | None:
+    """config.json's num_hidden_layers, else the layers the tensors hold (OpenELM's num_transformer_layers)."""
+    layers = ckpt.config.get("num_hidden_layers")
+    if _is_int(layers):
+        return layers
+    numbers = {int(m.group(2)) for name in ckpt.tensors if (m := _LAYER_PARTS.match(name))}
+    return max(numbers) + 1 if numbers else None
 
 
 # Blocks whose computation a generated port cannot express; named in the error.
@@ -272,8 +293,12 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
     `sizes`: the KV heads of each layer and the value heads' width the attention's code builds (head_sizes): the
     output projection takes heads x that width, and k and v differ between layers of different KV heads.
     """
-    sized = {module: counts for module, _key, counts in per_layer}
-    layer_heads = sized.get("self_attn")
+    sized: dict[str, list[list]] = {}  # each module's per-layer values, one list per key sizing it
+    for module, _key, counts in per_layer:
+        sized.setdefault(module, []).append(counts)
+    # The query heads of each layer: the count self_attn is built with (Laguna's), else the first it reads for itself
+    # (OpenELM's query heads, then its KV heads); scaffold.detect.layerheads and .attention check which is which.
+    layer_heads = sized["self_attn"][0] if "self_attn" in sized else None
     hkey, hidden = _first_int(config, "hidden_size", "n_embd", "d_model")
     vocab = config.get("vocab_size") if _is_int(config.get("vocab_size")) else None
     _, heads = _first_int(config, "num_attention_heads", "n_head")
@@ -351,7 +376,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo], where: Path,
             first[rest] = (name, info.shape)
         elif first[rest][1] != info.shape:
             other, shape = first[rest]
-            counts = sized.get(match.group(3).split(".", 1)[0], [])
+            counts = list(zip(*sized.get(match.group(3).split(".", 1)[0], [])))
             here, there = int(match.group(2)), int(_LAYER_PARTS.match(other).group(2))
             if len(counts) > max(here, there) and counts[here] != counts[there]:
                 continue  # a module sized per layer: scaffold.detect.layout checks each layer against its count

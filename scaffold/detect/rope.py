@@ -83,7 +83,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         elif (base := _base_key(ckpt)) is not None:
             # The code passes its own key as the base (qwen's RotaryEmbedding(dim, base=config.rotary_emb_base)).
             params["rope_theta"] = ckpt.config[base.keys[0]]
-            source = Source("code", f"{base}: base={base.expr}")
+            source = Source("code", f"{base}: base={base.expr}", base.expr)
         else:
             found = config_default(ckpt, "rope_theta")
             if found is not None:
@@ -539,6 +539,37 @@ def _default_base(sources: dict[str, str]) -> tuple[float, Source] | None:
     return None
 
 
+def _passed_base(sources: dict[str, str]) -> codekeys.CodeExpr | None:
+    """config.K where the one call building the rotary module passes it for the __init__ parameter the class raises
+    to a power (`inv_freq = 1.0 / (freq_constant ** (torch.arange(0, dim, 2) / dim))`), whatever that parameter is
+    called (OpenELM's `OpenELMRotaryEmbedding(..., freq_constant=config.rope_freq_constant)`)."""
+    found = rotaryfreq.rotary_class(sources)
+    if found is None:
+        return None
+    file, cls, attr, owner = found
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    owner_init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None or owner_init is None:
+        return None
+    builds = [n.value for n in ast.walk(owner_init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+              and ast.unparse(n.targets[0]) == f"self.{attr}" and isinstance(n.value, ast.Call)]
+    if len(builds) != 1:
+        return None
+    params = [a.arg for a in init.args.args][1:]
+    powered = {ast.unparse(n.left) for n in ast.walk(init) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow)}
+    bases = [(i, name) for i, name in enumerate(params) if {name, f"self.{name}"} & powered]
+    if len(bases) != 1:
+        return None
+    index, name = bases[0]
+    call = builds[0]
+    given = call.args[index] if index < len(call.args) and not any(
+        isinstance(a, ast.Starred) for a in call.args[:index + 1]) else next(
+        (k.value for k in call.keywords if k.arg == name), None)
+    if isinstance(given, ast.Attribute) and codekeys._is_config(given.value):
+        return codekeys.CodeExpr(f"config.{given.attr}", (given.attr,), file, call.lineno)
+    return None
+
+
 def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:
     """The config key the code passes as the rotary base (`base=config.rotary_emb_base`), if one, present."""
     sources = codekeys.code_sources(ckpt)
@@ -550,6 +581,8 @@ def _base_key(ckpt: Checkpoint) -> codekeys.CodeExpr | None:
             key = value.attr if isinstance(value, ast.Attribute) and codekeys._is_config(value.value) else None
             if key and (re.fullmatch(r"(rope_|rotary_)?(theta|base)", attr) or re.search(r"theta|rot\w*_base", key)):
                 found.setdefault(f"config.{key}", codekeys.CodeExpr(f"config.{key}", (key,), file, value.lineno))
+    if not found and (passed := _passed_base(sources)) is not None:
+        found[passed.expr] = passed
     if len(found) != 1:
         return None
     base = next(iter(found.values()))

@@ -14,7 +14,17 @@ import ast
 import re
 
 from scaffold.checkpoint import Checkpoint, _short_list
-from scaffold.detect import codekeys, configreads, dataflow, layerwidths, policy, positions, recurrence, subconfigs
+from scaffold.detect import (
+    codekeys,
+    configreads,
+    dataflow,
+    layerheads,
+    layerwidths,
+    policy,
+    positions,
+    recurrence,
+    subconfigs,
+)
 from scaffold.detect.common import config_value, set_from_config
 from scaffold.detect.linears import linear_classes
 from scaffold.detect.sourcecode import _parsed, modeling_sources, subtree
@@ -104,7 +114,16 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         if isinstance(ckpt.config.get(key), int):
             from_code["num_layers"] = (codekeys.CodeExpr(f"config.{key}", (key,), file, line), ckpt.config[key])
     size("num_layers")
-    size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr))  # head_dim = hidden // H
+    # Heads each layer's attention reads for itself from a list in config.json (OpenELM's): layer 0's are the
+    # model's, each layer's its own (set below).
+    own_heads = (layerheads.read(sources or modeling_sources(ckpt), ckpt.config, spec.source("hidden_size").expr,
+                                 spec.num_layers) if spec.num_layers > 0 else None)
+    if own_heads is not None:
+        file, line = own_heads.where.rsplit(":", 1)
+        from_code["num_heads"] = (codekeys.CodeExpr(f"config.{own_heads.query_key}[0]", (own_heads.query_key,),
+                                                    file, int(line)), own_heads.query[0])
+    size("num_heads", _divisor(sources, ckpt.config, spec.source("hidden_size").expr)
+         if own_heads is None else None)  # head_dim = hidden // H
     size("vocab_size")
     size("max_position", from_code.get("max_position"), default=2048)
     if spec.source("max_position").kind == "default" and (named := _context_key(ckpt.config)):
@@ -114,9 +133,13 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     if unknown := [spec.unknowns[n] for n in ("hidden_size", "num_layers", "num_heads", "vocab_size")
                    if n in spec.unknowns]:
         raise Undetermined(*unknown)  # the checks and the derived sizes below need them
-    _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(sources, spec.source("num_heads").expr,
-                                                                        ckpt.config, modeling_sources(ckpt)))),
-              reads)
+    if own_heads is not None and own_heads.kv_key:
+        spec.set("num_kv_heads", own_heads.kv[0],
+                 Source("code", f"{own_heads.where}: the attention's KV heads are config.{own_heads.kv_key}"
+                                "[layer_idx] (layer 0's)", f"config.{own_heads.kv_key}[0]"))
+    else:
+        _kv_heads(ckpt, spec, tuple(dict.fromkeys(keys("num_kv_heads") + _kv_keys(
+            sources, spec.source("num_heads").expr, ckpt.config, modeling_sources(ckpt)))), reads)
     layer_sizes = policy.per_layer_config_sizes(ckpt)
     if layer_sizes is not None and spec.source("num_kv_heads").kind == "default":
         # The attention reads its KV heads as config.per_layer_config[layer_idx].num_key_value_heads (Gemma 4
@@ -144,6 +167,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         spec.set("head_dim", spec.hidden_size // spec.num_heads,
                  Source("derived", "hidden_size // num_heads", f"{hk} // {nk}" if hk and nk else None))
     _layer_sizes(spec, layer_sizes)
+    if own_heads is not None:
+        _own_heads(spec, own_heads)
     if _layer_mlp_widths(ckpt, spec, sources or modeling_sources(ckpt), keys("intermediate_size")):
         return
     found = (_mlp_width(sources, spec, ckpt.config, aliases)
@@ -165,10 +190,27 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
         hk = spec.source("hidden_size").expr
         spec.set("intermediate_size", 4 * spec.hidden_size,
                  Source("default", "no intermediate_size: 4 * hidden_size", f"4 * {hk}" if hk else None))
-    _layer_dependent_widths(ckpt, spec)
+    _layer_dependent_widths(ckpt, spec, frozenset({own_heads.attr}) if own_heads is not None else frozenset())
 
 
-def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec) -> None:
+def _own_heads(spec: Spec, heads: layerheads.LayerHeads) -> None:
+    """Each layer's query and KV heads, where the attention reads them per layer (layerheads): the port reads the
+    same keys per layer at run time, so it serves every checkpoint of the architecture, whatever its counts."""
+    said = f"{heads.where}: each layer's attention ({heads.attr}) reads"
+    spec.set("layer_num_heads", list(heads.query),
+             Source("code", f"{said} config.{heads.query_key}[layer_idx] query heads", f"config.{heads.query_key}"))
+    if heads.kv_key:
+        spec.set("layer_num_kv_heads", list(heads.kv),
+                 Source("code", f"{said} config.{heads.kv_key}[layer_idx] KV heads",
+                        f"config.{heads.kv_key}[layer_idx]"))
+    for layer, (q, kv) in enumerate(zip(spec.layer_num_heads, spec.layer_num_kv_heads or [spec.num_kv_heads] *
+                                        spec.num_layers)):
+        if q % kv:
+            raise CheckpointError(f"layer {layer}'s {q} query heads (config.{heads.query_key}) cannot share {kv} KV "
+                                  "heads.", heads.where)
+
+
+def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec, attention: frozenset[str] = frozenset()) -> None:
     """Each layer's MLP width where config.json holds one width and the MLP's __init__ computes its own from it and
     the layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the expression followed from the down
     projection's input to the config and the layer's index (layerwidths.layer_dependent_widths), evaluated on
@@ -177,7 +219,7 @@ def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec) -> None:
     width_expr = spec.source("intermediate_size").expr or ""
     key = width_expr[len("config."):] if re.fullmatch(r"config\.\w+", width_expr) else None
     found = layerwidths.layer_dependent_widths(modeling_sources(ckpt), spec.source("hidden_size").expr, key,
-                                               ckpt.config, spec.num_layers)
+                                               ckpt.config, spec.num_layers, attention)
     if not found:
         return
     if len({(expr, tuple(values)) for _attr, expr, values, _where in found}) > 1:
@@ -185,6 +227,9 @@ def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec) -> None:
             "per-layer sizes: modules computing widths of their own from the layer's index: "
             + "; ".join(f"{attr} ({where}: {expr})" for attr, expr, _values, where in found), ckpt.config_file)
     _attr, expr, values, where = found[0]
+    if key is None or f"config.{key}" not in expr:  # no width key the MLP reads (OpenELM's): layer 0's is the model's
+        spec.set("intermediate_size", values[0], Source("code", f"{where}: the MLP's down projection takes {expr} "
+                                                                "features (layer 0's)"))
     spec.set("layer_intermediate_sizes", list(values),
              Source("code", f"{where}: the MLP's down projection takes {expr} features", expr))
 

@@ -375,6 +375,8 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
     query = renamed_name(spec, f"{attn}.{n['q_proj']}.weight").rsplit(".", 1)[0] if "q_proj" in n else None
     key = renamed_name(spec, f"{attn}.{n['k_proj']}.weight").rsplit(".", 1)[0] if "k_proj" in n else None
     value = renamed_name(spec, f"{attn}.{n['v_proj']}.weight").rsplit(".", 1)[0] if "v_proj" in n else None
+    fused = (renamed_name(spec, f"{attn}.{n['qkv_proj']}.weight").rsplit(".", 1)[0]
+             if spec.qkv_layout == "fused" and "qkv_proj" in n else None)
     prefix = f"{n['model']}.{n['layers']}."
     transposed = transposed_modules(spec)
     problems, seen = [], set()
@@ -403,6 +405,9 @@ def check_shapes(report: Report, spec: Spec, ckpt: Checkpoint) -> None:
             wanted = want[module]
             if module == query and spec.layer_num_heads and layer.isdigit() and int(layer) < spec.num_layers:
                 wanted = spec.heads_of(int(layer)) * spec.head_dim  # this layer's own query heads
+            if module == fused and (spec.layer_num_heads or spec.layer_num_kv_heads) and layer.isdigit() \
+                    and int(layer) < spec.num_layers:  # this layer's own query and KV heads in one tensor
+                wanted = (spec.heads_of(int(layer)) + 2 * spec.kv_heads_of(int(layer))) * spec.head_dim
             if module in (key, value) and spec.layer_num_kv_heads and layer.isdigit() \
                     and int(layer) < spec.num_layers:  # this layer's own KV heads (and head width)
                 wanted = spec.kv_heads_of(int(layer)) * (spec.head_dim_of(int(layer)) if module == key
