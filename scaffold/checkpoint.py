@@ -36,6 +36,9 @@ DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 # Integer dtypes a table of the code may be stored in (DeepSeek-V4's tid2eid: I64), read where the caller names the
 # table (`integer_tables`: the last component of its tensors' names), never as a weight.
 INTEGER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+# A boolean buffer the code registers and saves with the weights (CodeGen-style `attn.causal_mask`), read where the
+# caller names it (`integer_tables` too), never as a weight: the port recomputes it.
+MASK_DTYPES = {"BOOL": 1}
 KNOWN_UNSUPPORTED_DTYPES = {
     "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0",
     "F6_E2M3", "F6_E3M2", "F4", "C64",
@@ -519,7 +522,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
             raise CheckpointError(f"the header entry of tensor {name!r} is malformed.", path)
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         # A quantization method's integer and FP8 tensors only where config.json says the checkpoint is quantized.
-        table = dtype in INTEGER_DTYPES and name.rsplit(".", 1)[-1] in integer_tables
+        table = (dtype in INTEGER_DTYPES or dtype in MASK_DTYPES) and name.rsplit(".", 1)[-1] in integer_tables
         if dtype not in DTYPE_SIZES and not (packed and quantized.is_packed(name, dtype)) and not table:
             kind = "a quantized or non-float" if dtype in KNOWN_UNSUPPORTED_DTYPES else "an unknown"
             error = (NonFloatTensor if dtype in KNOWN_UNSUPPORTED_DTYPES else CheckpointError)(
@@ -541,7 +544,7 @@ def read_safetensors_header(source: Path, path: Path | None = None, checked: dic
                 f"the shape {shape!r} or data offsets {offsets!r} of tensor {name!r} are malformed.", path
             )
         begin, end = offsets
-        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * {**DTYPE_SIZES, **quantized.PACKED_DTYPES, **INTEGER_DTYPES}[dtype]:
+        if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * {**DTYPE_SIZES, **quantized.PACKED_DTYPES, **INTEGER_DTYPES, **MASK_DTYPES}[dtype]:
             raise CheckpointError(
                 f"tensor {name!r} ({dtype}, shape {shape}) does not fit its data offsets {offsets} "
                 f"in {data_size} bytes of data; the file is truncated or corrupt.",
@@ -750,8 +753,9 @@ def _read_sources(root: Path, config: dict) -> dict[str, str]:
 
 def read_checkpoint(path: str | Path, integer_tables: frozenset[str] = frozenset()) -> Checkpoint:
     """Read a checkpoint folder. Raises CheckpointError with a one-paragraph message. `integer_tables`: the last
-    components of tensor names that may hold integers (a table the code indexes, named by
-    scaffold.detect.forms.read_checkpoint from what the code computes with it); every other tensor must be float."""
+    components of tensor names that may hold integers or booleans (a table the code indexes, a mask buffer it
+    registers, named by scaffold.detect.forms.read_checkpoint from what the code does with it); every other tensor
+    must be float."""
     root = Path(path)
     if not root.exists():
         raise CheckpointError("no such checkpoint folder.", root)

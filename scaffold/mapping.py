@@ -331,10 +331,12 @@ def map_tensor(spec: Spec, name: str, modules: _Modules | None = None) -> Target
         if spec.tie_word_embeddings and name == f"{n['lm_head']}.weight":
             return [(None, None, f"tied to {n['model']}.{n['embed_tokens']}.weight")]
         return [(port_param(spec, name), None, "")]
+    if name in spec.skipped_tensors:  # inside a layer too (CodeGen-style attn.causal_mask)
+        return [(None, None, "recomputed buffer")]
     prefix = layer_prefix(spec)
     inside = _layer_and_rest(prefix, name)
     if inside is None:
-        return [(None, None, "recomputed buffer")] if _skipped(name) or name in spec.skipped_tensors else None
+        return [(None, None, "recomputed buffer")] if _skipped(name) else None
     layer, rest = inside
     return _prefixed(port_param(spec, f"{prefix}{layer}."),
                      per_layer_targets(spec, int(layer), rest, map_in_layer(spec, rest, modules)))
@@ -586,6 +588,7 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
     head = natural(prefix)
     inside: dict[str, tuple[list, Targets | None]] = {}  # name in the layer -> (natural key, targets)
     keyed = []
+    skipped = set(spec.skipped_tensors)
     for name in ckpt.tensors:
         if (stacked := recurrent_layer(spec, name)) is not None:
             # A layer of one of the stacks run in cycles: mapped as the model's layer of that index would be.
@@ -597,7 +600,7 @@ def weight_table(spec: Spec, ckpt: Checkpoint) -> tuple[list[WeightRow], list[st
             keyed.append(([*natural(base), int(layer), *key], name, _prefixed(f"{base}{layer}.", targets)))
             continue
         split = _layer_and_rest(prefix, name)
-        if split is None:
+        if split is None or name in skipped:
             keyed.append((natural(name), name, map_tensor(spec, name, modules)))
             continue
         layer, rest = split

@@ -62,3 +62,23 @@ def test_a_final_norm_bias_is_not_taken_for_a_causal_mask_buffer_named_bias(tmp_
     spec = detect_until(ckpt, layout)  # refused before: "the final norm and the layer norms differ in having a bias"
     assert (spec.norm_kind, spec.norm_bias) == ("layer", True)
     assert spec.names["norm"] == "norm" and "model.norm.bias" not in spec.skipped_tensors
+
+
+@pytest.mark.slow  # builds and saves a checkpoint through transformers (~5 s)
+def test_a_boolean_causal_mask_buffer_stored_in_every_layer_is_read_and_skipped(tmp_path):
+    from stored_mask_ckpt import build
+
+    from scaffold.detect.forms import read_checkpoint as read_with_code
+    from scaffold.mapping import weight_table
+
+    path = build(tmp_path / "storedmasklab")
+    with pytest.raises(Exception, match="BOOL"):  # the reader alone takes float weights only
+        read_checkpoint(path)
+    ckpt = read_with_code(path)  # refused before: "has dtype 'BOOL', a quantized or non-float dtype"
+    masks = [n for n, info in ckpt.tensors.items() if info.dtype == "BOOL"]
+    assert masks == [f"transformer.h.{i}.attn.causal_mask" for i in range(len(masks))] and masks
+    spec = detect_until(ckpt, layout)  # refused before: "layer 0 holds tensor(s) that no part of the port ..."
+    assert sorted(spec.skipped_tensors) == sorted(masks)
+    rows, homeless = weight_table(spec, ckpt)
+    assert homeless == []
+    assert {r.checkpoint: (r.param, r.note) for r in rows if r.checkpoint in masks} == dict.fromkeys(masks, (None, "recomputed buffer"))

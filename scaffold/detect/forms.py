@@ -52,9 +52,10 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-from scaffold.checkpoint import INTEGER_DTYPES, Checkpoint
+from scaffold.checkpoint import INTEGER_DTYPES, MASK_DTYPES, Checkpoint
 from scaffold.checkpoint import read_checkpoint as _read
 from scaffold.detect import (
+    codekeys,
     conditions,
     dataflow,
     hashrouting,
@@ -99,21 +100,30 @@ def check(ckpt: Checkpoint) -> None:
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
     """scaffold.checkpoint.read_checkpoint, with a tensor of a dtype no port loads named by what the code computes
-    with it where the code says (DeepSeek-V4's tid2eid: experts looked up by token id); else the reader's error."""
-    try:
-        return _read(path)
-    except NonFloatTensor as exc:
-        sources = sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {}, config=exc.config or {})) \
-            if exc.config is not None else {}
-        found = integer_table(sources, exc.tensor, exc.dtype) if exc.config is not None else None
-        if found is None:
-            raise
-        # Hash routing the port computes (scaffold.detect.hashrouting): the table is read as integers.
-        why = hash_table_problem(sources, exc.config, exc.tensor, exc.dtype)
-        if why is None:
-            return _read(path, integer_tables=frozenset({exc.tensor.rsplit(".", 1)[-1]}))
-        raise unsupported(f"{found}; {why}" if why else found, Path(path).resolve() / "config.json",
-                          exc.config.get("model_type")) from None
+    with it where the code says (DeepSeek-V4's tid2eid: experts looked up by token id), or read where it is a
+    boolean buffer the code registers (CodeGen-style `causal_mask`, saved with the weights, recomputed by the port);
+    else the reader's error."""
+    tables: frozenset[str] = frozenset()
+    while True:
+        try:
+            return _read(path, integer_tables=tables)
+        except NonFloatTensor as exc:
+            leaf = exc.tensor.rsplit(".", 1)[-1]
+            sources = sourcecode.modeling_sources(SimpleNamespace(sources=exc.sources or {}, config=exc.config or {})) \
+                if exc.config is not None else {}
+            if leaf not in tables and exc.dtype in MASK_DTYPES and codekeys.stored_buffers(sources, [exc.tensor]):
+                tables |= {leaf}
+                continue
+            found = integer_table(sources, exc.tensor, exc.dtype) if exc.config is not None else None
+            if found is None or leaf in tables:
+                raise
+            # Hash routing the port computes (scaffold.detect.hashrouting): the table is read as integers.
+            why = hash_table_problem(sources, exc.config, exc.tensor, exc.dtype)
+            if why is None:
+                tables |= {leaf}
+                continue
+            raise unsupported(f"{found}; {why}" if why else found, Path(path).resolve() / "config.json",
+                              exc.config.get("model_type")) from None
 
 
 def hash_table_problem(sources: dict[str, str], config: dict, tensor: str, dtype: str) -> str | None:

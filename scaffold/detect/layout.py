@@ -15,7 +15,7 @@ import ast
 import re
 from dataclasses import dataclass, replace
 
-from scaffold.checkpoint import Checkpoint
+from scaffold.checkpoint import MASK_DTYPES, Checkpoint
 from scaffold.detect import (
     altup,
     blocks,
@@ -451,7 +451,11 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
                            "decoder half of an encoder-decoder", where, spec.model_type)
     # Top level: the embedding, the final norm and the head, wherever the tree holds them.
     vocab = spec.vocab_size
-    skipped = sorted(codekeys.stored_buffers(code, [n for n in ckpt.tensors if n not in matches]))
+    # Buffers the code registers and saves with the weights; inside the layers only boolean ones (a CodeGen-style
+    # attn.causal_mask), which no weight of a port can be.
+    skipped = sorted(codekeys.stored_buffers(code, [n for n, info in ckpt.tensors.items()
+                                                    if n not in matches or info.dtype in MASK_DTYPES]))
+    matches = {n: m for n, m in matches.items() if n not in skipped}
     top = {n: info for n, info in ckpt.tensors.items() if n not in matches and n not in skipped}
     # GPT-2 layouts: the learned position table is an embedding too, but not the token embedding.
     positions_table = _position_table(ckpt, spec, prefix, top)
