@@ -20,13 +20,12 @@ ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_emb_base")
 def convention_defaults(spec: Spec, config: dict) -> list[tuple[str, Any]]:
     """(config key, default) for values the spec took from the modeling code or a convention."""
     out: list[tuple[str, Any]] = []
-    if not any(key in config for key in ROPE_KEYS):
+    if not any(key in config for key in ROPE_KEYS) and not rope_base_key(spec, config):
         theta = spec.rope_parameters.get("rope_theta")
-        if rope_base_key(spec, config):
-            out.append(("rope_theta", None))  # derived from the key the code reads (config_derived)
-        elif isinstance(theta, (int, float)) and not isinstance(theta, bool):
+        if isinstance(theta, (int, float)) and not isinstance(theta, bool):
             out.append(("rope_theta", float(theta)))
-    return out
+    # Set from the key the code reads unless given (config_derived).
+    return out + [(standard, None) for standard, _key in config_derived(spec, config)]
 
 
 def rope_base_key(spec: Spec, config: dict) -> str | None:
@@ -40,8 +39,22 @@ def rope_base_key(spec: Spec, config: dict) -> str | None:
     return key
 
 
+# The keys vLLM derives the longest sequence from (its ModelArchConfigConvertorBase.get_max_model_len).
+MAX_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                   "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
 def config_derived(spec: Spec, config: dict) -> list[tuple[str, str]]:
     """(standard key, the config.json key it is read from) for the port's config class: a value vLLM reads under a
-    standard name that the checkpoint's code reads under its own."""
+    standard name that the checkpoint's code reads under its own (OpenELM's rope_freq_constant as rope_theta, its
+    max_context_length as max_position_embeddings, which vLLM would otherwise take as 2048)."""
+    out = []
     key = rope_base_key(spec, config) if not any(k in config for k in ROPE_KEYS) else None
-    return [("rope_theta", key)] if key else []
+    if key:
+        out.append(("rope_theta", key))
+    expr = spec.source("max_position").expr or ""
+    length = expr[len("config."):] if expr.startswith("config.") and expr[len("config."):].isidentifier() else None
+    if (length and length not in MAX_LENGTH_KEYS and isinstance(config.get(length), int)
+            and not any(k in config for k in MAX_LENGTH_KEYS)):
+        out.append(("max_position_embeddings", length))
+    return out

@@ -127,3 +127,27 @@ class LabAttention(nn.Module):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_the_ports_config_class_gives_vllm_the_keys_the_code_reads_under_its_own_names():
+    from scaffold.conventions import config_derived, convention_defaults
+    from scaffold.spec import Source, Spec
+
+    spec = Spec()
+    spec.set("rope_parameters", {"rope_theta": 10000.0, "rope_type": "default"},
+             Source("code", "modeling_lab.py:278: base=config.rope_freq_constant", "config.rope_freq_constant"))
+    spec.set("max_position", 2048, Source("config", "config.json max_context_length", "config.max_context_length"))
+    config = {"rope_freq_constant": 10000, "max_context_length": 2048, "rope_max_length": 4096}
+    assert config_derived(spec, config) == [("rope_theta", "rope_freq_constant"),
+                                            ("max_position_embeddings", "max_context_length")]
+    assert convention_defaults(spec, config) == [("rope_theta", None), ("max_position_embeddings", None)]
+    # Keys vLLM reads itself, where config.json holds them, are left alone.
+    assert config_derived(spec, {**config, "rope_theta": 5e5, "max_position_embeddings": 4096}) == []
+
+
+def test_a_key_naming_the_context_is_the_context_length_before_a_maximum_length():
+    from scaffold.detect.sizes import _context_key
+
+    assert _context_key({"max_context_length": 2048, "rope_max_length": 4096}) == "max_context_length"
+    assert _context_key({"rope_max_length": 4096}) == "rope_max_length"
+    assert _context_key({"max_ctx": 2048, "context_size": 4096}) is None  # two that name it: no choice

@@ -60,14 +60,19 @@ LENGTH_WORDS = {"len", "length", "position"}
 
 
 def _context_key(config: dict) -> str | None:
-    """The one positive integer key of config.json whose name says it is the context length, else None."""
-    found = []
+    """The one positive integer key of config.json whose name says it is the context length, else None: a key
+    naming the context (`max_context_length`) before one saying a maximum length only (OpenELM's rope_max_length,
+    the rotary table's)."""
+    context, length = [], []
     for key, value in config.items():
         words = set(key.lower().split("_"))
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or "original" in words:
             continue
-        if words & CONTEXT_WORDS or ("max" in words and words & LENGTH_WORDS):
-            found.append(key)
+        if words & CONTEXT_WORDS:
+            context.append(key)
+        elif "max" in words and words & LENGTH_WORDS:
+            length.append(key)
+    found = context or length
     return found[0] if len(found) == 1 else None
 
 
