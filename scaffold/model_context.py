@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaffold.detect.activations import vllm_activation_call
-from scaffold.detect.purefuncs import BUILTINS
 from scaffold.errors import SpecError
 from scaffold.mapping import EXPERT_PARAMS
+from scaffold.purecode import BUILTINS
 from scaffold.spec import (
     ATTENTION_ROLES,
     CODE_LONGROPE,
@@ -54,9 +54,15 @@ class Import:
         return "\n".join([f"from {self.module} import (", *(f"    {name}," for name in self.names), ")"])
 
 
-def _reads_config_and_layer(expr: str) -> bool:
+def helper_names(spec: Spec) -> frozenset[str]:
+    """The names of the code's arithmetic helpers the port carries (spec code_helpers)."""
+    return frozenset(ast.parse(text).body[0].name for text in spec.code_helpers)
+
+
+def _reads_config_and_layer(expr: str, helpers: frozenset[str] = frozenset()) -> bool:
     """Whether the code's expression reads the config and the layer's index alone (names `config`, `layer_idx`),
-    so that the port's decoder layer may evaluate it as written."""
+    calling at most the arithmetic builtins and the helpers the port carries, so that the port's decoder layer may
+    evaluate it as written."""
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError:
@@ -64,7 +70,7 @@ def _reads_config_and_layer(expr: str) -> bool:
     callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in callees}
     # Calls of the arithmetic builtins only (a helper of the code written out: OpenELM's make_divisible).
-    calls_ok = all(isinstance(n.func, ast.Name) and n.func.id in BUILTINS and not n.keywords
+    calls_ok = all(isinstance(n.func, ast.Name) and (n.func.id in BUILTINS and not n.keywords or n.func.id in helpers)
                    for n in ast.walk(tree) if isinstance(n, ast.Call))
     return names <= {"config", "layer_idx"} and calls_ok and not any(
         isinstance(n, (ast.Lambda, ast.NamedExpr)) for n in ast.walk(tree))
@@ -122,7 +128,7 @@ def choices(spec: Spec, overridden: set[str]) -> dict[str, object]:
     # intermediate_size and the layer's index): the code's expression over config and layer_idx, else the list.
     width_source = spec.source("layer_intermediate_sizes")
     mlp_width_expr = ((width_source.expr if width_source.kind == "code" and width_source.expr
-                       and _reads_config_and_layer(width_source.expr)
+                       and _reads_config_and_layer(width_source.expr, helper_names(spec))
                        and "layer_intermediate_sizes" not in overridden
                        else f"{list(spec.layer_intermediate_sizes)!r}[layer_idx]")
                       if spec.layer_intermediate_sizes else None)

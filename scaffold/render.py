@@ -10,6 +10,7 @@ then moved into place, so an error never leaves a half-written port behind.
 from __future__ import annotations
 
 import ast
+import builtins
 import fnmatch
 import json
 import keyword
@@ -32,7 +33,7 @@ from scaffold.checkpoint import Checkpoint
 from scaffold.conventions import config_derived, convention_defaults
 from scaffold.detect.activations import gated_forms
 from scaffold.detect.codekeys import attribute_map
-from scaffold.errors import CheckpointError, OutputError, ScaffoldError
+from scaffold.errors import CheckpointError, OutputError, ScaffoldError, SpecError
 from scaffold.mapping import split_modules, stacked_modules
 from scaffold.model_context import model_context, rotated_dims
 from scaffold.proc import python_command, run_tool
@@ -286,6 +287,8 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
         "checkpoint_path": str(ckpt.path),
         "checkpoint_name": display_name(ckpt.path.name),
         "config_derived": config_derived(spec, ckpt.config) if spec.register_config else [],
+        # The code's arithmetic helpers the port's expressions call (OpenELM's make_divisible), as ruff prefers them.
+        "code_helpers": carried_helpers(spec),
         "config_defaults": (config_defaults(ckpt.config, ckpt.config_file) + convention_defaults(spec, ckpt.config)
                             if spec.register_config else []),
         "trust_remote_code": trust_remote_code,
@@ -316,6 +319,7 @@ def render(spec: Spec, ckpt: Checkpoint, *, trust_remote_code: bool = False, rev
     }
     skip = () if spec.register_config else ("configuration.py.j2",)
     files = render_tree(context, spec.package, env=env, skip=skip)
+    _helpers_stand_alone(spec, files.get(f"{spec.package}/model.py", ""))
     files["scaffold_spec.toml"] = spec_toml(spec, port={"checkpoint": str(ckpt.path), "scaffold_version": __version__,
                                                        "trust_remote_code": trust_remote_code})
     if review:
@@ -358,6 +362,48 @@ def _ruff() -> list[str]:
         return [os.fsdecode(find_ruff_bin())]
     except (ImportError, FileNotFoundError):
         return python_command("ruff")
+
+
+def carried_helpers(spec: Spec) -> list[str]:
+    """The code's arithmetic helpers (spec code_helpers) as the port carries them: with ruff's own fixes of what its
+    rules prefer (`if a < b: a = b` as `a = max(a, b)`), so that the port lints clean whatever the lab wrote; a helper
+    ruff still objects to is refused naming the finding."""
+    if not spec.code_helpers:
+        return []
+    with tempfile.TemporaryDirectory(prefix="scaffold-helpers-") as tmp:
+        path = Path(tmp) / "helpers.py"
+        path.write_text("\n\n\n".join(spec.code_helpers) + "\n", encoding="utf-8")
+        ruff = _ruff()
+        run_tool([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--fix", str(path)], check=False,
+                 capture_output=True, text=True)
+        lint = run_tool([*ruff, "check", "--quiet", "--no-cache", "--isolated", "--output-format", "concise",
+                         str(path)], check=False, capture_output=True, text=True)
+        if lint.returncode != 0:
+            finding = (lint.stdout.strip().splitlines() or ["?"])[0].replace(str(path), "helper")
+            raise SpecError(f"spec field code_helpers: a helper the port would carry fails ruff ({finding}).",
+                            str(spec.source("code_helpers").detail or "spec"))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [ast.unparse(node) for node in tree.body]
+
+
+def _helpers_stand_alone(spec: Spec, model: str) -> None:
+    """Refuse a carried helper (spec code_helpers) whose name the model file also imports or defines at its top
+    level, or a Python builtin: it would shadow that name, or be shadowed."""
+    if not spec.code_helpers:
+        return
+    names = []
+    for node in ast.parse(model).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    for text in spec.code_helpers:
+        name = ast.parse(text).body[0].name
+        if names.count(name) != 1 or name in dir(builtins):
+            raise SpecError(f"spec field code_helpers defines {name!r}, a name the port's model file already uses "
+                            "(an import, a class or a builtin).", str(spec.source("code_helpers").detail or "spec"))
 
 
 def format_and_check(folder: Path) -> None:

@@ -28,6 +28,7 @@ from typing import Any, get_type_hints
 import tomllib
 
 from scaffold.errors import SpecError
+from scaffold.purecode import source_problem
 
 # Name patterns end in \Z, not $: `$` also matches before a trailing newline, so "llama\n"
 # would pass `.match`. With \Z, `.match` and `.fullmatch` both check the whole name.
@@ -288,6 +289,12 @@ class Spec:
             "its own (Gemma-3n's intermediate_size[layer_idx]), or the code computes it from one width and the "
             "layer's index (Gemma 4's double-wide MLP in its KV-shared layers): the port evaluates the code's "
             "expression per layer; empty: intermediate_size in every layer")
+    code_helpers: list[str] = spec_field(
+        [], group="sizes", omit_when_empty=True,
+        doc="small arithmetic functions of the checkpoint's code that an expression the port evaluates calls "
+            "(OpenELM's make_divisible in each layer's MLP width), each as Python source the port carries; only "
+            "assignments, branches and a final return over numbers and int/float/max/min/abs/round "
+            "(scaffold.purecode); empty: none")
     activation_sparsity: list[float] = spec_field(
         [], group="mlp", probe="mlp", omit_when_empty=True,
         doc="each layer's fraction f of the gate projection's output cut by relu(g - (mean(g) + std(g) * "
@@ -1288,6 +1295,14 @@ def field_problem(name: str, value: Any) -> str | None:
         return f"field {name!r} lists {len(value)} items, more than the {MAX_LIST_ITEMS} allowed"
     if info.layer_list and not all(0 <= v < MAX_LAYERS for v in value):
         return f"field {name!r} must list layer numbers from 0 to {MAX_LAYERS - 1}"
+    if name == "code_helpers":
+        for text in value:
+            if problem := source_problem(text):
+                return (f"field 'code_helpers' holds {text[:40]!r}, which the port cannot carry: {problem} (a helper "
+                        "is one function of assignments, branches and a final return over numbers)")
+        names = [ast.parse(text).body[0].name for text in value]
+        if len(set(names)) != len(names):
+            return f"field 'code_helpers' defines {names} more than once"
     return None
 
 

@@ -32,6 +32,9 @@ def test_each_layers_heads_and_width_come_from_the_code(port):
     assert "self.total_num_heads = config.query_heads[layer_idx]" in model
     assert "self.total_num_kv_heads = config.num_kv_heads[layer_idx]" in model
     assert "config.ffn_multipliers[layer_idx] * config.hidden_size" in model
+    # The lab's rounding helper is carried as a function of the port (ruff's max() for its clamp), called by name.
+    assert "def round_up(value, multiple, floor=None):" in model and "rounded = max(rounded, floor)" in model
+    assert spec["code_helpers"][0].startswith("def round_up(value, multiple, floor=None):")
     init = next(port.glob("*/__init__.py")).read_text(encoding="utf-8")
     assert "_register_layer_heads()" in init  # vLLM reads num_kv_heads as one count: the plugin gives it the largest
 

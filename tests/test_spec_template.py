@@ -207,7 +207,7 @@ def test_each_stopping_detector_names_the_fields_it_decides():
                 "embedding_norm", "attention_sinks", "attn_output_gate", "attn_gate_act", "attn_gate_bias",
                 "attn_temperature_floor_scale", "attn_temperature_scale", "attn_temperature_nope_only",
                 "layer_head_dim", "layer_num_kv_heads", "layer_intermediate_sizes", "v_norm", "layer_scalar",
-                "per_layer_input_size",
+                "per_layer_input_size", "code_helpers",
                 # TeleChat's MLP: a bias on the down projection alone.
                 "mlp_down_bias_only",
                 # Doge's bias per key and residual scales.

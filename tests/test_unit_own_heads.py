@@ -151,3 +151,13 @@ def test_a_key_naming_the_context_is_the_context_length_before_a_maximum_length(
     assert _context_key({"max_context_length": 2048, "rope_max_length": 4096}) == "max_context_length"
     assert _context_key({"rope_max_length": 4096}) == "rope_max_length"
     assert _context_key({"max_ctx": 2048, "context_size": 4096}) is None  # two that name it: no choice
+
+
+def test_a_spec_file_can_hand_the_port_only_pure_arithmetic_helpers(tmp_path):
+    from scaffold.purecode import source_problem
+
+    assert source_problem("def half(v, d=2):\n    return v / d\n") is None
+    assert "calls os.system" in source_problem("def f(v):\n    return os.system(v)\n")
+    assert "not an assignment or a branch" in source_problem("def f(v):\n    import os\n    return v\n")
+    assert "not one function definition" in source_problem("x = 1\n")
+    assert "Attribute" in source_problem("def f(v):\n    return v.real\n")

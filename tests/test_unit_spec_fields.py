@@ -84,6 +84,8 @@ def test_overrides_and_pinning_use_the_same_check():
     ('qkv_layout = "diagonal"', "field 'qkv_layout' must be one of"),
     ("num_layers = 1_000_000_000", "field 'num_layers' must be between 0 and 1024"),
     ("norm_eps = nan", "field 'norm_eps' must be float, not nan."),
+    ('code_helpers = ["def f(v):\\n    import os\\n    return v"]',
+     "field 'code_helpers' holds 'def f(v):\\n    import os\\n    return v', which the port cannot carry: line 2 is not"),
 ])
 def test_inspect_and_new_refuse_a_bad_spec_value_alike(tmp_path, line, problem):
     """`inspect --spec` once accepted `sliding_window_layers = 3` where `new` refused it: one check now."""

@@ -61,14 +61,15 @@ def layer_dependent_widths(sources: dict, hidden: str | None, key: str | None, c
     for attr, width, where in width_expressions(sources, hidden):
         if attr in exclude:
             continue
-        width = purefuncs.inline(width, sources)  # OpenELM's make_divisible(...), written out
-        names = {n.id for n in ast.walk(width) if isinstance(n, ast.Name)}
-        if "layer_idx" not in names or names - window.READS or _config_key(width) is not None:
+        # OpenELM's make_divisible(...), a helper the port carries (spec code_helpers), written out to be read.
+        written = purefuncs.inline(width, sources)
+        names = {n.id for n in ast.walk(written) if isinstance(n, ast.Name)}
+        if "layer_idx" not in names or names - window.READS or _config_key(written) is not None:
             continue
-        read = {n.attr for n in ast.walk(width) if isinstance(n, ast.Attribute) and codekeys._is_config(n.value)}
-        if key not in read and not _indexes_a_layer_list(width, config, num_layers):
+        read = {n.attr for n in ast.walk(written) if isinstance(n, ast.Attribute) and codekeys._is_config(n.value)}
+        if key not in read and not _indexes_a_layer_list(written, config, num_layers):
             continue
-        values = [conditions._value(width, config, {"layer_idx": i}) for i in range(num_layers)]
+        values = [conditions._value(written, config, {"layer_idx": i}) for i in range(num_layers)]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
             continue
         if len(set(values)) > 1:

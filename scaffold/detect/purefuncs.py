@@ -25,20 +25,37 @@ import ast
 import copy
 
 from scaffold.detect.sourcecode import _parsed
+from scaffold.purecode import BUILTINS, function_problem, function_source
 
-BUILTINS = frozenset({"int", "float", "max", "min", "abs", "round"})
 MAX_NODES = 400  # an expression larger than this is no width a port should spell out
 _ALLOWED = (ast.Constant, ast.Name, ast.Load, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
             ast.Attribute, ast.Subscript, ast.keyword, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
 
 
+def _functions(sources: dict) -> dict[str, tuple[str, ast.FunctionDef]]:
+    """name -> (file, definition) of the module-level functions of `sources` that scaffold.purecode accepts."""
+    return {node.name: (file, node) for file, tree in _parsed(sources) for node in tree.body
+            if isinstance(node, ast.FunctionDef) and function_problem(node) is None}
+
+
 def inline(expr: ast.expr, sources: dict) -> ast.expr:
     """`expr` with every call of such a function of `sources` written out (nested calls too)."""
-    functions = {node.name: node for _file, tree in _parsed(sources) for node in tree.body
-                 if isinstance(node, ast.FunctionDef)}
+    functions = {name: fn for name, (_file, fn) in _functions(sources).items()}
     if not functions:
         return expr
     return _Inline(functions).visit(copy.deepcopy(expr))
+
+
+def called(expr: ast.expr, sources: dict) -> list[tuple[str, str]]:
+    """(file:line, source) of each such function `expr` calls, as the port carries it (purecode.function_source),
+    in the order of the calls; the same function once."""
+    functions = _functions(sources)
+    found = {}
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions:
+            file, fn = functions[node.func.id]
+            found.setdefault(fn.name, (f"{file}:{fn.lineno}", function_source(fn)))
+    return list(found.values())
 
 
 class _Inline(ast.NodeTransformer):
@@ -61,8 +78,6 @@ def _written_out(fn: ast.FunctionDef, call: ast.Call) -> ast.expr | None:
     """The function's return value as an expression of the call's arguments; None where its body is not of the
     form above."""
     args = fn.args
-    if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or fn.decorator_list:
-        return None
     params = [a.arg for a in args.args]
     defaults = dict(zip(params[len(params) - len(args.defaults):], args.defaults))
     if len(call.args) > len(params) or any(k.arg not in params for k in call.keywords) \

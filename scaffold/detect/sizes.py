@@ -22,6 +22,7 @@ from scaffold.detect import (
     layerwidths,
     policy,
     positions,
+    purefuncs,
     recurrence,
     subconfigs,
 )
@@ -111,6 +112,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             spec.set(field, getattr(spec, field),
                      Source("config", f"config.json {key} (attribute_map: {STANDARD[field]})", f"config.{key}"))
 
+    spec.set("code_helpers", [], Source("default", "the port evaluates no function of the code"))
     size("hidden_size")
     if spec.recurrent_stacks and (stacked := recurrence.layer_count(modeling_sources(ckpt), ckpt.config)):
         # Stacks run in cycles: each stack's list is as long as this key (HRM's num_layers_per_stack; its
@@ -232,6 +234,11 @@ def _layer_dependent_widths(ckpt: Checkpoint, spec: Spec, attention: frozenset[s
             "per-layer sizes: modules computing widths of their own from the layer's index: "
             + "; ".join(f"{attr} ({where}: {expr})" for attr, expr, _values, where in found), ckpt.config_file)
     _attr, expr, values, where = found[0]
+    helpers = purefuncs.called(ast.parse(expr, mode="eval").body, modeling_sources(ckpt))
+    if helpers:  # the code's own arithmetic, carried by the port as written (OpenELM's make_divisible)
+        spec.set("code_helpers", [text for _at, text in helpers],
+                 Source("code", f"{where}: the MLP's width calls "
+                                + ", ".join(f"{text.split('(')[0].removeprefix('def ')} ({at})" for at, text in helpers)))
     if key is None or f"config.{key}" not in expr:  # no width key the MLP reads (OpenELM's): layer 0's is the model's
         spec.set("intermediate_size", values[0], Source("code", f"{where}: the MLP's down projection takes {expr} "
                                                                 "features (layer 0's)"))

@@ -21,12 +21,13 @@ from __future__ import annotations
 import ast
 import copy
 
-from scaffold.detect import conditions, dataflow, purefuncs
+from scaffold.detect import conditions, dataflow
 from scaffold.detect.common import unsupported
 from scaffold.detect.sourcecode import _dotted, _parsed, subtree
+from scaffold.purecode import BUILTINS
 
 # What the per-layer condition may read once followed to the layer list (as the port evaluates it).
-READS = frozenset({"config", "layer_idx", "hasattr", "getattr", *purefuncs.BUILTINS})
+READS = frozenset({"config", "layer_idx", "hasattr", "getattr", *BUILTINS})
 MAX_STEPS = 8  # substitutions per level (self.a -> self.b[...] -> config.c)
 
 
