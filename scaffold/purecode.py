@@ -34,9 +34,8 @@ def function_problem(fn: ast.FunctionDef) -> str | None:
 
 def _statements_problem(statements: list[ast.stmt]) -> str | None:
     for stmt in statements:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            problem = _expression_problem(stmt.value)
-        elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                or isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)):
             problem = _expression_problem(stmt.value)
         elif isinstance(stmt, ast.If):
             problem = (_expression_problem(stmt.test) or _statements_problem(stmt.body)

@@ -36,7 +36,7 @@ def test_a_helper_of_the_code_is_written_out_and_evaluates_as_the_code_computes(
     text = ast.unparse(expr)
     assert "make_divisible" not in text and "config.m[layer_idx] * config.d" in text
     namespace: dict = {}
-    exec(MAKE_DIVISIBLE, namespace)  # the test runs the helper it wrote itself, to compare
+    exec(MAKE_DIVISIBLE, namespace)  # noqa: S102 - the test runs the helper it wrote itself, to compare
     config = {"m": [multiplier], "d": 1280, "div": 256}
     expected = int(namespace["make_divisible"](multiplier * 1280, divisor=256))
     assert conditions._value(expr, config, {"layer_idx": 0}) == expected
@@ -76,8 +76,9 @@ def test_heads_read_in_the_attentions_own_init_are_each_layers_query_and_kv_head
     assert found.where.startswith("modeling_ownheads.py:")
     # An MLP whose width is read whole from a per-layer list (Gemma-3n's) holds no head count.
     widths = [(attr, ast.unparse(w)) for attr, w, _ in layerwidths.width_expressions(sources, "config.hidden_size")]
-    assert ("self_attn", "config.query_heads[layer_idx] * getattr(config, 'head_dim', config.hidden_size // "
-                         "config.num_attention_heads)") in widths
+    query_width = ("config.query_heads[layer_idx] * getattr(config, 'head_dim', config.hidden_size // "
+                   "config.num_attention_heads)")
+    assert ("self_attn", query_width) in widths
     assert layerheads.read(sources, {**config, "query_heads": 4}, "config.hidden_size", 3) is None
 
 
