@@ -83,11 +83,26 @@ def layer_reads(sources: dict) -> list[tuple[str, str, str]]:
     `q_heads = config.num_query_heads[layer_idx]`; its FFN: `ffn_multiplier = config.ffn_multipliers[layer_idx]`):
     that module may be sized differently in each layer, as the code computes."""
     found = []
+    linear = linear_classes(sources)
+    sizing = {(attr, ast.dump(n)) for attr, _file, _init, _width, lifted
+              in _submodule_exprs(sources, lambda init: _linear_widths(init, linear))
+              for n in ast.walk(lifted) if isinstance(n, ast.Subscript)}
     for attr, file, init, read, lifted in _submodule_exprs(sources, _layer_indexed_reads):
         if (isinstance(lifted, ast.Subscript) and isinstance(lifted.slice, ast.Name)
-                and lifted.slice.id == "layer_idx" and (key := _config_key(lifted.value)) is not None):
+                and lifted.slice.id == "layer_idx" and (key := _config_key(lifted.value)) is not None
+                and (attr, ast.dump(lifted)) in sizing):  # it sizes a projection (not a flag: SmolLM3's no_rope_layers)
             found.append((attr, key, f"{file}:{read.lineno}"))
     return list(dict.fromkeys(found))
+
+
+def _linear_widths(init: ast.FunctionDef, linear: dict) -> list[ast.expr]:
+    """The input and output widths of the linear layers (`linear`: linears.linear_classes) an __init__ builds."""
+    out = []
+    for node in subtree(init):
+        kind = linear.get(codekeys.callee(node)) if isinstance(node, ast.Call) else None
+        if kind is not None and (args := width_args(kind, node)) is not None:
+            out += list(args)
+    return out
 
 
 def _layer_indexed_reads(init: ast.FunctionDef) -> list[ast.expr]:
