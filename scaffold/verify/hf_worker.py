@@ -3,7 +3,7 @@
 Usage: python -m scaffold.verify.hf_worker REQUEST.json
 
 Loads the original model in float32 (or the request's "dtype": float64 measures float32's own rounding
-error) with eager attention (or the request's
+error; run inside wide.kept_float64(), so the code's float32 upcasts do not round it) with eager attention (or the request's
 "attn_implementation": transformers 5.19's eager Falcon adds its ALiBi bias twice), decodes greedily from
 each prompt without a KV cache, then saves the log-probabilities of every
 position of prompt + continuation. Kept apart from vLLM: building vLLM's
@@ -16,6 +16,7 @@ import json
 import sys
 
 from scaffold.verify.probes import capture
+from scaffold.verify.wide import wide_or_not
 
 
 def main(request_file: str) -> None:
@@ -38,19 +39,19 @@ def main(request_file: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(request["checkpoint"], **kwargs)
     model.eval()
     results = []
-    with torch.no_grad():
+    with torch.no_grad(), wide_or_not(dtype):
         for prompt in request["prompts"]:
             tokens = list(prompt)
             for _ in range(request["new_tokens"]):
                 logits = model(torch.tensor([tokens])).logits[0, -1]
                 tokens.append(int(logits.argmax()))
             logits = model(torch.tensor([tokens[:-1]])).logits[0].to(wide)
-            results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1).float()})
+            results.append({"tokens": tokens, "logprobs": torch.log_softmax(logits, dim=-1).to(wide)})
     captured: dict = {}
     probe = request.get("probe")
     if probe:
         handles = capture(model, [tuple(p) for p in probe["points"]], captured)
-        with torch.no_grad():
+        with torch.no_grad(), wide_or_not(dtype):
             model(torch.tensor([probe["prompt"]]))
         for handle in handles:
             handle.remove()

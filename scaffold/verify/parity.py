@@ -276,18 +276,31 @@ class NoiseFloor:
         floor = self.reference.max_delta
         return floor > self.reference.tolerance and self.port.max_delta <= NOISE_FACTOR * floor
 
+    def _ratio(self) -> str:
+        """How many times transformers' own float32 error the port's is: 2.04x and 1.8x are one verdict apart but the
+        same evidence, and the reader should see which."""
+        floor = self.reference.max_delta
+        return f", {self.port.max_delta / floor:.2g}x transformers' own" if 0 < floor < math.inf else ""
+
     def detail(self) -> str:
         def greedy(r: ParityResult) -> str:
             return f"{sum(p.greedy_match for p in r.prompts)}/{r.new_tokens * len(r.prompts)}"
 
         line = (f"transformers in float32 is {self.reference.max_delta:.2e} from itself in float64 (greedy "
                 f"{greedy(self.reference)} tokens identical); the port is {self.port.max_delta:.2e} from float64 "
-                f"(greedy {greedy(self.port)})")
+                f"(greedy {greedy(self.port)}){self._ratio()}")
         if self.within:
             return (line + f": within {NOISE_FACTOR:g}x the reference's own float32 error, so this checkpoint's "
                            "float32 rounding explains the difference, not the port; parity at "
                            f"{self.reference.tolerance:.2g} needs a better-conditioned (or shallower) checkpoint")
         if self.reference.max_delta <= self.reference.tolerance:
+            if self.port.max_delta <= NOISE_FACTOR * self.reference.max_delta:
+                # Near the tolerance, two float32 computations of one function land on either side of it: an
+                # error of the port's this small and this checkpoint's rounding look the same from here.
+                return line + (f": float32 rounding alone takes transformers to "
+                               f"{self.reference.max_delta / self.reference.tolerance:.0%} of the tolerance and the "
+                               f"port is within {NOISE_FACTOR:g}x of that, so rounding may explain it; a "
+                               "checkpoint of another random draw (or shallower) tells it from an error of the port's")
             return line + ": float32 rounding is within the tolerance here, so the difference is the port's"
         return line + f": more than {NOISE_FACTOR:g}x the reference's own float32 error, so the port's own"
 
