@@ -82,8 +82,6 @@ UNSUPPORTED_MARKERS = (
 )
 
 
-STATE_SPACE_TENSOR = re.compile(r"\.A_log$|\.dt_bias$|\.conv1d\.")
-
 
 # Module names a role goes by in the checkpoints the generator knows (first match wins).
 CANDIDATES = {
@@ -312,20 +310,6 @@ def _no_final_norm(sources: dict, config: dict | None = None) -> str:
     return f"{file}:{end}: {ll.owner}.forward calls none of its modules after its loop over self.{ll.attribute}"
 
 
-def _not_code_attention(ckpt: Checkpoint, hits: list[str]) -> list[str]:
-    """`hits` of the state-space marker, less those under a module the decoder layer's code reads as its
-    attention (a lab's attention wrapper named `mixer`, as Mamba names its own block); a state-space tensor
-    itself (A_log, dt_bias, conv1d) still counts."""
-    sources = modeling_sources(ckpt)
-    try:
-        flow = dataflow.analyze_layer(sources, ckpt.config) if sources else None
-    except RecursionError:
-        flow = None
-    if flow is None or flow.attention_flow is None:
-        return hits
-    return [h for h in hits if f".{flow.attention}." not in h or STATE_SPACE_TENSOR.search(h)]
-
-
 def _norms_before_layers(sources: dict, candidates, layers: str | None = None,
                          config: dict | None = None) -> list[tuple[str, str, int]]:
     """(attribute, file, line) of each norm the forward of the class holding the layer list (`layers`, any when
@@ -410,7 +394,7 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
     for pattern, feature in UNSUPPORTED_MARKERS:
         hits = sorted(n for n in ckpt.tensors if pattern.search(n))
         if hits and pattern is UNSUPPORTED_MARKERS[0][0]:
-            hits = _not_code_attention(ckpt, hits)
+            hits = policy.not_code_attention(ckpt, hits)
         if hits:
             raise UnsupportedArchitecture(
                 f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}), which the generator cannot express "

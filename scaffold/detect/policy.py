@@ -17,6 +17,8 @@ from scaffold.checkpoint import Checkpoint, TensorInfo
 from scaffold.detect import (
     altup,
     branches,
+    codekeys,
+    dataflow,
     forms,
     headsizes,
     hyperconn,
@@ -33,7 +35,7 @@ from scaffold.errors import CheckpointError, UnsupportedArchitecture
 
 def check(ckpt: Checkpoint) -> None:
     """Refuse a checkpoint no native port expresses, or whose tensors contradict its config.json."""
-    unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file)
+    unsupported_blocks(ckpt.config, ckpt.tensors, ckpt.config_file, lambda hits: not_code_attention(ckpt, hits))
     try:
         check_shapes(ckpt.config, ckpt.tensors, ckpt.config_file, layer_sized_modules(ckpt), layer_sizes(ckpt))
     except CheckpointError as exc:
@@ -219,8 +221,46 @@ _CHECKED_ENDINGS = ("norm.weight", "o_proj.weight", ".bias")
 _LAYER_PARTS = re.compile(r"^(.+?\.layers)\.(\d+)\.(.+)$")
 
 
-def unsupported_blocks(config: dict, tensor_names, where: Path) -> None:
-    """Name linear-attention and state-space architectures as such, before detection stumbles on them."""
+STATE_SPACE_TENSOR = re.compile(r"\.A_log$|\.dt_bias$|\.conv1d\.")
+
+
+def not_code_attention(ckpt: Checkpoint, hits: list[str]) -> list[str]:
+    """`hits` of the state-space marker, less those under a module the decoder layer's code reads as its
+    attention (a lab's attention wrapper named `mixer`, as Mamba names its own block: phi-1.5's
+    layers.N.mixer.Wqkv); a state-space tensor itself (A_log, dt_bias, conv1d) still counts."""
+    sources = sourcecode.modeling_sources(ckpt)
+    if not sources:
+        return hits
+    try:
+        flow = dataflow.analyze_layer(sources, ckpt.config)
+    except RecursionError:
+        flow = None
+    if flow is not None and flow.attention_flow is not None:
+        attention = {flow.attention}
+    else:  # no decoder layer found (a stack built otherwise): each module the code builds that reads as attention
+        attention = _attention_modules(sources, ckpt.config, {c for h in hits for c in h.split(".")})
+    return [h for h in hits if not any(f".{a}." in h for a in attention) or STATE_SPACE_TENSOR.search(h)]
+
+
+def _attention_modules(sources: dict, config: dict, names: set[str]) -> set[str]:
+    """Those of `names` that the code only ever builds (`self.NAME = Cls(...)`) from a class whose forward the
+    dataflow reads as softmax attention (q, k and v decided)."""
+    found, other = set(), set()
+    for _file, _cls, _func, attr, value in codekeys.self_assignments(sources):
+        if attr not in names:
+            continue
+        sub = dataflow._submodule_class(sources, value)
+        try:
+            is_attention = sub is not None and dataflow.analyze_attention(sources, sub[0], sub[1], config) is not None
+        except (dataflow.Undecided, RecursionError):
+            is_attention = False
+        (found if is_attention else other).add(attr)
+    return found - other
+
+
+def unsupported_blocks(config: dict, tensor_names, where: Path, not_attention=None) -> None:
+    """Name linear-attention and state-space architectures as such, before detection stumbles on them.
+    `not_attention`: drops from the state-space hits the tensors the checkpoint's code reads as attention."""
     for keys, feature in UNSUPPORTED_CONFIG_KEYS:
         present = [k for k in keys if config.get(k) is not None]
         if present:
@@ -240,6 +280,8 @@ def unsupported_blocks(config: dict, tensor_names, where: Path) -> None:
                 )
     for pattern, feature in UNSUPPORTED_TENSORS:
         hits = sorted(n for n in tensor_names if pattern.search(n))
+        if hits and feature == STATE_SPACE and not_attention is not None:
+            hits = not_attention(hits)
         if hits:
             raise UnsupportedArchitecture(
                 f"the checkpoint uses {feature} (e.g. tensor {hits[0]!r}); vLLM ports generated here express "
