@@ -162,3 +162,21 @@ def test_a_spec_file_can_hand_the_port_only_pure_arithmetic_helpers(tmp_path):
     assert "not an assignment or a branch" in source_problem("def f(v):\n    import os\n    return v\n")
     assert "not one function definition" in source_problem("x = 1\n")
     assert "Attribute" in source_problem("def f(v):\n    return v.real\n")
+
+
+def test_verify_names_the_layer_whose_heads_a_tensor_parallel_size_cannot_split():
+    from scaffold.spec import Source, Spec
+    from scaffold.verify import tp_problem
+
+    spec = Spec()
+    for name, value in (("num_layers", 3), ("num_heads", 4), ("num_kv_heads", 2), ("head_dim", 32),
+                        ("intermediate_size", 96), ("layer_num_heads", [4, 12, 16]), ("layer_num_kv_heads", [2, 3, 4])):
+        spec.set(name, value, Source("config", name))
+    assert tp_problem(spec, 1) is None
+    assert tp_problem(spec, 2) == ("layer 1's 3 KV heads neither divide into 2 ranks nor replicate evenly on them "
+                                   "(vLLM's QKVParallelLinear needs one or the other)")
+    spec.set("layer_num_kv_heads", [2, 2, 4], Source("config", "x"))
+    assert tp_problem(spec, 2) is None and tp_problem(spec, 4) is None  # 2 KV heads replicate on 4 ranks
+    assert tp_problem(spec, 8) == "layer 0's 4 query heads do not divide into 8 ranks"
+    spec.set("intermediate_size", 90, Source("config", "x"))
+    assert tp_problem(spec, 4) == "layer 0's MLP of 90 rows does not divide into 4 ranks"

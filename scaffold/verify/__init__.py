@@ -185,18 +185,37 @@ def _on_twin(report: Report, port: Port, ckpt, stage: Path, drift: list[str], tr
             shutil.rmtree(folder.parent, ignore_errors=True)
 
 
+def tp_problem(spec, tp: int) -> str | None:
+    """Why vLLM cannot shard the port over `tp` ranks, or None: it splits each layer's query heads and MLP rows
+    evenly, and its KV heads evenly or replicates them (fewer KV heads than ranks, a divisor of them)."""
+    if tp <= 1 or spec.qkv_layout == "latent":
+        return None
+    for layer in range(spec.num_layers):
+        heads, kv = spec.heads_of(layer), spec.kv_heads_of(layer)
+        width = spec.layer_intermediate_sizes[layer] if spec.layer_intermediate_sizes else spec.intermediate_size
+        if heads % tp:
+            return f"layer {layer}'s {heads} query heads do not divide into {tp} ranks"
+        if kv >= tp and kv % tp or kv < tp and tp % kv:
+            return (f"layer {layer}'s {kv} KV heads neither divide into {tp} ranks nor replicate evenly on them "
+                    "(vLLM's QKVParallelLinear needs one or the other)")
+        if spec.has_dense_mlp and width % tp:
+            return f"layer {layer}'s MLP of {width} rows does not divide into {tp} ranks"
+    return None
+
+
 def _servable_at_real_sizes(check, spec, tp_sizes=(2, 4, 8)) -> None:
     """The twin proves the sharding at its own sizes; whether the real sizes divide is arithmetic on headers."""
     if check.status == SKIP:
         return
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     every = set(spec.layer_num_heads) or {heads}  # each layer's own query heads, where they differ
+    kvs = set(spec.layer_num_kv_heads) or {kv}  # and KV heads
     widths = set(spec.layer_intermediate_sizes) or {inter}  # each layer's own MLP width, where they differ
     # Differential attention pairs head i with head i + H/2: each rank computes H / (2 TP) pairs.
     pairs = 2 if spec.diff_lambdas else 1
-    divides = [tp for tp in tp_sizes if not (any(h % (tp * pairs) for h in every) or (kv < tp and tp % kv)
-                                             or (kv >= tp and kv % tp) or any(w % tp for w in widths)
-                                             or spec.diff_lambdas and kv % tp)]
+    divides = [tp for tp in tp_sizes if not (any(h % (tp * pairs) for h in every)
+                                             or any(k < tp and tp % k or k >= tp and k % tp for k in kvs)
+                                             or any(w % tp for w in widths) or spec.diff_lambdas and kv % tp)]
     others = [tp for tp in tp_sizes if tp not in divides]
     rows = "/".join(map(str, sorted(widths)))
     check.detail += (f"; at the checkpoint's sizes ({heads} query heads, {kv} KV heads, {rows} MLP rows) "
@@ -219,6 +238,10 @@ def _compare_engines(report: Report, port: Port, ckpt, stage: Path, drift: list[
                      tensor_parallel_size: int, say, sharding: _Sharding | None,
                      reference_attention: str | None = None) -> Report:
     trusted = trust_remote_code or port.trust_remote_code
+    if (unsplit := tp_problem(port.spec, tensor_parallel_size)) is not None:
+        # vLLM would fail in a worker process with a bare assertion; say which count does not divide instead.
+        report.add("port loads in vLLM", False, f"not run at tensor_parallel_size={tensor_parallel_size}: {unsplit}")
+        return report
     if needs_remote_code(port, ckpt) and not trusted:
         files = ", ".join(sorted(ckpt.sources))
         report.add("parity", None, f"not run: the transformers reference needs the checkpoint's own code ({files}); "
