@@ -249,7 +249,7 @@ def decisions(spec) -> list[str]:
                    f"(`{n.get('q_proj', n.get('qkv_proj'))}` and `{n['o_proj']}` sized by it"
                    + ("" if spec.layer_num_kv_heads else "; the KV heads are num_kv_heads in every layer") + ").")
     if spec.layer_num_kv_heads:
-        sized = f"`{n['qkv_proj']}`" if "qkv_proj" in n else f"`{n['k_proj']}` and `{n['v_proj']}`"
+        sized = f"`{n['qkv_proj']}`" if "k_proj" not in n else f"`{n['k_proj']}` and `{n['v_proj']}`"
         out.append(f"- KV heads of each layer's own: `{_md(spec.source('layer_num_kv_heads').expr or '')}` "
                    f"({', '.join(map(str, spec.layer_num_kv_heads))}), the modeling code's expression, evaluated by "
                    f"each layer's attention at run time ({sized} sized by it).")
