@@ -335,7 +335,8 @@ def _is_number(value: Any) -> bool:
 
 def _short_list(values: list) -> str:
     """The list as Python writes it, at most 8 items, each cut to 24 characters (a 4000-digit number is no message)."""
-    items = [text if len(text := repr(v)) <= 24 else text[:20] + "..." for v in values[:8]]
+    write = repr if len(values) <= 8 else str
+    items = [text if len(text := write(v)) <= 24 else text[:20] + "..." for v in values[:8]]
     return f"[{', '.join(items)}" + ("]" if len(values) <= 8 else f", ... {len(values)} values]")
 
 
