@@ -334,7 +334,10 @@ def _is_number(value: Any) -> bool:
 
 
 def _short_list(values: list) -> str:
-    return repr(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... {len(values)} values]"
+    """The list as Python writes it, at most 8 items, each cut to 24 characters (a 4000-digit number is no message)."""
+    write = repr if len(values) <= 8 else str
+    items = [text if len(text := write(v)) <= 24 else text[:20] + "..." for v in values[:8]]
+    return f"[{', '.join(items)}" + ("]" if len(values) <= 8 else f", ... {len(values)} values]")
 
 
 def per_layer_reads(sources: dict[str, str], key: str) -> list[str]:

@@ -13,8 +13,12 @@ import ast
 
 BUILTINS = frozenset({"int", "float", "max", "min", "abs", "round"})
 MAX_LINES = 40
+MAX_CHARS = 4000  # 40 lines of 100 characters: a longer text is refused before it is parsed
 _EXPRESSIONS = (ast.Constant, ast.Name, ast.Load, ast.Store, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
-                ast.IfExp, ast.Call, ast.keyword, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+                ast.IfExp, ast.Call, ast.keyword, ast.unaryop, ast.boolop, ast.cmpop)
+# The arithmetic a width is computed with, and no other operator: `**` and `<<` make a number of any size from small
+# ones (`10 ** 10 ** 10`), which the port would compute as it loads.
+OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod)
 
 
 def function_problem(fn: ast.FunctionDef) -> str | None:
@@ -36,7 +40,8 @@ def _statements_problem(statements: list[ast.stmt]) -> str | None:
     for stmt in statements:
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                 or isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)):
-            problem = _expression_problem(stmt.value)
+            problem = (_expression_problem(stmt.value) if not isinstance(stmt, ast.AugAssign)
+                       or isinstance(stmt.op, OPERATORS) else f"it computes with the operator {type(stmt.op).__name__}")
         elif isinstance(stmt, ast.If):
             problem = (_expression_problem(stmt.test) or _statements_problem(stmt.body)
                        or _statements_problem(stmt.orelse))
@@ -49,7 +54,9 @@ def _statements_problem(statements: list[ast.stmt]) -> str | None:
 
 def _expression_problem(node: ast.expr) -> str | None:
     for sub in ast.walk(node):
-        if not isinstance(sub, _EXPRESSIONS):
+        if isinstance(sub, ast.operator) and not isinstance(sub, OPERATORS):
+            return f"it computes with the operator {type(sub).__name__}"
+        if not isinstance(sub, (*_EXPRESSIONS, *OPERATORS)):
             return f"it computes with {type(sub).__name__} (line {getattr(sub, 'lineno', '?')})"
         if isinstance(sub, ast.Call) and not (isinstance(sub.func, ast.Name) and sub.func.id in BUILTINS):
             return f"it calls {ast.unparse(sub.func)} (line {sub.lineno})"
@@ -73,6 +80,8 @@ def function_source(fn: ast.FunctionDef) -> str:
 
 def source_problem(text: str) -> str | None:
     """Why `text` is not the source of one such function, or None."""
+    if len(text) > MAX_CHARS:
+        return f"it is longer than {MAX_CHARS} characters"
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

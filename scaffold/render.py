@@ -387,23 +387,27 @@ def carried_helpers(spec: Spec) -> list[str]:
 
 
 def _helpers_stand_alone(spec: Spec, model: str) -> None:
-    """Refuse a carried helper (spec code_helpers) whose name the model file also imports or defines at its top
-    level, or a Python builtin: it would shadow that name, or be shadowed."""
+    """Refuse a carried helper (spec code_helpers) whose name the model file also binds anywhere (an import, a class
+    or function, a parameter or a local: `layer_idx`, `config`, where the port calls it) or a Python builtin: it
+    would shadow that name, or be shadowed."""
     if not spec.code_helpers:
         return
     names = []
-    for node in ast.parse(model).body:
+    for node in ast.walk(ast.parse(model)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names += [(a.asname or a.name).split(".")[0] for a in node.names]
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.append(node.name)
-        elif isinstance(node, ast.Assign):
-            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.arg):
+            names.append(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.append(node.id)
     for text in spec.code_helpers:
         name = ast.parse(text).body[0].name
         if names.count(name) != 1 or name in dir(builtins):
             raise SpecError(f"spec field code_helpers defines {name!r}, a name the port's model file already uses "
-                            "(an import, a class or a builtin).", str(spec.source("code_helpers").detail or "spec"))
+                            "(an import, a class, a parameter or local, or a builtin).",
+                            str(spec.source("code_helpers").detail or "spec"))
 
 
 def format_and_check(folder: Path) -> None:

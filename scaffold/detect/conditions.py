@@ -33,8 +33,20 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
 _BUILTINS = {"int": int, "float": float, "max": max, "min": min, "abs": abs, "round": round}
 
 
+# No width or count of a model is this large; an int beyond it (a config value of 10**400, a helper squaring its
+# argument over and over) is no number the arithmetic follows: math.isfinite cannot take it, str() of it is refused
+# past 4300 digits, and products of it grow without bound.
+MAX_INT_BITS = 4096
+# round(n, ndigits) of an int computes 10 ** -ndigits: seconds for ndigits = -10**7, a hang for -10**9.
+MAX_NDIGITS = 1000
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value.bit_length() <= MAX_INT_BITS
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None = None) -> Any:
@@ -77,6 +89,9 @@ def _value(node: ast.expr, config: dict[str, Any], local: dict[str, Any] | None 
         # int(...), max(...): the builtins a helper of the code (purefuncs) sizes a width with.
         args = [_value(a, config, local) for a in node.args]
         if not all(_number(a) for a in args) or (node.func.id in ("int", "float", "abs") and len(args) != 1):
+            return _UNKNOWN
+        if node.func.id == "round" and len(args) == 2 and not (isinstance(args[1], int)
+                                                               and abs(args[1]) <= MAX_NDIGITS):
             return _UNKNOWN
         try:
             result = _BUILTINS[node.func.id](*args)

@@ -15,7 +15,7 @@ import ast
 import re
 from dataclasses import dataclass, replace
 
-from scaffold.checkpoint import MASK_DTYPES, Checkpoint
+from scaffold.checkpoint import MASK_DTYPES, Checkpoint, _short_list
 from scaffold.detect import (
     altup,
     blocks,
@@ -562,8 +562,8 @@ def detect(ckpt: Checkpoint, spec: Spec) -> None:
             # The policy check let this module's tensors differ between layers; only the attention's heads are read.
             read = f"config.{key}[layer_idx]" if key.isidentifier() else key  # a key, or the code's expression
             raise _unsupported(f"per-layer sizes: the code builds each layer's {module} with {read}, "
-                               f"a value of its own for each layer ({counts}), and the port builds it from one config "
-                               "value", where, spec.model_type)
+                               f"a value of its own for each layer ({_short_list(list(counts))}), and the port "
+                               "builds it from one config value", where, spec.model_type)
     indexed = sorted(f"{prefix}.{names['layers']}.{i}.{n}" for i, tensors in per_layer.items() for n in tensors
                      if n.startswith(f"{attn}.indexer."))
     if indexed and not latent.present(layer0, attn):  # latent.detect names DeepSeek-V3.2's own

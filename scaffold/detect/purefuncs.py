@@ -33,9 +33,17 @@ _ALLOWED = (ast.Constant, ast.Name, ast.Load, ast.BinOp, ast.UnaryOp, ast.BoolOp
 
 
 def _functions(sources: dict) -> dict[str, tuple[str, ast.FunctionDef]]:
-    """name -> (file, definition) of the module-level functions of `sources` that scaffold.purecode accepts."""
-    return {node.name: (file, node) for file, tree in _parsed(sources) for node in tree.body
-            if isinstance(node, ast.FunctionDef) and function_problem(node) is None}
+    """name -> (file, definition) of the module-level functions of `sources` that scaffold.purecode accepts. A name
+    two files define differently is left out: which one a call reaches depends on the caller's imports, and the
+    port must not carry the other."""
+    defined: dict[str, list[tuple[str, ast.FunctionDef]]] = {}
+    for file, tree in _parsed(sources):
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append((file, node))
+    return {name: found[0] for name, found in defined.items()
+            if all(isinstance(fn, ast.FunctionDef) and function_problem(fn) is None for _file, fn in found)
+            and len({function_source(fn) for _file, fn in found}) == 1}
 
 
 def inline(expr: ast.expr, sources: dict) -> ast.expr:
