@@ -34,6 +34,12 @@ def per_layer_widths(sources: dict, hidden: str | None) -> list[tuple[str, str, 
     return found
 
 
+def _mlp_attribute(sources: dict, config: dict) -> str | None:
+    """The decoder layer's attribute holding its MLP, as the layer's forward uses it (dataflow)."""
+    layer = dataflow.analyze_layer(sources, config)
+    return layer.mlp if layer is not None else None
+
+
 def _indexes_a_layer_list(width: ast.expr, config: dict, num_layers: int) -> bool:
     """Whether `width` reads config.K[layer_idx] of a key config.json holds one value per layer (OpenELM's
     ffn_multipliers): a width of each layer's own where the config has no width key."""
@@ -67,8 +73,9 @@ def layer_dependent_widths(sources: dict, hidden: str | None, key: str | None, c
         if "layer_idx" not in names or names - window.READS or _config_key(written) is not None:
             continue
         read = {n.attr for n in ast.walk(written) if isinstance(n, ast.Attribute) and codekeys._is_config(n.value)}
-        if key not in read and not _indexes_a_layer_list(written, config, num_layers):
-            continue
+        if key not in read and not (_indexes_a_layer_list(written, config, num_layers)
+                                    and attr == _mlp_attribute(sources, config)):
+            continue  # a width from a per-layer list only where it is the MLP's (not Laguna's heads per layer)
         values = [conditions._value(written, config, {"layer_idx": i}) for i in range(num_layers)]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
             continue
