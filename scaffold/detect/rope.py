@@ -506,10 +506,9 @@ def _theta_unread(ckpt: Checkpoint) -> str | None:
             "names rope_theta, rope_parameters or transformers' rope helpers)")
 
 
-def _default_base(sources: dict[str, str]) -> tuple[float, Source] | None:
-    """(base, source) where the rotary module's class takes its base as an __init__ parameter with a numeric default
-    (`def __init__(self, dim, max_position_embeddings=2048, base=10000, device=None)`), raises it to a power there
-    (`base ** (torch.arange(0, dim, 2) / dim)`), and the one call building it passes no value for it."""
+def _rotary_built(sources: dict[str, str]) -> tuple[str, ast.ClassDef, ast.FunctionDef, list[ast.Call]] | None:
+    """(file, the rotary class, its __init__, the calls of the owner's __init__ that build it as its attribute), where
+    the sources hold a rotary module built so (rotaryfreq.rotary_class); None otherwise."""
     found = rotaryfreq.rotary_class(sources)
     if found is None:
         return None
@@ -520,6 +519,17 @@ def _default_base(sources: dict[str, str]) -> tuple[float, Source] | None:
         return None
     builds = [n.value for n in ast.walk(owner_init) if isinstance(n, ast.Assign) and len(n.targets) == 1
               and ast.unparse(n.targets[0]) == f"self.{attr}" and isinstance(n.value, ast.Call)]
+    return file, cls, init, builds
+
+
+def _default_base(sources: dict[str, str]) -> tuple[float, Source] | None:
+    """(base, source) where the rotary module's class takes its base as an __init__ parameter with a numeric default
+    (`def __init__(self, dim, max_position_embeddings=2048, base=10000, device=None)`), raises it to a power there
+    (`base ** (torch.arange(0, dim, 2) / dim)`), and the one call building it passes no value for it."""
+    built = _rotary_built(sources)
+    if built is None:
+        return None
+    file, cls, init, builds = built
     if len(builds) != 1 or any(isinstance(a, ast.Starred) for a in builds[0].args) \
             or any(k.arg is None for k in builds[0].keywords):
         return None
@@ -543,16 +553,10 @@ def _passed_base(sources: dict[str, str]) -> codekeys.CodeExpr | None:
     """config.K where the one call building the rotary module passes it for the __init__ parameter the class raises
     to a power (`inv_freq = 1.0 / (freq_constant ** (torch.arange(0, dim, 2) / dim))`), whatever that parameter is
     called (OpenELM's `OpenELMRotaryEmbedding(..., freq_constant=config.rope_freq_constant)`)."""
-    found = rotaryfreq.rotary_class(sources)
-    if found is None:
+    built = _rotary_built(sources)
+    if built is None:
         return None
-    file, cls, attr, owner = found
-    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-    owner_init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-    if init is None or owner_init is None:
-        return None
-    builds = [n.value for n in ast.walk(owner_init) if isinstance(n, ast.Assign) and len(n.targets) == 1
-              and ast.unparse(n.targets[0]) == f"self.{attr}" and isinstance(n.value, ast.Call)]
+    file, cls, init, builds = built
     if len(builds) != 1:
         return None
     params = [a.arg for a in init.args.args][1:]
